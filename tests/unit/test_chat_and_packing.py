@@ -1,0 +1,91 @@
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from tuneforge.assets import DEMO_TOKENIZER_DIR
+from tuneforge.data.chat import tokenize_conversation
+from tuneforge.data.packing import IGNORE_INDEX, PackedLoader, collate, first_fit_decreasing, make_example
+from tuneforge.data.records import Conversation, DataError, read_openai_jsonl
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(DEMO_TOKENIZER_DIR)
+
+
+def trained_text(tokenizer, conversation, train_on="assistant"):
+    tokenized = tokenize_conversation(tokenizer, conversation, train_on)
+    return tokenizer.decode([t for t, m in zip(tokenized.input_ids, tokenized.loss_mask, strict=True) if m])
+
+
+def test_only_assistant_replies_and_their_end_of_turn_carry_loss(tokenizer):
+    conversation = Conversation(
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "reverse: a b"},
+            {"role": "assistant", "content": "b a"},
+            {"role": "user", "content": "upper: c"},
+            {"role": "assistant", "content": "C"},
+        ],
+        "test:1",
+    )
+    assert trained_text(tokenizer, conversation) == "b a<|im_end|>\nC<|im_end|>\n"
+    full = tokenizer.apply_chat_template(conversation.messages, tokenize=False)
+    assert trained_text(tokenizer, conversation, "all") == full
+
+
+def test_labels_are_shifted_inside_each_document_and_never_cross():
+    first = make_example([1, 2, 3, 4], [False, False, True, True])
+    second = make_example([5, 6, 7], [False, True, True])
+    assert first.labels == [IGNORE_INDEX, 3, 4, IGNORE_INDEX]
+    assert second.labels == [6, 7, IGNORE_INDEX]
+    batch = collate([first, second])
+    assert batch.tokens.tolist() == [1, 2, 3, 4, 5, 6, 7]
+    # the last token of the first document never predicts the first token of the second
+    assert batch.labels[3] == IGNORE_INDEX
+    assert batch.packed.cu_seqlens.tolist() == [0, 4, 7]
+    assert batch.packed.position_ids.tolist() == [0, 1, 2, 3, 0, 1, 2]
+    assert batch.num_loss_tokens == 4
+
+
+def test_first_fit_decreasing_respects_the_budget_and_keeps_every_example():
+    lengths = [int(x) for x in torch.randint(1, 50, (500,), generator=torch.Generator().manual_seed(0))]
+    bins = first_fit_decreasing(lengths, 64)
+    assert sorted(i for b in bins for i in b) == list(range(500))
+    assert all(sum(lengths[i] for i in b) <= 64 for b in bins)
+    lower_bound = -(-sum(lengths) // 64)
+    assert len(bins) <= lower_bound * 1.05 + 1
+    assert bins == first_fit_decreasing(lengths, 64)
+
+
+def test_loader_reshuffles_bins_each_epoch_deterministically():
+    examples = [make_example(list(range(n)), [True] * n) for n in range(2, 40)]
+    loader = PackedLoader(examples, 48, seed=3)
+    assert loader.epoch_order(0) != loader.epoch_order(1)
+    assert loader.epoch_order(1) == PackedLoader(examples, 48, seed=3).epoch_order(1)
+    iterator = iter(loader)
+    epoch_tokens = [next(iterator).tokens.numel() for _ in range(len(loader))]
+    assert sum(epoch_tokens) == sum(len(ex.input_ids) for ex in examples)
+
+
+def test_bad_records_name_file_and_line(tmp_path):
+    file = tmp_path / "bad.jsonl"
+    good = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    lines = [
+        json.dumps(good),
+        "{not json",
+        json.dumps({"messages": [{"role": "robot", "content": "x"}]}),
+        json.dumps({"messages": [{"role": "user", "content": "only a question"}]}),
+        json.dumps({"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "b"}]}),
+    ]
+    file.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as raised:
+        read_openai_jsonl(file)
+    text = str(raised.value)
+    assert "4 bad record(s)" in text
+    assert f"{file}:2: invalid JSON" in text
+    assert f"{file}:3: messages[0].role is 'robot'" in text
+    assert f"{file}:4: no assistant message" in text
+    assert f"{file}:5: messages[0].content is empty" in text

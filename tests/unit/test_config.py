@@ -1,0 +1,196 @@
+from pathlib import Path
+
+import pytest
+
+from tuneforge.config import ConfigError, dump_config, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    write(tmp_path / "data" / "train.jsonl", '{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (tmp_path / "tok").mkdir()
+    return tmp_path
+
+
+MINIMAL = """\
+model:
+  name: demo-tiny
+tokenizer:
+  path: tok
+data:
+  train:
+    - path: data/train.jsonl
+train:
+  max_steps: 10
+"""
+
+
+def issues_of(error: ConfigError) -> dict[str, str]:
+    return {issue.path: str(issue) for issue in error.issues}
+
+
+def test_minimal_config_resolves_paths_against_the_file(data_dir):
+    config = load_config(write(data_dir / "run.yaml", MINIMAL))
+    assert config.data.train[0].path == data_dir / "data" / "train.jsonl"
+    assert config.tokenizer.path == data_dir / "tok"
+    assert config.train.max_steps == 10
+    assert config.run.directory == Path("runs/run")
+
+
+def test_env_interpolation_types_whole_values_and_keeps_quoted_strings(data_dir, monkeypatch):
+    monkeypatch.setenv("STEPS", "25")
+    monkeypatch.setenv("NAME", "exp")
+    text = MINIMAL.replace("max_steps: 10", "max_steps: ${STEPS}\n  lr: ${LR:1.5e-4}\n  seed: '${STEPS}'")
+    text += "run:\n  name: ${NAME}-${MISSING_TAG:v1}\n"
+    config = load_config(write(data_dir / "run.yaml", text))
+    assert config.train.max_steps == 25
+    assert config.train.lr == pytest.approx(1.5e-4)
+    assert config.run.name == "exp-v1"
+
+
+def test_quoted_interpolation_stays_a_string_and_plain_one_is_typed(data_dir, monkeypatch):
+    monkeypatch.setenv("NUM", "123")
+    quoted = load_config(write(data_dir / "a.yaml", MINIMAL + "run:\n  name: '${NUM}'\n"))
+    assert quoted.run.name == "123"
+    # Unquoted, the substituted text is typed as YAML types it: an int, which is no run name.
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "b.yaml", MINIMAL + "run:\n  name: ${NUM}\n"))
+    assert "valid string" in issues_of(raised.value)["run.name"]
+
+
+def test_unset_variable_without_default_names_variable_file_and_line(data_dir, monkeypatch):
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    file = write(data_dir / "run.yaml", MINIMAL.replace("max_steps: 10", "max_steps: ${NOT_SET_ANYWHERE}"))
+    with pytest.raises(ConfigError) as raised:
+        load_config(file)
+    text = str(raised.value)
+    assert "NOT_SET_ANYWHERE" in text
+    assert f"{file}:9" in text
+
+
+def test_extends_deep_merges_and_lists_replace(data_dir):
+    write(
+        data_dir / "presets" / "base.yaml",
+        MINIMAL.replace("path: tok", "path: ../tok").replace("data/train.jsonl", "../data/train.jsonl")
+        + "lora:\n  rank: 8\n  target_modules: [q_proj, v_proj, o_proj]\n",
+    )
+    child = write(
+        data_dir / "child.yaml",
+        "extends: presets/base.yaml\ntrain:\n  lr: 1e-3\nlora:\n  target_modules: [k_proj]\n",
+    )
+    config = load_config(child)
+    assert config.train.max_steps == 10  # kept from the preset
+    assert config.train.lr == pytest.approx(1e-3)  # set by the child
+    assert config.lora.rank == 8
+    assert config.lora.target_modules == ["k_proj"]  # lists replace
+    assert config.data.train[0].path == data_dir / "data" / "train.jsonl"  # relative to the preset
+
+
+def test_dotted_overrides_are_typed(data_dir):
+    file = write(data_dir / "run.yaml", MINIMAL)
+    config = load_config(file, ["train.lr=2e-4", "lora.rank=32", "lora.target_modules=[q_proj]", "run.name=x"])
+    assert config.train.lr == pytest.approx(2e-4)
+    assert config.lora.rank == 32
+    assert config.lora.target_modules == ["q_proj"]
+    assert config.run.name == "x"
+
+
+def test_every_error_is_reported_at_once_with_path_location_and_fix(data_dir):
+    text = MINIMAL.replace("max_steps: 10", "max_stpes: 10\n  lr: -1\n  schedule: cosin")
+    text += "lora:\n  rank: many\n"
+    file = write(data_dir / "run.yaml", text)
+    with pytest.raises(ConfigError) as raised:
+        load_config(file)
+    found = issues_of(raised.value)
+    assert "did you mean 'max_steps'" in found["train.max_stpes"]
+    assert f"{file}:9" in found["train.max_stpes"]
+    assert "greater than 0" in found["train.lr"] and f"{file}:10" in found["train.lr"]
+    assert "'cosine'" in found["train.schedule"]
+    assert "whole number" in found["lora.rank"]
+    assert len(raised.value.issues) >= 4
+
+
+def test_unknown_section_and_missing_section(data_dir):
+    text = MINIMAL.replace("train:\n  max_steps: 10\n", "trian:\n  max_steps: 10\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "run.yaml", text))
+    found = issues_of(raised.value)
+    assert "did you mean 'train'" in found["trian"]
+    assert "required section is missing" in found["train"]
+
+
+def test_missing_input_file_is_reported(data_dir):
+    text = MINIMAL.replace("data/train.jsonl", "data/nope.jsonl")
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "run.yaml", text))
+    assert "no such file or directory" in issues_of(raised.value)["data.train.0.path"]
+
+
+def test_yaml_syntax_error_names_the_line(data_dir):
+    file = write(data_dir / "run.yaml", MINIMAL + "lora:\n  rank: [1, 2\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(file)
+    (issue,) = raised.value.issues
+    assert "YAML syntax error" in issue.message
+    assert issue.location.startswith(f"{file}:")
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_precision_rules(data_dir):
+    text = MINIMAL + "precision:\n  fp8: hybrid\n  fp4: e2m1\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "a.yaml", text))
+    assert "mutually exclusive" in issues_of(raised.value)["precision.fp4"]
+
+    text = MINIMAL + "precision:\n  fp4_param: true\n  fp4_param_gather: true\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "b.yaml", text))
+    found = issues_of(raised.value)
+    assert "fp4_param requires fp4" in found["precision.fp4_param"]
+    assert "precision.fp4_param_gather" not in found  # fp4_param is set, so this rule holds
+
+    text = MINIMAL + "precision:\n  fp4: e2m1\n  fp4_param_gather: true\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "c.yaml", text))
+    assert "requires fp4_param" in issues_of(raised.value)["precision.fp4_param_gather"]
+
+    ok = load_config(write(data_dir / "d.yaml", MINIMAL + "precision:\n  fp4: e2m1\n  fp4_param: true\n"))
+    assert ok.precision.fp4_param
+
+
+def test_cross_field_rules_run_alongside_field_errors(data_dir):
+    text = MINIMAL.replace("max_steps: 10", "max_steps: 10\n  lr: 1e-4\n  min_lr: 1e-3")
+    text += "lora:\n  rank: 0\nparallel:\n  zero_stage: 2\n  reshard_after_forward: true\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "run.yaml", text))
+    found = issues_of(raised.value)
+    assert {"train.min_lr", "lora.rank", "parallel.reshard_after_forward"} <= set(found)
+
+
+def test_model_needs_exactly_one_source(data_dir):
+    text = MINIMAL.replace("name: demo-tiny", "dtype: float32")
+    with pytest.raises(ConfigError, match=r"exactly one of model\.name and model\.path"):
+        load_config(write(data_dir / "run.yaml", text))
+
+
+def test_resolved_config_round_trips(data_dir):
+    config = load_config(write(data_dir / "run.yaml", MINIMAL), ["train.lr=3e-4"])
+    again = load_config(write(data_dir / "resolved.yaml", dump_config(config)))
+    assert again == config
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_validates(example):
+    load_config(example)

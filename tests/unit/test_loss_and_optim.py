@@ -1,0 +1,56 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tuneforge.config.schema import TrainSection
+from tuneforge.data.packing import IGNORE_INDEX
+from tuneforge.train.loss import chunked_cross_entropy
+from tuneforge.train.optim import build_optimizer, learning_rate
+
+
+@pytest.mark.parametrize("chunk_size", [3, 16, 1024])
+def test_chunked_cross_entropy_equals_plain_cross_entropy(chunk_size):
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(40, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(50, 8, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 50, (40,), generator=generator)
+    labels[::3] = IGNORE_INDEX
+    total, count = chunked_cross_entropy(hidden, weight, labels, chunk_size)
+    (total / count).backward()
+    got_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    reference = F.cross_entropy(hidden @ weight.t(), labels, ignore_index=IGNORE_INDEX)
+    reference.backward()
+    assert count == int((labels != IGNORE_INDEX).sum())
+    torch.testing.assert_close(total / count, reference)
+    torch.testing.assert_close(got_grads[0], hidden.grad)
+    torch.testing.assert_close(got_grads[1], weight.grad)
+
+
+def train_section(**kwargs) -> TrainSection:
+    return TrainSection(max_steps=100, lr=1e-3, min_lr=1e-4, warmup_steps=10, **kwargs)
+
+
+def test_cosine_schedule_warms_up_then_decays_to_min_lr():
+    train = train_section()
+    assert learning_rate(0, 100, train) == pytest.approx(1e-4)
+    assert learning_rate(9, 100, train) == pytest.approx(1e-3)
+    assert learning_rate(10, 100, train) == pytest.approx(1e-3)
+    midpoint = 1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5))
+    assert learning_rate(55, 100, train) == pytest.approx(midpoint)
+    assert learning_rate(100, 100, train) == pytest.approx(1e-4)
+
+
+def test_linear_and_constant_schedules():
+    assert learning_rate(55, 100, train_section(schedule="linear")) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
+    assert learning_rate(80, 100, train_section(schedule="constant")) == pytest.approx(1e-3)
+
+
+def test_weight_decay_skips_vectors():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer = build_optimizer(model, train_section(weight_decay=0.1), torch.device("cpu"))
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and [p.ndim for p in decayed["params"]] == [2]
+    assert plain["weight_decay"] == 0.0 and all(p.ndim == 1 for p in plain["params"])

@@ -1,0 +1,201 @@
+"""The `tuneforge` command line: parses arguments, calls the library, prints for humans."""
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from tuneforge.config import ConfigError, dump_config, load_config
+from tuneforge.errors import TuneforgeError
+
+EXIT_USAGE = 2
+
+app = typer.Typer(
+    help="Fine-tune large language models, and know before launch whether the run fits.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+config_app = typer.Typer(help="Inspect and check configurations.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+console = Console()
+error_console = Console(stderr=True)
+
+ConfigArg = Annotated[Path, typer.Argument(help="Run configuration (YAML).")]
+OverridesArg = Annotated[
+    list[str] | None, typer.Argument(help="Dotted overrides, e.g. train.lr=2e-4 lora.rank=32.")
+]
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=error_console, show_path=False, show_time=False)],
+    )
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@config_app.command("show")
+def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Print the resolved configuration (presets merged, overrides and defaults applied)."""
+    console.print(
+        dump_config(load_config(config, overrides or [])), end="", markup=False, highlight=False
+    )
+
+
+@config_app.command("validate")
+def config_validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Check a configuration; every problem is listed at once (exit code 2 if any)."""
+    load_config(config, overrides or [])
+    console.print(f"[green]ok[/green]: {config} is valid")
+
+
+@config_app.command("fields")
+def config_fields() -> None:
+    """List every configuration field with its type, default and help."""
+    from tuneforge.config.help import field_rows
+
+    table = Table("field", "type", "default", "help")
+    for row in field_rows():
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command()
+def models() -> None:
+    """List the catalog shapes (usable as model.name, e.g. for random-init proxies)."""
+    from tuneforge.models.catalog import CATALOG
+
+    table = Table("name", "layers", "dim", "heads (kv)", "ffn", "vocab", "params")
+    for name, args in CATALOG.items():
+        table.add_row(
+            name,
+            str(args.num_layers),
+            str(args.dim),
+            f"{args.num_heads} ({args.num_kv_heads})",
+            str(args.ffn_dim),
+            str(args.vocab_size),
+            f"{args.num_params() / 1e9:.2f} B",
+        )
+    console.print(table)
+
+
+@app.command()
+def train(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing run directory.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Fine-tune a model as the configuration says."""
+    from tuneforge.train.loop import Trainer
+
+    _setup_logging(verbose)
+    run_config = load_config(config, overrides or [])
+    trainer = Trainer(run_config, overwrite=overwrite)
+    trainer.setup()
+    console.print(
+        f"run directory: {trainer.run_dir}  ({trainer.total_steps} steps on {trainer.device})"
+    )
+    progress = Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(
+            "loss {task.fields[loss]:.4f}  lr {task.fields[lr]:.2e}  {task.fields[tps]:,.0f} tok/s"
+        ),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not run_config.logging.progress,
+    )
+    with progress:
+        task = progress.add_task(
+            "train", total=trainer.total_steps, loss=float("nan"), lr=0.0, tps=0.0
+        )
+
+        def on_step(record: dict) -> None:
+            progress.update(
+                task, advance=1, loss=record["loss"], lr=record["lr"], tps=record["tokens_per_s"]
+            )
+
+        def on_eval(evaluation) -> None:
+            parts = [f"step {evaluation.step}"]
+            if evaluation.loss is not None:
+                parts.append(f"held-out loss {evaluation.loss.loss:.4f}")
+            if evaluation.accuracy is not None:
+                parts.append(f"exact match {evaluation.accuracy.accuracy:.1%}")
+            progress.console.print("eval: " + ", ".join(parts))
+
+        summary = trainer.train(on_step=on_step, on_eval=on_eval)
+    saved = trainer.save()
+    _print_summary(summary, saved)
+
+
+def _print_summary(summary, saved: Path | None) -> None:
+    console.print(f"finished {summary.steps} steps, last training loss {summary.final_loss:.4f}")
+    if summary.skipped_steps:
+        console.print(
+            f"[yellow]{summary.skipped_steps} step(s) skipped for non-finite loss[/yellow]"
+        )
+    if len(summary.evaluations) >= 2:
+        first, last = summary.evaluations[0], summary.evaluations[-1]
+        table = Table("held-out", "before", "after")
+        if first.loss is not None and last.loss is not None:
+            table.add_row("loss", f"{first.loss.loss:.4f}", f"{last.loss.loss:.4f}")
+        if first.accuracy is not None and last.accuracy is not None:
+            table.add_row(
+                f"exact match ({last.accuracy.num_total} prompts)",
+                f"{first.accuracy.accuracy:.1%}",
+                f"{last.accuracy.accuracy:.1%}",
+            )
+            for prompt, expected, got in last.accuracy.examples:
+                mark = "[green]✓[/green]" if got == expected else "[red]✗[/red]"
+                console.print(f"  {mark} {prompt!r} → {got!r} (expected {expected!r})")
+        console.print(table)
+    if saved is not None:
+        console.print(f"saved: {saved}")
+
+
+@app.command()
+def generate(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory of a finished training run.")],
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="User message to answer.")],
+    max_new_tokens: Annotated[int, typer.Option(help="Longest reply.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0 for greedy decoding.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed for sampling.")] = 0,
+) -> None:
+    """Answer a prompt with a trained run (base + adapter, or full weights)."""
+    import torch
+
+    from tuneforge.models.generate import generate as generate_tokens
+    from tuneforge.train.artifacts import load_trained
+    from tuneforge.train.build import pick_device
+
+    model, tokenizer = load_trained(run_dir, pick_device())
+    messages = [{"role": "user", "content": prompt}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    stop = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    reply = generate_tokens(model, [ids], max_new_tokens, stop, temperature, generator)[0]
+    console.print(tokenizer.decode(reply, skip_special_tokens=True), markup=False, highlight=False)
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as error:
+        error_console.print(str(error), markup=False, highlight=False)
+        sys.exit(EXIT_USAGE)
+    except TuneforgeError as error:
+        error_console.print(f"error: {error}", markup=False, highlight=False)
+        sys.exit(EXIT_USAGE)

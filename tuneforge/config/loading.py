@@ -1,0 +1,277 @@
+"""Load a run configuration: YAML files with `extends:` presets, then `a.b.c=value` overrides.
+
+Every problem found (syntax, unknown keys, types, ranges, missing files, cross-field rules) is
+collected and raised together as one `ConfigError`.
+"""
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tuneforge.config.errors import ConfigError, ConfigIssue
+from tuneforge.config.rules import check_rules
+from tuneforge.config.schema import RelativeToConfigFile, RunConfig, section_type
+from tuneforge.config.validation_messages import describe_validation_error
+from tuneforge.config.yaml_source import (
+    KeyPath,
+    Location,
+    SourceMap,
+    dotted,
+    expand_env,
+    read_yaml,
+)
+
+EXTENDS_KEY = "extends"
+
+
+def load_config(file: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read, merge, override and validate; raise `ConfigError` listing every problem."""
+    issues: list[ConfigIssue] = []
+    raw, source_map = load_merged_yaml(Path(file), issues)
+    if not isinstance(raw, dict):
+        if raw is not None:
+            issues.append(
+                ConfigIssue("", "the top level must be a mapping of sections", location=str(file))
+            )
+        raise ConfigError(issues, str(file))
+    for override in overrides:
+        apply_override(raw, source_map, override, issues)
+    resolve_input_paths(raw, source_map, RunConfig, (), issues)
+    config = validate(raw, source_map, issues)
+    if issues or config is None:
+        raise ConfigError(issues, str(file))
+    return config
+
+
+def load_merged_yaml(
+    file: Path, issues: list[ConfigIssue], chain: tuple[Path, ...] = ()
+) -> tuple[Any, SourceMap]:
+    """Read `file` and the presets it extends (deep merge; lists replace; later wins)."""
+    file = file.expanduser().resolve() if file.exists() else file
+    if file in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, file))
+        issues.append(
+            ConfigIssue(EXTENDS_KEY, f"extends cycle: {cycle}", "remove one of the extends")
+        )
+        return {}, {}
+    raw, source_map = read_yaml(file, issues)
+    if not isinstance(raw, dict) or EXTENDS_KEY not in raw:
+        return raw, source_map
+    parents = raw.pop(EXTENDS_KEY)
+    parent_list = [parents] if isinstance(parents, str) else parents
+    if not isinstance(parent_list, list) or not all(isinstance(p, str) for p in parent_list):
+        issues.append(
+            ConfigIssue(
+                EXTENDS_KEY,
+                "extends must be a path or a list of paths",
+                "write extends: base.yaml",
+                str(source_map.get((EXTENDS_KEY,), file)),
+            )
+        )
+        return raw, source_map
+    merged: dict[str, Any] = {}
+    merged_map: SourceMap = {}
+    for parent in parent_list:
+        parent_file = (file.parent / parent).expanduser()
+        if not parent_file.exists():
+            issues.append(
+                ConfigIssue(
+                    EXTENDS_KEY,
+                    f"preset not found: {parent_file}",
+                    f"paths in extends resolve against {file.parent}",
+                    str(source_map.get((EXTENDS_KEY,), file)),
+                )
+            )
+            continue
+        parent_raw, parent_map = load_merged_yaml(parent_file, issues, (*chain, file))
+        if isinstance(parent_raw, dict):
+            deep_merge(merged, merged_map, parent_raw, parent_map, ())
+    deep_merge(merged, merged_map, raw, source_map, ())
+    return merged, merged_map
+
+
+def deep_merge(
+    base: dict, base_map: SourceMap, top: dict, top_map: SourceMap, path: KeyPath
+) -> None:
+    """Merge `top` into `base` in place: mappings merge, everything else (lists too) replaces."""
+    for key, value in top.items():
+        key_path = (*path, key)
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_merge(base[key], base_map, value, top_map, key_path)
+            if key_path in top_map:
+                base_map[key_path] = top_map[key_path]
+            continue
+        base[key] = value
+        _replace_subtree(base_map, top_map, key_path)
+
+
+def _replace_subtree(base_map: SourceMap, top_map: SourceMap, prefix: KeyPath) -> None:
+    for key in [k for k in base_map if k[: len(prefix)] == prefix]:
+        del base_map[key]
+    for key, location in top_map.items():
+        if key[: len(prefix)] == prefix:
+            base_map[key] = location
+
+
+def apply_override(
+    raw: dict, source_map: SourceMap, override: str, issues: list[ConfigIssue]
+) -> None:
+    """Apply one `a.b.c=value` override; the value is typed as YAML would type it."""
+    key, sep, text = override.partition("=")
+    location = Location(None, override=override)
+    if not sep or not key.strip():
+        issues.append(
+            ConfigIssue(
+                "",
+                f"override '{override}' is not of the form key=value",
+                "write e.g. train.lr=2e-4",
+            )
+        )
+        return
+    path: KeyPath = tuple(part for part in key.strip().split("."))
+    if any(not part for part in path):
+        issues.append(
+            ConfigIssue(
+                key, "empty part in a dotted key", "write e.g. train.lr=2e-4", str(location)
+            )
+        )
+        return
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as error:
+        issues.append(
+            ConfigIssue(key, f"cannot parse the value: {error}", "quote it", str(location))
+        )
+        return
+    if isinstance(value, str) and "${" in value:
+        value = expand_env(value, True, path, location, issues)
+    node: Any = raw
+    for part in path[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[path[-1]] = value
+    _replace_subtree(source_map, {}, path)
+    source_map[path] = location
+    if isinstance(value, dict | list):
+        _mark_subtree(source_map, value, path, location)
+
+
+def _mark_subtree(source_map: SourceMap, value: Any, path: KeyPath, location: Location) -> None:
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, child in items:
+        source_map[(*path, key)] = location
+        if isinstance(child, dict | list):
+            _mark_subtree(source_map, child, (*path, key), location)
+
+
+def resolve_input_paths(
+    raw: Any,
+    source_map: SourceMap,
+    model: type[BaseModel],
+    path: KeyPath,
+    issues: list[ConfigIssue],
+) -> None:
+    """Make relative input paths absolute against the file that set them; report missing ones."""
+    if not isinstance(raw, dict):
+        return
+    for name, field in model.model_fields.items():
+        if name not in raw or raw[name] is None:
+            continue
+        key_path = (*path, name)
+        if any(isinstance(meta, RelativeToConfigFile) for meta in field.metadata) or _is_input_path(
+            field.annotation
+        ):
+            if isinstance(raw[name], str):
+                raw[name] = str(_resolve_one(raw[name], key_path, source_map, issues))
+            continue
+        section = section_type(field.annotation)
+        if section is None:
+            continue
+        if isinstance(raw[name], list):
+            for index, item in enumerate(raw[name]):
+                resolve_input_paths(item, source_map, section, (*key_path, index), issues)
+        else:
+            resolve_input_paths(raw[name], source_map, section, key_path, issues)
+
+
+def _is_input_path(annotation: Any) -> bool:
+    for arg in typing.get_args(annotation):
+        if any(isinstance(meta, RelativeToConfigFile) for meta in getattr(arg, "__metadata__", ())):
+            return True
+    return False
+
+
+def _resolve_one(
+    text: str, path: KeyPath, source_map: SourceMap, issues: list[ConfigIssue]
+) -> Path:
+    location = source_map.get(path, Location(None, override=dotted(path)))
+    candidate = Path(text).expanduser()
+    if not candidate.is_absolute():
+        candidate = (location.base_dir / candidate).resolve()
+    if not candidate.exists():
+        issues.append(
+            ConfigIssue(
+                dotted(path),
+                f"no such file or directory: {candidate}",
+                f"check the path; a relative path resolves against {location.base_dir}",
+                str(location),
+            )
+        )
+    return candidate
+
+
+def validate(raw: dict, source_map: SourceMap, issues: list[ConfigIssue]) -> RunConfig | None:
+    """Validate section by section so that one broken section does not hide the others."""
+    sections: dict[str, BaseModel] = {}
+    for key in raw:
+        if key not in RunConfig.model_fields:
+            issues.append(unknown_key_issue((key,), RunConfig, source_map))
+    for name, field in RunConfig.model_fields.items():
+        section_class = section_type(field.annotation)
+        assert section_class is not None
+        if name not in raw:
+            if field.is_required():
+                issues.append(
+                    ConfigIssue(
+                        name,
+                        "required section is missing",
+                        f"add a `{name}:` section ({field.description})",
+                    )
+                )
+            else:
+                sections[name] = section_class()
+            continue
+        try:
+            sections[name] = section_class.model_validate(raw[name] if raw[name] is not None else {})
+        except ValidationError as error:
+            for detail in error.errors():
+                path: KeyPath = (name, *detail["loc"])
+                issues.append(describe_validation_error(detail, path, section_class, source_map))
+    issues.extend(check_rules(sections, source_map))
+    if issues or len(sections) != len(RunConfig.model_fields):
+        return None
+    return RunConfig(**sections)
+
+
+def unknown_key_issue(path: KeyPath, parent: type[BaseModel], source_map: SourceMap) -> ConfigIssue:
+    known = list(parent.model_fields)
+    close = difflib.get_close_matches(str(path[-1]), known, n=1)
+    fix = f"did you mean '{close[0]}'?" if close else f"valid keys here: {', '.join(known)}"
+    return ConfigIssue(dotted(path), "unknown key", fix, _location(path, source_map))
+
+
+def _location(path: KeyPath, source_map: SourceMap) -> str:
+    for end in range(len(path), 0, -1):
+        if path[:end] in source_map:
+            return str(source_map[path[:end]])
+    return ""
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved configuration as YAML, loadable again by `load_config`."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

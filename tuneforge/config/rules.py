@@ -1,0 +1,152 @@
+"""Cross-field rules, checked once every section they read has validated on its own."""
+
+from collections.abc import Callable
+from typing import Any
+
+from tuneforge.config.errors import ConfigIssue
+from tuneforge.config.yaml_source import SourceMap
+
+Rule = Callable[..., list[tuple[str, str, str]]]
+RULES: list[tuple[tuple[str, ...], Rule]] = []
+
+
+def rule(*sections: str) -> Callable[[Rule], Rule]:
+    """Register a rule that needs the named sections; it returns (path, message, fix) triples."""
+
+    def register(check: Rule) -> Rule:
+        RULES.append((sections, check))
+        return check
+
+    return register
+
+
+def check_rules(sections: dict[str, Any], source_map: SourceMap) -> list[ConfigIssue]:
+    issues = []
+    for needed, check in RULES:
+        if all(name in sections for name in needed):
+            for path, message, fix in check(*(sections[name] for name in needed)):
+                location = source_map.get(tuple(path.split(".")))
+                issues.append(ConfigIssue(path, message, fix, str(location) if location else ""))
+    return issues
+
+
+@rule("model")
+def model_source(model) -> list[tuple[str, str, str]]:
+    if (model.name is None) == (model.path is None):
+        return [
+            (
+                "model",
+                "set exactly one of model.name and model.path",
+                "model.name builds a catalog shape with random weights; model.path loads a local HF directory",
+            )
+        ]
+    return []
+
+
+@rule("model", "tokenizer")
+def tokenizer_source(model, tokenizer) -> list[tuple[str, str, str]]:
+    if tokenizer.path is None and model.path is None:
+        return [
+            (
+                "tokenizer.path",
+                "no tokenizer: a catalog shape (model.name) has none of its own",
+                "set tokenizer.path to a local tokenizer directory",
+            )
+        ]
+    return []
+
+
+@rule("train")
+def run_length(train) -> list[tuple[str, str, str]]:
+    problems = []
+    if train.max_steps is None and train.epochs is None:
+        problems.append(
+            ("train.max_steps", "the run has no length", "set train.max_steps or train.epochs")
+        )
+    if train.min_lr > train.lr:
+        problems.append(
+            ("train.min_lr", f"min_lr {train.min_lr} exceeds lr {train.lr}", "lower train.min_lr")
+        )
+    return problems
+
+
+@rule("train", "data")
+def micro_batch_fits_a_sequence(train, data) -> list[tuple[str, str, str]]:
+    if train.tokens_per_micro_batch < data.max_seq_len:
+        return [
+            (
+                "train.tokens_per_micro_batch",
+                f"{train.tokens_per_micro_batch} tokens cannot hold one sequence of data.max_seq_len={data.max_seq_len}",
+                "raise train.tokens_per_micro_batch or lower data.max_seq_len",
+            )
+        ]
+    return []
+
+
+@rule("train", "data", "eval")
+def evaluation_needs_data(train, data, eval) -> list[tuple[str, str, str]]:
+    if data.eval:
+        return []
+    problems = []
+    if train.eval_steps is not None:
+        problems.append(
+            (
+                "train.eval_steps",
+                "evaluation asked for but data.eval is empty",
+                "add data.eval sources",
+            )
+        )
+    if eval.num_samples > 0:
+        problems.append(
+            (
+                "eval.num_samples",
+                "accuracy asked for but data.eval is empty",
+                "add data.eval sources",
+            )
+        )
+    return problems
+
+
+@rule("parallel")
+def zero_names_agree(parallel) -> list[tuple[str, str, str]]:
+    if parallel.zero_stage is None or parallel.reshard_after_forward is None:
+        return []
+    if (parallel.zero_stage == 3) == parallel.reshard_after_forward:
+        return []
+    return [
+        (
+            "parallel.reshard_after_forward",
+            f"contradicts parallel.zero_stage={parallel.zero_stage}",
+            "set only one: zero_stage 2 = reshard_after_forward false, 3 = true",
+        )
+    ]
+
+
+@rule("precision")
+def precision_formats(precision) -> list[tuple[str, str, str]]:
+    problems = []
+    if precision.fp4 and precision.fp8:
+        problems.append(
+            (
+                "precision.fp4",
+                "fp4 and fp8 are mutually exclusive",
+                "remove precision.fp8 or precision.fp4",
+            )
+        )
+    if precision.fp4_param and not precision.fp4:
+        problems.append(
+            (
+                "precision.fp4_param",
+                "fp4_param requires fp4",
+                "set precision.fp4: e2m1 or drop fp4_param",
+            )
+        )
+    if precision.fp4_param_gather and not precision.fp4_param:
+        problems.append(
+            (
+                "precision.fp4_param_gather",
+                "fp4_param_gather requires fp4_param",
+                "set precision.fp4_param: true or drop fp4_param_gather",
+            )
+        )
+    return problems

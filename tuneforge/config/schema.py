@@ -1,0 +1,211 @@
+"""The typed tree of one run's configuration. YAML only fills it; unknown keys are errors.
+
+Each field's docstring is its help text (shown by `tuneforge config fields` and in errors).
+Paths marked `InputPath` are read by the run; when relative they resolve against the
+directory of the YAML file that set them. `run.output_dir` resolves against the working directory.
+"""
+
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RelativeToConfigFile:
+    """Marks a path field that resolves against the directory of the YAML file setting it."""
+
+
+InputPath = Annotated[Path, RelativeToConfigFile()]
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
+    )
+
+
+class RunSection(Section):
+    name: str = Field("run", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    """Run name: letters, digits, '.', '_' or '-'; names the run directory by default."""
+    output_dir: Path | None = None
+    """Run directory (config, metrics, checkpoints); default `runs/<run.name>`. Never put a job id in it."""
+
+    @property
+    def directory(self) -> Path:
+        return self.output_dir if self.output_dir is not None else Path("runs") / self.name
+
+
+class ModelSection(Section):
+    name: str | None = None
+    """Catalog shape to build with random weights (e.g. `demo-tiny`, `llama-3-8b`); see `tuneforge models`."""
+    path: InputPath | None = None
+    """Local Hugging Face model directory (config.json + *.safetensors) to fine-tune."""
+    num_layers: int | None = Field(None, ge=1)
+    """Keep only the first N decoder layers: a proxy of a real shape that fits a small machine."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """Dtype of the base weights and of the computation."""
+    attention: Literal["auto", "varlen", "sdpa", "eager"] = "auto"
+    """Attention backend; `auto` picks the fastest that works on the device and logs which one runs."""
+    init_std: float = Field(0.02, gt=0)
+    """Standard deviation of the random initialisation used for catalog shapes."""
+
+
+class TokenizerSection(Section):
+    path: InputPath | None = None
+    """Local tokenizer directory in the HF layout; default: model.path."""
+    chat_template: str | None = None
+    """Jinja chat template to use instead of the tokenizer's own (None keeps the tokenizer's)."""
+
+
+class DataSource(Section):
+    path: InputPath
+    """A local `.jsonl` file, one record per line."""
+    format: Literal["openai", "messages"] = "openai"
+    """Record format: `openai` (alias `messages`): {"messages": [{"role", "content"}, ...]}."""
+
+
+class DataSection(Section):
+    train: list[DataSource] = Field(min_length=1)
+    """Training sources."""
+    eval: list[DataSource] = []
+    """Held-out sources for evaluation loss and accuracy; empty disables evaluation."""
+    max_seq_len: int = Field(2048, ge=8)
+    """Longest tokenised conversation kept; longer ones are handled by `on_too_long`."""
+    on_too_long: Literal["truncate", "drop", "error"] = "drop"
+    """What to do with a conversation longer than max_seq_len."""
+    train_on: Literal["assistant", "all"] = "assistant"
+    """Which tokens carry loss: assistant replies (with their end-of-turn token) or every token."""
+
+
+class LoraSection(Section):
+    enabled: bool = True
+    """Train low-rank adapters (True) or all weights (False)."""
+    rank: int = Field(16, ge=1)
+    """Rank r of each adapter."""
+    alpha: float = Field(32.0, gt=0)
+    """Scaling numerator: the adapter output is multiplied by alpha / rank."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter input."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1
+    )
+    """Linear layers to adapt, by leaf name (`q_proj`, ..., `down_proj`) or `all-linear`."""
+
+
+class TrainSection(Section):
+    max_steps: int | None = Field(None, ge=1)
+    """Optimizer steps to run; set this or `epochs`."""
+    epochs: float | None = Field(None, gt=0)
+    """Passes over the training data; used when max_steps is not set."""
+    tokens_per_micro_batch: int = Field(4096, ge=8)
+    """Token budget of one packed micro-batch (its flat length); must be >= data.max_seq_len."""
+    grad_accum_steps: int = Field(1, ge=1)
+    """Micro-batches per optimizer step."""
+    lr: float = Field(2e-4, gt=0)
+    """Peak learning rate."""
+    min_lr: float = Field(0.0, ge=0)
+    """Learning rate at the end of the decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps from 0 to lr."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after warm-up, from lr to min_lr."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay (never applied to norms and biases)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    clip_grad_norm: float | None = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value; null disables clipping."""
+    seed: int = 0
+    """Seed for weights, adapters, data order and dropout."""
+    activation_checkpointing: Literal["none", "full"] = "none"
+    """Recompute each block's activations in backward (`full`) to save memory."""
+    eval_steps: int | None = Field(None, ge=1)
+    """Evaluate held-out loss every N steps (and at the start and the end)."""
+
+
+class PrecisionSection(Section):
+    fp8: Literal["e4m3", "hybrid"] | None = None
+    """FP8 matmuls (`e4m3` or `hybrid`: E4M3 forward, E5M2 backward); mutually exclusive with fp4."""
+    fp4: Literal["e2m1"] | None = None
+    """FP4 matmuls (E2M1 elements with block scales); mutually exclusive with fp8."""
+    fp4_recipe: Literal["nvfp4", "mxfp4"] = "nvfp4"
+    """FP4 block-scaling recipe."""
+    fp4_param: bool = False
+    """Keep the base weights in FP4 (requires fp4)."""
+    fp4_param_gather: bool = False
+    """All-gather weights in FP4 (requires fp4_param)."""
+
+
+class CheckpointSection(Section):
+    save_steps: int | None = Field(None, ge=1)
+    """Save a checkpoint every N steps (null: only at the end). Keep it below one job's step budget."""
+    keep_last: int = Field(2, ge=1)
+    """How many step checkpoints to keep."""
+    save_final: bool = True
+    """Save the trained weights (or the adapter) when the run ends."""
+
+
+class LoggingSection(Section):
+    log_steps: int = Field(1, ge=1)
+    """Write a metrics line every N steps."""
+    progress: bool = True
+    """Show a progress bar on the terminal."""
+
+
+class EvalSection(Section):
+    num_samples: int = Field(0, ge=0)
+    """Held-out prompts answered by greedy decoding for exact-match accuracy (0 disables)."""
+    max_new_tokens: int = Field(32, ge=1)
+    """Longest reply generated when measuring accuracy."""
+
+
+class ParallelSection(Section):
+    strategy: Literal["auto", "single", "ddp", "fsdp"] = "auto"
+    """How to spread the run across devices; `auto` is `single` on one process."""
+    zero_stage: Literal[2, 3] | None = None
+    """FSDP sharding: 2 keeps parameters gathered after forward (ZeRO-2), 3 reshards them (ZeRO-3)."""
+    reshard_after_forward: bool | None = None
+    """FSDP2's name for the same choice: False is ZeRO-2, True is ZeRO-3."""
+
+
+class RunConfig(Section):
+    """The whole configuration of one run."""
+
+    run: RunSection = RunSection()
+    """Name and run directory."""
+    model: ModelSection
+    """Which model to fine-tune."""
+    tokenizer: TokenizerSection = TokenizerSection()
+    """Which tokenizer and chat template."""
+    data: DataSection
+    """Training and held-out data."""
+    lora: LoraSection = LoraSection()
+    """Low-rank adapters, or full fine-tuning."""
+    train: TrainSection
+    """Optimisation."""
+    precision: PrecisionSection = PrecisionSection()
+    """Low-precision matmuls."""
+    checkpoint: CheckpointSection = CheckpointSection()
+    """Saving."""
+    logging: LoggingSection = LoggingSection()
+    """Metrics and progress."""
+    eval: EvalSection = EvalSection()
+    """Generation-based evaluation."""
+    parallel: ParallelSection = ParallelSection()
+    """Devices and sharding."""
+
+
+def section_type(annotation: Any) -> type[BaseModel] | None:
+    """The config class inside `Section`, `Section | None` or `list[Section]`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = section_type(arg)
+        if found is not None:
+            return found
+    return None

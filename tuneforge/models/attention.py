@@ -1,0 +1,94 @@
+"""Causal attention over packed documents: no token attends across a document boundary.
+
+Backends, all taking q [T, H, D] and k, v [T, H_kv, D]:
+- `varlen`: flash kernels through `torch.nn.attention.varlen.varlen_attn` (CUDA), GQA native;
+- `sdpa`: `scaled_dot_product_attention` once per document;
+- `eager`: the explicit softmax(q kᵀ / √d) v per document, the reference.
+"""
+
+import inspect
+import itertools
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from tuneforge.models.packed import PackedSequences
+
+log = logging.getLogger(__name__)
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PackedSequences], torch.Tensor]
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
+    lengths = packed.lengths()
+    outputs = []
+    for qd, kd, vd in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
+        # [T, H, D] -> [1, H, T, D]
+        qd, kd, vd = (t.transpose(0, 1).unsqueeze(0) for t in (qd, kd, vd))
+        od = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=kd.shape[1] != qd.shape[1])
+        outputs.append(od.squeeze(0).transpose(0, 1))
+    return torch.cat(outputs)
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
+    groups = q.shape[1] // k.shape[1]
+    outputs = []
+    lengths = packed.lengths()
+    for qd, kd, vd in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
+        qd = qd.transpose(0, 1)
+        kd = kd.transpose(0, 1).repeat_interleave(groups, dim=0)
+        vd = vd.transpose(0, 1).repeat_interleave(groups, dim=0)
+        scores = qd.float() @ kd.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+        causal = torch.ones(len(qd[0]), len(qd[0]), dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        outputs.append((scores.softmax(-1) @ vd.float()).to(q.dtype).transpose(0, 1))
+    return torch.cat(outputs)
+
+
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+) -> torch.Tensor:
+    from torch.nn.attention.varlen import varlen_attn
+
+    kwargs = {"window_size": (-1, 0)}
+    if k.shape[1] != q.shape[1] and "enable_gqa" in _varlen_parameters():
+        kwargs["enable_gqa"] = True
+    cu = packed.cu_seqlens
+    return varlen_attn(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen, **kwargs)
+
+
+def _varlen_parameters() -> set[str]:
+    from torch.nn.attention.varlen import varlen_attn
+
+    return set(inspect.signature(varlen_attn).parameters)
+
+
+BACKENDS: dict[str, AttentionFn] = {
+    "varlen": varlen_attention,
+    "sdpa": sdpa_attention,
+    "eager": eager_attention,
+}
+
+
+def varlen_available(device: torch.device) -> bool:
+    """True when flash varlen attention runs here (a CUDA build with the op; ROCm may lack it)."""
+    if device.type != "cuda":
+        return False
+    try:
+        q = torch.zeros(4, 1, 64, device=device, dtype=torch.bfloat16)
+        packed = PackedSequences.from_lengths([4], device)
+        varlen_attention(q, q, q, packed)
+    except Exception as error:  # any failure means: do not use it
+        log.debug("varlen attention unavailable: %s", error)
+        return False
+    return True
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """The backend that will run: `auto` becomes `varlen` where it works, else `sdpa`."""
+    if name != "auto":
+        return name
+    return "varlen" if varlen_available(device) else "sdpa"

@@ -1,0 +1,158 @@
+"""Read and write models in the Hugging Face layout: config.json + (sharded) *.safetensors."""
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tuneforge.models.args import ModelArgs
+from tuneforge.models.decoder import Decoder
+from tuneforge.models.hf.adapter import adapter_for
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+LAYER_INDEX = re.compile(r"^layers\.(\d+)\.")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CheckpointError(ValueError):
+    """A model directory that cannot be read as a Hugging Face checkpoint."""
+
+
+def read_hf_config(model_dir: Path) -> dict[str, Any]:
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(
+            f"{model_dir} has no config.json: point model.path at a Hugging Face model directory"
+        )
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(
+            f"{config_file}: invalid JSON at line {error.lineno}: {error.msg}"
+        ) from None
+
+
+def model_args_from_dir(model_dir: Path) -> ModelArgs:
+    config = read_hf_config(model_dir)
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise CheckpointError(f"{model_dir / 'config.json'} has no model_type")
+    return adapter_for(model_type).args_from_config(config)
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    if (model_dir / SINGLE_FILE).is_file():
+        return [model_dir / SINGLE_FILE]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if not found:
+        raise CheckpointError(
+            f"{model_dir} has no *.safetensors weights (pickled .bin files are not read)"
+        )
+    return found
+
+
+def load_hf_model(
+    model_dir: Path, dtype: str = "bfloat16", attention: str = "sdpa", num_layers: int | None = None
+) -> Decoder:
+    """Build our decoder from a HF directory, streaming tensors one at a time (no 2x host peak)."""
+    config = read_hf_config(model_dir)
+    adapter = adapter_for(config.get("model_type", ""))
+    args = adapter.args_from_config(config).with_layers(num_layers)
+    with torch.device("meta"):
+        model = Decoder(args, attention)
+    model.to_empty(device="cpu")
+    model.tie_weights()
+    model.to(DTYPES[dtype])
+    params = dict(model.named_parameters(remove_duplicate=False))
+    expected = set(params) - ({"lm_head.weight"} if args.tie_embeddings else set())
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for file in safetensors_files(model_dir):
+        with safe_open(str(file), framework="pt") as handle:
+            for hf_name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                name = adapter.from_hf(hf_name)
+                if name is None:
+                    unexpected.append(hf_name)
+                    continue
+                layer = LAYER_INDEX.match(name)
+                if layer and int(layer.group(1)) >= args.num_layers:
+                    continue
+                if name == "lm_head.weight" and args.tie_embeddings:
+                    continue
+                tensor = handle.get_tensor(hf_name)
+                target = params[name]
+                if tensor.shape != target.shape:
+                    raise CheckpointError(
+                        f"{file.name}: {hf_name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+                    )
+                with torch.no_grad():
+                    target.copy_(tensor)
+                loaded.add(name)
+    missing = sorted(expected - loaded)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{model_dir}: weights do not match the {args.family} layout; "
+            f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
+        )
+    log.info("loaded %d tensors from %s", len(loaded), model_dir)
+    return model
+
+
+def save_hf_model(
+    model: Decoder, out_dir: Path, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30
+) -> None:
+    """Write config.json and safetensors shards (with an index when there is more than one)."""
+    args = model.args
+    adapter = adapter_for(args.family)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and args.tie_embeddings:
+            continue
+        hf_name = adapter.to_hf(name)
+        if hf_name is None:
+            raise KeyError(f"no Hugging Face name for {name}")
+        tensors[hf_name] = (
+            tensor.detach().to(DTYPES[dtype] if dtype else tensor.dtype).contiguous().cpu()
+        )
+    dtype_name = dtype or str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    shards = _shard(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(shards[0], str(out_dir / SINGLE_FILE), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for number, shard in enumerate(shards, start=1):
+            name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out_dir / name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, name))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    config = adapter.config_from_args(args, dtype_name)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _shard(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards

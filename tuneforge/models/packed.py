@@ -1,0 +1,40 @@
+"""Sequences packed into one flat token stream, delimited by `cu_seqlens`."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PackedSequences:
+    """Where each document starts and ends in a flat stream, and each token's position in its document."""
+
+    cu_seqlens: torch.Tensor
+    """int32 [num_docs + 1]: document boundaries, starting at 0."""
+    max_seqlen: int
+    position_ids: torch.Tensor
+    """int64 [num_tokens]: position of each token within its own document."""
+
+    @classmethod
+    def from_lengths(
+        cls, lengths: list[int], device: torch.device | str = "cpu"
+    ) -> "PackedSequences":
+        starts = [0]
+        for length in lengths:
+            starts.append(starts[-1] + length)
+        positions = (
+            torch.cat([torch.arange(length) for length in lengths]) if lengths else torch.zeros(0)
+        )
+        return cls(
+            cu_seqlens=torch.tensor(starts, dtype=torch.int32, device=device),
+            max_seqlen=max(lengths, default=0),
+            position_ids=positions.to(device=device, dtype=torch.long),
+        )
+
+    def lengths(self) -> list[int]:
+        return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()
+
+    def to(self, device: torch.device | str) -> "PackedSequences":
+        return PackedSequences(
+            self.cu_seqlens.to(device), self.max_seqlen, self.position_ids.to(device)
+        )

@@ -1,0 +1,1 @@
+"""Training: the loop, losses, optimizer and schedule, evaluation, checkpoints and metrics."""

@@ -1,0 +1,64 @@
+"""Build the pieces of a run from its configuration: device, tokenizer, model, data."""
+
+import logging
+from pathlib import Path
+
+import torch
+
+from tuneforge.config.schema import ModelSection, RunConfig
+from tuneforge.errors import TuneforgeError
+from tuneforge.models.attention import resolve_backend
+from tuneforge.models.catalog import catalog_shape
+from tuneforge.models.decoder import Decoder
+from tuneforge.models.hf.checkpoint import DTYPES, CheckpointError, load_hf_model
+
+log = logging.getLogger(__name__)
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def load_tokenizer(config: RunConfig):
+    from transformers import AutoTokenizer
+
+    path = config.tokenizer.path or config.model.path
+    assert path is not None  # guaranteed by the config rules
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=False
+        )
+    except (OSError, ValueError) as error:
+        raise TuneforgeError(f"cannot load a tokenizer from {path}: {error}") from None
+    if config.tokenizer.chat_template is not None:
+        tokenizer.chat_template = config.tokenizer.chat_template
+    if not tokenizer.chat_template:
+        raise TuneforgeError(
+            f"the tokenizer in {path} has no chat template: set tokenizer.chat_template in the config"
+        )
+    return tokenizer
+
+
+def build_model(section: ModelSection, device: torch.device, seed: int) -> Decoder:
+    """Load a local HF model, or build a catalog shape with seeded random weights."""
+    backend = resolve_backend(section.attention, device)
+    if section.path is not None:
+        try:
+            model = load_hf_model(Path(section.path), section.dtype, backend, section.num_layers)
+        except (CheckpointError, ValueError) as error:
+            raise TuneforgeError(str(error)) from None
+    else:
+        assert section.name is not None
+        try:
+            args = catalog_shape(section.name).with_layers(section.num_layers)
+        except KeyError as error:
+            raise TuneforgeError(f"model.name: {error.args[0]}") from None
+        model = Decoder(args, backend)
+        model.init_weights(section.init_std, torch.Generator().manual_seed(seed))
+        model.to(DTYPES[section.dtype])
+    log.info("attention backend: %s", backend)
+    if backend == "eager":
+        log.warning(
+            "eager attention materialises seq x seq scores per head: slow and memory-hungry at long sequences"
+        )
+    return model.to(device)

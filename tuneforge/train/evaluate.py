@@ -1,0 +1,85 @@
+"""Held-out loss and exact-match accuracy of greedy replies."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from tuneforge.data.packing import PackedBatch
+from tuneforge.data.records import Conversation
+from tuneforge.models.decoder import Decoder
+from tuneforge.models.generate import generate
+from tuneforge.train.loss import chunked_cross_entropy
+
+
+@dataclass
+class EvalResult:
+    loss: float
+    num_tokens: int
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.loss, 50.0))
+
+
+@torch.no_grad()
+def evaluate_loss(model: Decoder, batches: list[PackedBatch], device: torch.device) -> EvalResult:
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for batch in batches:
+        batch = batch.to(device)
+        hidden = model.hidden_states(batch.tokens, batch.packed)
+        loss_sum, num_tokens = chunked_cross_entropy(hidden, model.lm_head.weight, batch.labels)
+        total += float(loss_sum)
+        count += num_tokens
+    model.train(was_training)
+    return EvalResult(total / max(count, 1), count)
+
+
+@dataclass
+class AccuracyResult:
+    num_correct: int
+    num_total: int
+    examples: list[tuple[str, str, str]]
+    """A few (prompt, expected, generated) triples."""
+
+    @property
+    def accuracy(self) -> float:
+        return self.num_correct / max(self.num_total, 1)
+
+
+@torch.no_grad()
+def exact_match(
+    model: Decoder,
+    tokenizer,
+    conversations: list[Conversation],
+    max_new_tokens: int,
+    batch_size: int = 64,
+) -> AccuracyResult:
+    """Answer each conversation's last user turn greedily; compare with its final assistant reply."""
+    was_training = model.training
+    model.eval()
+    prompts, references = [], []
+    for conversation in conversations:
+        messages = conversation.messages
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        prompt = tokenizer.apply_chat_template(
+            messages[:last], tokenize=False, add_generation_prompt=True
+        )
+        prompts.append(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        references.append(messages[last]["content"].strip())
+    stop_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    replies: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        for reply in generate(model, prompts[start : start + batch_size], max_new_tokens, stop_ids):
+            replies.append(tokenizer.decode(reply, skip_special_tokens=True).strip())
+    model.train(was_training)
+    correct = sum(reply == reference for reply, reference in zip(replies, references, strict=True))
+    shown = [
+        (conversation.messages[-2]["content"], reference, reply)
+        for conversation, reference, reply in list(
+            zip(conversations, references, replies, strict=True)
+        )[:5]
+    ]
+    return AccuracyResult(correct, len(references), shown)

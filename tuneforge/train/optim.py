@@ -1,0 +1,44 @@
+"""AdamW with decay only on matrices, and the learning-rate schedule as a pure function of the step."""
+
+import math
+
+import torch
+from torch import nn
+
+from tuneforge.config.schema import TrainSection
+
+
+def build_optimizer(
+    model: nn.Module, train: TrainSection, device: torch.device
+) -> torch.optim.AdamW:
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            # Norm weights and biases are vectors: weight decay would only pull them to zero.
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": train.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        [group for group in groups if group["params"]],
+        lr=train.lr,
+        betas=train.betas,
+        eps=train.eps,
+        fused=device.type == "cuda",
+    )
+
+
+def learning_rate(step: int, total_steps: int, train: TrainSection) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warm-up, then the decay."""
+    if step < train.warmup_steps:
+        return train.lr * (step + 1) / train.warmup_steps
+    if train.schedule == "constant":
+        return train.lr
+    decay_steps = max(total_steps - train.warmup_steps, 1)
+    progress = min((step - train.warmup_steps) / decay_steps, 1.0)
+    if train.schedule == "linear":
+        factor = 1.0 - progress
+    else:
+        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return train.min_lr + (train.lr - train.min_lr) * factor
