@@ -60,10 +60,17 @@ def config_validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
 
 
 @config_app.command("fields")
-def config_fields() -> None:
+def config_fields(
+    markdown: Annotated[
+        bool, typer.Option(help="Print the Markdown reference (docs/config.md).")
+    ] = False,
+) -> None:
     """List every configuration field with its type, default and help."""
-    from tuneforge.config.help import field_rows
+    from tuneforge.config.help import field_rows, fields_markdown
 
+    if markdown:
+        console.print(fields_markdown(), end="", markup=False, highlight=False, soft_wrap=True)
+        return
     table = Table("field", "type", "default", "help")
     for row in field_rows():
         table.add_row(*row)
@@ -194,8 +201,8 @@ def main() -> None:
     try:
         app()
     except ConfigError as error:
-        error_console.print(str(error), markup=False, highlight=False)
+        error_console.print(str(error), markup=False, highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)
     except TuneforgeError as error:
-        error_console.print(f"error: {error}", markup=False, highlight=False)
+        error_console.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(EXIT_USAGE)

@@ -6,7 +6,13 @@ from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_TOKENIZER_DIR
 from tuneforge.data.chat import tokenize_conversation
-from tuneforge.data.packing import IGNORE_INDEX, PackedLoader, collate, first_fit_decreasing, make_example
+from tuneforge.data.packing import (
+    IGNORE_INDEX,
+    PackedLoader,
+    collate,
+    first_fit_decreasing,
+    make_example,
+)
 from tuneforge.data.records import Conversation, DataError, read_openai_jsonl
 
 
@@ -17,7 +23,9 @@ def tokenizer():
 
 def trained_text(tokenizer, conversation, train_on="assistant"):
     tokenized = tokenize_conversation(tokenizer, conversation, train_on)
-    return tokenizer.decode([t for t, m in zip(tokenized.input_ids, tokenized.loss_mask, strict=True) if m])
+    return tokenizer.decode(
+        [t for t, m in zip(tokenized.input_ids, tokenized.loss_mask, strict=True) if m]
+    )
 
 
 def test_only_assistant_replies_and_their_end_of_turn_carry_loss(tokenizer):
@@ -51,7 +59,9 @@ def test_labels_are_shifted_inside_each_document_and_never_cross():
 
 
 def test_first_fit_decreasing_respects_the_budget_and_keeps_every_example():
-    lengths = [int(x) for x in torch.randint(1, 50, (500,), generator=torch.Generator().manual_seed(0))]
+    lengths = [
+        int(x) for x in torch.randint(1, 50, (500,), generator=torch.Generator().manual_seed(0))
+    ]
     bins = first_fit_decreasing(lengths, 64)
     assert sorted(i for b in bins for i in b) == list(range(500))
     assert all(sum(lengths[i] for i in b) <= 64 for b in bins)
@@ -78,7 +88,9 @@ def test_bad_records_name_file_and_line(tmp_path):
         "{not json",
         json.dumps({"messages": [{"role": "robot", "content": "x"}]}),
         json.dumps({"messages": [{"role": "user", "content": "only a question"}]}),
-        json.dumps({"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "b"}]}),
+        json.dumps(
+            {"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "b"}]}
+        ),
     ]
     file.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError) as raised:

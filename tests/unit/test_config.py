@@ -48,7 +48,9 @@ def test_minimal_config_resolves_paths_against_the_file(data_dir):
 def test_env_interpolation_types_whole_values_and_keeps_quoted_strings(data_dir, monkeypatch):
     monkeypatch.setenv("STEPS", "25")
     monkeypatch.setenv("NAME", "exp")
-    text = MINIMAL.replace("max_steps: 10", "max_steps: ${STEPS}\n  lr: ${LR:1.5e-4}\n  seed: '${STEPS}'")
+    text = MINIMAL.replace(
+        "max_steps: 10", "max_steps: ${STEPS}\n  lr: ${LR:1.5e-4}\n  seed: '${STEPS}'"
+    )
     text += "run:\n  name: ${NAME}-${MISSING_TAG:v1}\n"
     config = load_config(write(data_dir / "run.yaml", text))
     assert config.train.max_steps == 25
@@ -68,7 +70,9 @@ def test_quoted_interpolation_stays_a_string_and_plain_one_is_typed(data_dir, mo
 
 def test_unset_variable_without_default_names_variable_file_and_line(data_dir, monkeypatch):
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
-    file = write(data_dir / "run.yaml", MINIMAL.replace("max_steps: 10", "max_steps: ${NOT_SET_ANYWHERE}"))
+    file = write(
+        data_dir / "run.yaml", MINIMAL.replace("max_steps: 10", "max_steps: ${NOT_SET_ANYWHERE}")
+    )
     with pytest.raises(ConfigError) as raised:
         load_config(file)
     text = str(raised.value)
@@ -79,7 +83,9 @@ def test_unset_variable_without_default_names_variable_file_and_line(data_dir, m
 def test_extends_deep_merges_and_lists_replace(data_dir):
     write(
         data_dir / "presets" / "base.yaml",
-        MINIMAL.replace("path: tok", "path: ../tok").replace("data/train.jsonl", "../data/train.jsonl")
+        MINIMAL.replace("path: tok", "path: ../tok").replace(
+            "data/train.jsonl", "../data/train.jsonl"
+        )
         + "lora:\n  rank: 8\n  target_modules: [q_proj, v_proj, o_proj]\n",
     )
     child = write(
@@ -96,7 +102,9 @@ def test_extends_deep_merges_and_lists_replace(data_dir):
 
 def test_dotted_overrides_are_typed(data_dir):
     file = write(data_dir / "run.yaml", MINIMAL)
-    config = load_config(file, ["train.lr=2e-4", "lora.rank=32", "lora.target_modules=[q_proj]", "run.name=x"])
+    config = load_config(
+        file, ["train.lr=2e-4", "lora.rank=32", "lora.target_modules=[q_proj]", "run.name=x"]
+    )
     assert config.train.lr == pytest.approx(2e-4)
     assert config.lora.rank == 32
     assert config.lora.target_modules == ["q_proj"]
@@ -166,7 +174,9 @@ def test_precision_rules(data_dir):
         load_config(write(data_dir / "c.yaml", text))
     assert "requires fp4_param" in issues_of(raised.value)["precision.fp4_param_gather"]
 
-    ok = load_config(write(data_dir / "d.yaml", MINIMAL + "precision:\n  fp4: e2m1\n  fp4_param: true\n"))
+    ok = load_config(
+        write(data_dir / "d.yaml", MINIMAL + "precision:\n  fp4: e2m1\n  fp4_param: true\n")
+    )
     assert ok.precision.fp4_param
 
 
@@ -191,6 +201,21 @@ def test_resolved_config_round_trips(data_dir):
     assert again == config
 
 
-@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_example_validates(example):
+@pytest.mark.parametrize(
+    "example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_example_validates(example, tmp_path, monkeypatch):
+    from tests.helpers import save_tiny_llama
+
+    save_tiny_llama(tmp_path / "model")
+    monkeypatch.setenv("MODEL_DIR", str(tmp_path / "model"))
+    monkeypatch.setenv("DATA", str(REPO / "tuneforge" / "assets" / "demo_data" / "train.jsonl"))
     load_config(example)
+
+
+def test_configuration_reference_is_current():
+    from tuneforge.config.help import fields_markdown
+
+    assert (REPO / "docs" / "config.md").read_text() == fields_markdown(), (
+        "regenerate docs/config.md"
+    )

@@ -36,7 +36,9 @@ def test_adapter_starts_as_a_no_op_and_only_adapters_train(tmp_path):
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(name.endswith(("lora_A", "lora_B")) for name in trainable)
     assert len(report.matched["q_proj"]) == 2
-    assert report.trainable_params == sum(p.numel() for n, p in model.named_parameters() if n in trainable)
+    assert report.trainable_params == sum(
+        p.numel() for n, p in model.named_parameters() if n in trainable
+    )
 
 
 def test_our_adapter_loads_in_peft_with_the_same_logits(tmp_path):
@@ -54,14 +56,24 @@ def test_our_adapter_loads_in_peft_with_the_same_logits(tmp_path):
 
 def test_peft_adapter_loads_here_with_the_same_logits(tmp_path):
     hf_model = save_tiny_llama(tmp_path / "base")
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    config = LoraConfig(
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "v_proj", "down_proj"],
+        init_lora_weights=False,
+    )
     peft_model = get_peft_model(hf_model, config).eval()
     peft_model.save_pretrained(tmp_path / "peft_adapter")
     with torch.no_grad():
         expected = peft_model(TOKENS[None]).logits[0]
     adapter_config = read_adapter_config(tmp_path / "peft_adapter")
     model = load_hf_model(tmp_path / "base", "float32", "sdpa")
-    apply_lora(model, sorted(adapter_config["target_modules"]), adapter_config["r"], adapter_config["lora_alpha"])
+    apply_lora(
+        model,
+        sorted(adapter_config["target_modules"]),
+        adapter_config["r"],
+        adapter_config["lora_alpha"],
+    )
     load_adapter_weights(model, tmp_path / "peft_adapter", adapter_for("llama"))
     torch.testing.assert_close(our_logits(model), expected, atol=1e-5, rtol=1e-4)
 

@@ -44,7 +44,9 @@ def test_cosine_schedule_warms_up_then_decays_to_min_lr():
 
 
 def test_linear_and_constant_schedules():
-    assert learning_rate(55, 100, train_section(schedule="linear")) == pytest.approx(1e-4 + 0.9e-3 * 0.5)
+    assert learning_rate(55, 100, train_section(schedule="linear")) == pytest.approx(
+        1e-4 + 0.9e-3 * 0.5
+    )
     assert learning_rate(80, 100, train_section(schedule="constant")) == pytest.approx(1e-3)
 
 

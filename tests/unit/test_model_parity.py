@@ -21,7 +21,9 @@ def hf_logits_per_document(hf_model, documents):
 def test_packed_logits_match_separate_hf_forwards(tmp_path, backend, tied):
     hf_model = save_tiny_llama(tmp_path, tie_word_embeddings=tied)
     ours = load_hf_model(tmp_path, "float32", backend)
-    documents = [torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(n)) for n in LENGTHS]
+    documents = [
+        torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(n)) for n in LENGTHS
+    ]
     packed = PackedSequences.from_lengths(LENGTHS)
     with torch.no_grad():
         expected = hf_logits_per_document(hf_model, documents)
@@ -32,14 +34,18 @@ def test_packed_logits_match_separate_hf_forwards(tmp_path, backend, tied):
 def test_gradients_match_hf(tmp_path):
     hf_model = save_tiny_llama(tmp_path)
     ours = load_hf_model(tmp_path, "float32", "sdpa")
-    documents = [torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(n)) for n in LENGTHS]
+    documents = [
+        torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(n)) for n in LENGTHS
+    ]
     hf_model.train()
     hf_logits_per_document(hf_model, documents).square().mean().backward()
     ours(torch.cat(documents), PackedSequences.from_lengths(LENGTHS)).square().mean().backward()
     hf_grads = dict(hf_model.named_parameters())
     for name, param in ours.named_parameters():
         hf_name = adapter_for("llama").to_hf(name)
-        torch.testing.assert_close(param.grad, hf_grads[hf_name].grad, atol=1e-6, rtol=1e-4, msg=name)
+        torch.testing.assert_close(
+            param.grad, hf_grads[hf_name].grad, atol=1e-6, rtol=1e-4, msg=name
+        )
 
 
 def test_saved_model_loads_in_transformers_with_same_logits(tmp_path):
@@ -53,7 +59,9 @@ def test_saved_model_loads_in_transformers_with_same_logits(tmp_path):
     with torch.no_grad():
         expected = reloaded_hf(tokens[None]).logits[0]
         torch.testing.assert_close(ours(tokens, PackedSequences.from_lengths([15])), expected)
-        torch.testing.assert_close(reloaded_ours(tokens, PackedSequences.from_lengths([15])), expected)
+        torch.testing.assert_close(
+            reloaded_ours(tokens, PackedSequences.from_lengths([15])), expected
+        )
 
 
 def test_num_layers_override_keeps_the_first_layers(tmp_path):

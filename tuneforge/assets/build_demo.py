@@ -2,7 +2,7 @@
 
     python -m tuneforge.assets.build_demo
 
-The tasks are deterministic (reverse, sort, upper-case, add, max, count, repeat), so a tiny
+The tasks are deterministic (reverse, sort, add, max, min, last), so a tiny
 randomly initialised model can learn them on a CPU in minutes and exact-match accuracy is
 meaningful. The tokenizer is a byte-level BPE with a ChatML template, saved in the Hugging Face
 layout so that `transformers.AutoTokenizer` loads it.
@@ -21,6 +21,7 @@ NUM_EVAL = 300
 VOCAB_SIZE = 512
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 DIGITS = "0123456789"
+MIN_ITEMS, MAX_ITEMS = 2, 4
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -32,7 +33,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def _items(rng: random.Random, alphabet: str) -> list[str]:
-    return [rng.choice(alphabet) for _ in range(rng.randint(3, 6))]
+    return [rng.choice(alphabet) for _ in range(rng.randint(MIN_ITEMS, MAX_ITEMS))]
 
 
 def _reverse(rng: random.Random) -> tuple[str, str]:
@@ -45,11 +46,6 @@ def _sort(rng: random.Random) -> tuple[str, str]:
     return "sort: " + " ".join(items), " ".join(sorted(items))
 
 
-def _upper(rng: random.Random) -> tuple[str, str]:
-    items = _items(rng, LETTERS)
-    return "upper: " + " ".join(items), " ".join(items).upper()
-
-
 def _add(rng: random.Random) -> tuple[str, str]:
     a, b = rng.randint(0, 9), rng.randint(0, 9)
     return f"add: {a} + {b}", str(a + b)
@@ -60,24 +56,23 @@ def _max(rng: random.Random) -> tuple[str, str]:
     return "max: " + " ".join(items), max(items)
 
 
-def _count(rng: random.Random) -> tuple[str, str]:
+def _min(rng: random.Random) -> tuple[str, str]:
+    items = _items(rng, DIGITS)
+    return "min: " + " ".join(items), min(items)
+
+
+def _last(rng: random.Random) -> tuple[str, str]:
     items = _items(rng, LETTERS)
-    return "count: " + " ".join(items), str(len(items))
-
-
-def _repeat(rng: random.Random) -> tuple[str, str]:
-    items = _items(rng, LETTERS)[:4]
-    return "repeat: " + " ".join(items), " ".join(items + items)
+    return "last: " + " ".join(items), items[-1]
 
 
 TASKS: list[Callable[[random.Random], tuple[str, str]]] = [
     _reverse,
     _sort,
-    _upper,
     _add,
     _max,
-    _count,
-    _repeat,
+    _min,
+    _last,
 ]
 
 
@@ -117,7 +112,14 @@ def train_tokenizer(records: list[dict], out_dir: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Spaces are tokens of their own, so a letter is the same token in a prompt and in a reply:
+    # copying tasks become token copies, which a tiny model learns quickly.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(" ", behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,

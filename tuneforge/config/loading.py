@@ -247,7 +247,9 @@ def validate(raw: dict, source_map: SourceMap, issues: list[ConfigIssue]) -> Run
                 sections[name] = section_class()
             continue
         try:
-            sections[name] = section_class.model_validate(raw[name] if raw[name] is not None else {})
+            sections[name] = section_class.model_validate(
+                raw[name] if raw[name] is not None else {}
+            )
         except ValidationError as error:
             for detail in error.errors():
                 path: KeyPath = (name, *detail["loc"])

@@ -7,7 +7,6 @@ Backends, all taking q [T, H, D] and k, v [T, H_kv, D]:
 """
 
 import inspect
-import itertools
 import logging
 import math
 from collections.abc import Callable
@@ -22,18 +21,24 @@ log = logging.getLogger(__name__)
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PackedSequences], torch.Tensor]
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+) -> torch.Tensor:
     lengths = packed.lengths()
     outputs = []
     for qd, kd, vd in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
         # [T, H, D] -> [1, H, T, D]
         qd, kd, vd = (t.transpose(0, 1).unsqueeze(0) for t in (qd, kd, vd))
-        od = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=kd.shape[1] != qd.shape[1])
+        od = F.scaled_dot_product_attention(
+            qd, kd, vd, is_causal=True, enable_gqa=kd.shape[1] != qd.shape[1]
+        )
         outputs.append(od.squeeze(0).transpose(0, 1))
     return torch.cat(outputs)
 
 
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
+def eager_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     outputs = []
     lengths = packed.lengths()

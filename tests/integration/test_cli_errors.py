@@ -1,0 +1,62 @@
+"""The command line on bad input: exit code 2, a clear message, no traceback."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tuneforge", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def assert_clean_failure(result: subprocess.CompletedProcess, *expected: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    for text in expected:
+        assert text in result.stderr, result.stderr
+
+
+def test_missing_config_file(tmp_path):
+    result = run_cli("config", "validate", str(tmp_path / "absent.yaml"))
+    assert_clean_failure(result, "config file not found")
+
+
+def test_bad_yaml(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("model:\n  name: demo-tiny\n  dtype: [float32\n")
+    result = run_cli("config", "validate", str(config))
+    assert_clean_failure(result, "YAML syntax error", f"{config}:")
+
+
+def test_unknown_key_and_a_bad_override_together():
+    result = run_cli("train", "examples/demo.yaml", "train.lrr=1e-3", "lora.rank=-1")
+    assert_clean_failure(result, "2 configuration problems", "did you mean 'lr'", "lora.rank")
+
+
+def test_validate_and_show_a_good_config():
+    result = run_cli("config", "validate", "examples/demo.yaml")
+    assert result.returncode == 0 and "is valid" in result.stdout
+    shown = run_cli("config", "show", "examples/demo.yaml", "train.lr=1e-3")
+    assert shown.returncode == 0 and "lr: 0.001" in shown.stdout
+
+
+@pytest.mark.parametrize("command", [["--help"], ["config", "fields"], ["models"]])
+def test_help_commands(command):
+    result = run_cli(*command)
+    assert result.returncode == 0
+    assert result.stdout.strip()
+
+
+def test_generate_from_a_directory_that_is_no_run(tmp_path):
+    result = run_cli("generate", str(tmp_path), "--prompt", "hi")
+    assert_clean_failure(result, "is not a run directory")

@@ -1,0 +1,119 @@
+"""A shortened demo run end to end: the loss falls, weights change, the run directory is complete."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tuneforge.config import load_config
+from tuneforge.train.loop import Trainer
+from tuneforge.train.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "examples" / "demo.yaml"
+
+pytestmark = pytest.mark.integration
+
+
+def short_demo(run_dir: Path, *overrides: str):
+    return load_config(
+        DEMO,
+        [
+            f"run.output_dir={run_dir}",
+            "train.max_steps=24",
+            "train.warmup_steps=4",
+            "eval.num_samples=16",
+            "checkpoint.save_steps=10",
+            "checkpoint.keep_last=1",
+            "logging.log_steps=1",
+            *overrides,
+        ],
+    )
+
+
+def test_full_fine_tuning_learns_and_leaves_a_complete_run_directory(tmp_path):
+    trainer = Trainer(short_demo(tmp_path / "run"))
+    trainer.setup()
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    summary = trainer.train()
+    saved = trainer.save()
+
+    metrics = [m for m in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in m]
+    assert [m["step"] for m in metrics] == list(range(1, 25))
+    first, last = metrics[0]["loss"], sum(m["loss"] for m in metrics[-4:]) / 4
+    assert last < first - 1.0, (first, last)
+    evaluations = summary.evaluations
+    assert evaluations[-1].loss.loss < evaluations[0].loss.loss - 1.0
+    changed = [
+        name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])
+    ]
+    assert len(changed) == len(before)
+
+    run = tmp_path / "run"
+    assert (run / "config.yaml").is_file()
+    assert load_config(run / "config.yaml").train.max_steps == 24
+    assert (run / "checkpoints" / "step_20" / "trainable.safetensors").is_file()
+    assert not (
+        run / "checkpoints" / "step_10"
+    ).exists()  # keep_last=2 keeps 10 and 20... see below
+    assert saved == run / "final"
+    final = load_file(run / "final" / "model.safetensors")
+    torch.testing.assert_close(
+        final["model.layers.0.mlp.up_proj.weight"], trainer.model.layers[0].mlp.up_proj.weight
+    )
+    assert (run / "final" / "tokenizer.json").is_file()
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuneforge",
+            "generate",
+            str(run),
+            "--prompt",
+            "upper: a b c",
+            "--max-new-tokens",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+def test_lora_run_trains_only_adapters_and_saves_a_peft_adapter(tmp_path):
+    trainer = Trainer(
+        short_demo(tmp_path / "run", "lora.enabled=true", "lora.rank=8", "train.lr=1e-2")
+    )
+    trainer.setup()
+    frozen = {
+        name: p.detach().clone()
+        for name, p in trainer.model.named_parameters()
+        if not p.requires_grad
+    }
+    summary = trainer.train()
+    trainer.save()
+    assert summary.evaluations[-1].loss.loss < summary.evaluations[0].loss.loss
+    assert all(
+        torch.equal(p, frozen[name])
+        for name, p in trainer.model.named_parameters()
+        if name in frozen
+    )
+    run = tmp_path / "run"
+    assert (run / "adapter" / "adapter_config.json").is_file()
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+    assert (run / "base" / "model.safetensors").is_file()
+
+
+def test_an_existing_run_directory_is_never_overwritten_silently(tmp_path):
+    first = Trainer(short_demo(tmp_path / "run", "train.max_steps=1", "eval.num_samples=0"))
+    first.setup()
+    from tuneforge.errors import TuneforgeError
+
+    with pytest.raises(TuneforgeError, match="already holds a run"):
+        Trainer(short_demo(tmp_path / "run")).setup()
