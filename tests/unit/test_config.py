@@ -219,3 +219,10 @@ def test_configuration_reference_is_current():
     assert (REPO / "docs" / "config.md").read_text() == fields_markdown(), (
         "regenerate docs/config.md"
     )
+
+
+def test_every_field_has_help_text():
+    from tuneforge.config.help import field_rows
+
+    missing = [path for path, _type, _default, help_text in field_rows() if not help_text.strip()]
+    assert not missing
