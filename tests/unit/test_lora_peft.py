@@ -7,7 +7,6 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from tests.helpers import save_tiny_llama
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import load_hf_model
-from tuneforge.models.packed import PackedSequences
 from tuneforge.peft.adapter_io import load_adapter_weights, read_adapter_config, save_adapter
 from tuneforge.peft.lora import LoraTargetError, apply_lora, lora_modules, merge_lora
 
@@ -17,7 +16,7 @@ TOKENS = torch.randint(0, 128, (21,), generator=torch.Generator().manual_seed(5)
 
 def our_logits(model):
     with torch.no_grad():
-        return model(TOKENS, PackedSequences.from_lengths([21]))
+        return model(TOKENS[None])[0]
 
 
 def randomise_adapters(model, seed=0):

@@ -4,6 +4,32 @@ from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1 frequency scaling for long context (`rope_type: llama3`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class MoEArgs:
+    """Sparse mixture-of-experts MLP (Qwen3-MoE): softmax router, top-k experts."""
+
+    num_experts: int
+    top_k: int
+    expert_ffn_dim: int
+    norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.001
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+
+
+@dataclass(frozen=True)
 class ModelArgs:
     vocab_size: int
     dim: int
@@ -15,7 +41,13 @@ class ModelArgs:
     """Per-head width; 0 means dim // num_heads."""
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
     tie_embeddings: bool = False
+    attention_bias: bool = False
+    """Bias on q/k/v projections (Qwen2)."""
+    qk_norm: bool = False
+    """RMSNorm on each head of q and k before rotary (Qwen3)."""
+    moe: MoEArgs | None = None
     max_position_embeddings: int = 4096
     family: str = "llama"
 
@@ -30,16 +62,40 @@ class ModelArgs:
     def with_layers(self, num_layers: int | None) -> "ModelArgs":
         return self if num_layers is None else replace(self, num_layers=num_layers)
 
-    def num_params(self) -> int:
-        """Parameter count of the module this shape builds (tied embeddings counted once)."""
-        attention = self.dim * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        mlp = 3 * self.dim * self.ffn_dim
-        block = attention + mlp + 2 * self.dim
+    def is_sparse_layer(self, layer: int) -> bool:
+        return self.moe is not None and self.moe.is_sparse(layer)
+
+    def attention_params(self) -> int:
+        projections = self.dim * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        bias = (
+            self.head_dim * (self.num_heads + 2 * self.num_kv_heads) if self.attention_bias else 0
+        )
+        norms = 2 * self.head_dim if self.qk_norm else 0
+        return projections + bias + norms
+
+    def mlp_params(self, layer: int, active: bool = False) -> int:
+        """Parameters of one layer's MLP; `active` counts only the experts a token uses."""
+        if not self.is_sparse_layer(layer):
+            return 3 * self.dim * self.ffn_dim
+        assert self.moe is not None
+        experts = self.moe.top_k if active else self.moe.num_experts
+        return experts * 3 * self.dim * self.moe.expert_ffn_dim + self.moe.num_experts * self.dim
+
+    def num_params(self, active: bool = False) -> int:
+        """Parameter count of the module this shape builds (tied embeddings counted once);
+        `active=True` counts only the experts each token is routed to."""
+        blocks = sum(
+            self.attention_params() + self.mlp_params(layer, active) + 2 * self.dim
+            for layer in range(self.num_layers)
+        )
         embeddings = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
-        return self.num_layers * block + embeddings + self.dim
+        return blocks + embeddings + self.dim
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token (forward + backward = 3x forward), attention included."""
-        dense = self.num_params() - self.vocab_size * self.dim * (0 if self.tie_embeddings else 1)
+        """Training FLOPs per token (forward + backward = 3x forward) with causal attention over
+        documents of `seq_len` tokens; only the active experts count."""
+        matmul_params = self.num_params(active=True) - self.vocab_size * self.dim * (
+            0 if self.tie_embeddings else 1
+        )
         attention = 2 * self.num_layers * self.num_heads * self.head_dim * seq_len
-        return 3 * (2 * dense + attention)
+        return 3 * (2 * matmul_params + attention)

@@ -1,4 +1,5 @@
-"""A Llama-style decoder in plain PyTorch: RMSNorm, rotary positions, GQA attention, SwiGLU.
+"""One decoder for the Llama and Qwen families in plain PyTorch: RMSNorm, rotary positions,
+GQA attention (optional q/k/v bias, optional per-head q/k norm), SwiGLU or a sparse MoE MLP.
 
 Inputs are packed: a flat stream of tokens [T] with `PackedSequences` describing documents.
 """
@@ -9,7 +10,9 @@ from torch import nn
 
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.attention import BACKENDS
+from tuneforge.models.moe import MoE, load_balancing_loss
 from tuneforge.models.packed import PackedSequences
+from tuneforge.models.rope import RotaryEmbedding, apply_rotary
 
 
 class RMSNorm(nn.Module):
@@ -24,51 +27,27 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
-class RotaryEmbedding(nn.Module):
-    """Rotary position angles; frequencies are recomputed in fp32 each call (no buffer to
-    lose precision when the model is cast, nothing to re-fill after meta-device init)."""
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        self.head_dim = head_dim
-        self.theta = theta
-
-    def forward(
-        self, position_ids: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        exponents = torch.arange(
-            0, self.head_dim, 2, dtype=torch.float32, device=position_ids.device
-        )
-        inv_freq = 1.0 / (self.theta ** (exponents / self.head_dim))
-        freqs = position_ids.float()[:, None] * inv_freq[None, :]
-        angles = torch.cat([freqs, freqs], dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rotary(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) -> torch.Tensor:
-    half = x_THD.shape[-1] // 2
-    rotated = torch.cat([-x_THD[..., half:], x_THD[..., :half]], dim=-1)
-    return x_THD * cos_TD[:, None, :] + rotated * sin_TD[:, None, :]
-
-
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, backend: str) -> None:
         super().__init__()
         self.num_heads = args.num_heads
         self.num_kv_heads = args.num_kv_heads
         self.head_dim = args.head_dim
-        self.q_proj = nn.Linear(args.dim, args.num_heads * args.head_dim, bias=False)
-        self.k_proj = nn.Linear(args.dim, args.num_kv_heads * args.head_dim, bias=False)
-        self.v_proj = nn.Linear(args.dim, args.num_kv_heads * args.head_dim, bias=False)
+        bias = args.attention_bias
+        self.q_proj = nn.Linear(args.dim, args.num_heads * args.head_dim, bias=bias)
+        self.k_proj = nn.Linear(args.dim, args.num_kv_heads * args.head_dim, bias=bias)
+        self.v_proj = nn.Linear(args.dim, args.num_kv_heads * args.head_dim, bias=bias)
         self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.dim, bias=False)
+        self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else nn.Identity()
         self.backend = backend
 
     def forward(
         self, x_TD: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], packed: PackedSequences
     ) -> torch.Tensor:
         num_tokens = x_TD.shape[0]
-        q = self.q_proj(x_TD).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x_TD).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q = self.q_norm(self.q_proj(x_TD).view(num_tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x_TD).view(num_tokens, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x_TD).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = BACKENDS[self.backend](q, k, v, packed)
@@ -86,13 +65,19 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def build_mlp(args: ModelArgs, layer: int) -> nn.Module:
+    if args.moe is not None and args.is_sparse_layer(layer):
+        return MoE(args.dim, args.moe)
+    return MLP(args.dim, args.ffn_dim)
+
+
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs, backend: str) -> None:
+    def __init__(self, args: ModelArgs, layer: int, backend: str) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(args.dim, args.norm_eps)
         self.attn = Attention(args, backend)
         self.mlp_norm = RMSNorm(args.dim, args.norm_eps)
-        self.mlp = MLP(args.dim, args.ffn_dim)
+        self.mlp = build_mlp(args, layer)
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], packed: PackedSequences
@@ -106,8 +91,10 @@ class Decoder(nn.Module):
         super().__init__()
         self.args = args
         self.embed = nn.Embedding(args.vocab_size, args.dim)
-        self.rope = RotaryEmbedding(args.head_dim, args.rope_theta)
-        self.layers = nn.ModuleList(Block(args, attention) for _ in range(args.num_layers))
+        self.rope = RotaryEmbedding(args.head_dim, args.rope_theta, args.rope_scaling)
+        self.layers = nn.ModuleList(
+            Block(args, layer, attention) for layer in range(args.num_layers)
+        )
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
@@ -129,9 +116,37 @@ class Decoder(nn.Module):
             x = layer(x, rope, packed)
         return self.norm(x)
 
-    def forward(self, tokens: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
-        """Logits [T, vocab]. Training uses `hidden_states` and a chunked loss instead."""
-        return self.lm_head(self.hidden_states(tokens, packed))
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+    ) -> torch.Tensor:
+        """Logits: `[batch, seq]` ids give `[batch, seq, vocab]`; flat `[tokens]` ids with
+        `cu_seqlens` (and optionally `position_ids`) give `[tokens, vocab]`.
+        Training uses `hidden_states` and a chunked loss instead of full logits."""
+        if input_ids.ndim == 2:
+            batch, seq = input_ids.shape
+            packed = PackedSequences.from_lengths([seq] * batch, input_ids.device)
+            return self.lm_head(self.hidden_states(input_ids.reshape(-1), packed)).view(
+                batch, seq, -1
+            )
+        if cu_seqlens is None:
+            cu_seqlens = torch.tensor(
+                [0, input_ids.numel()], dtype=torch.int32, device=input_ids.device
+            )
+        packed = PackedSequences.from_cu_seqlens(cu_seqlens, position_ids, max_seqlen)
+        return self.lm_head(self.hidden_states(input_ids, packed))
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """Load-balancing loss of the last forward (MoE models only), unscaled."""
+        moes = [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)]
+        if not moes or any(moe.last_router_logits is None for moe in moes):
+            return None
+        assert self.args.moe is not None
+        logits = [moe.last_router_logits for moe in moes]
+        return load_balancing_loss(logits, self.args.moe.num_experts, self.args.moe.top_k)
 
     @torch.no_grad()
     def init_weights(self, std: float, generator: torch.Generator | None = None) -> None:
@@ -139,7 +154,9 @@ class Decoder(nn.Module):
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            elif name.endswith(".bias"):
+                param.zero_()
+            elif name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
                 param.normal_(0.0, std / (2 * self.args.num_layers) ** 0.5, generator=generator)
             else:
                 param.normal_(0.0, std, generator=generator)

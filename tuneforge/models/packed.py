@@ -31,6 +31,21 @@ class PackedSequences:
             position_ids=positions.to(device=device, dtype=torch.long),
         )
 
+    @classmethod
+    def from_cu_seqlens(
+        cls,
+        cu_seqlens: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        max_seqlen: int | None = None,
+    ) -> "PackedSequences":
+        """Boundaries given; positions restart at 0 in each document unless given."""
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        if position_ids is None:
+            position_ids = torch.cat([torch.arange(n, device=cu_seqlens.device) for n in lengths])
+        return cls(
+            cu_seqlens.to(torch.int32), max_seqlen or max(lengths, default=0), position_ids.long()
+        )
+
     def lengths(self) -> list[int]:
         return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()
 

@@ -1,13 +1,17 @@
-"""Name maps between our modules and a family's Hugging Face checkpoint layout."""
+"""Name maps between our modules and each family's Hugging Face checkpoint layout.
+
+One `StateDictAdapter` per `model_type`. Templates use `{i}` for the layer and `{j}` for the
+expert: HF stores one matrix per expert, we stack them into a 3-D tensor indexed by `{j}`.
+"""
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from tuneforge.models.args import ModelArgs
+from tuneforge.models.args import ModelArgs, MoEArgs, RopeScaling
 
-LLAMA_KEY_MAP = {
+LLAMA_KEYS = {
     "model.embed_tokens.weight": "embed.weight",
     "model.layers.{i}.self_attn.q_proj.weight": "layers.{i}.attn.q_proj.weight",
     "model.layers.{i}.self_attn.k_proj.weight": "layers.{i}.attn.k_proj.weight",
@@ -21,11 +25,39 @@ LLAMA_KEY_MAP = {
     "model.norm.weight": "norm.weight",
     "lm_head.weight": "lm_head.weight",
 }
+QKV_BIAS_KEYS = {
+    f"model.layers.{{i}}.self_attn.{p}_proj.bias": f"layers.{{i}}.attn.{p}_proj.bias" for p in "qkv"
+}
+QK_NORM_KEYS = {
+    "model.layers.{i}.self_attn.q_norm.weight": "layers.{i}.attn.q_norm.weight",
+    "model.layers.{i}.self_attn.k_norm.weight": "layers.{i}.attn.k_norm.weight",
+}
+MOE_KEYS = {
+    "model.layers.{i}.mlp.gate.weight": "layers.{i}.mlp.router.weight",
+    "model.layers.{i}.mlp.experts.{j}.gate_proj.weight": "layers.{i}.mlp.experts.gate_proj",
+    "model.layers.{i}.mlp.experts.{j}.up_proj.weight": "layers.{i}.mlp.experts.up_proj",
+    "model.layers.{i}.mlp.experts.{j}.down_proj.weight": "layers.{i}.mlp.experts.down_proj",
+}
 
 
 @functools.cache
-def _compile(template: str) -> re.Pattern[str]:
-    return re.compile("^" + re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)") + "$")
+def _pattern(template: str) -> re.Pattern[str]:
+    escaped = re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{j\}", r"(?P<j>\d+)")
+    return re.compile("^" + escaped + "$")
+
+
+def _translate(name: str, key_map: dict[str, str]) -> tuple[str, int | None] | None:
+    """Map `name` through the first matching template; the expert index when `{j}` matched."""
+    for source, target in key_map.items():
+        match = _pattern(source).match(name)
+        if match:
+            groups = match.groupdict()
+            translated = target.replace("{i}", groups["i"]) if "i" in groups else target
+            if "j" in groups and "{j}" in target:
+                translated = translated.replace("{j}", groups["j"])
+            expert = int(groups["j"]) if "j" in groups and "{j}" not in target else None
+            return translated, expert
+    return None
 
 
 @dataclass(frozen=True)
@@ -33,13 +65,24 @@ class StateDictAdapter:
     """Translates parameter names and `config.json` for one model family."""
 
     model_type: str
+    architecture: str
     key_map: dict[str, str]
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    extra_config: dict[str, Any] = field(default_factory=dict)
 
-    def from_hf(self, hf_name: str) -> str | None:
+    def from_hf(self, hf_name: str) -> tuple[str, int | None] | None:
+        """Our parameter name for a HF tensor name, and the expert index for stacked experts."""
         return _translate(hf_name, self.key_map)
 
-    def to_hf(self, name: str) -> str | None:
-        return _translate(name, {ours: theirs for theirs, ours in self.key_map.items()})
+    def to_hf(self, name: str, expert: int | None = None) -> str | None:
+        reverse = {ours: theirs for theirs, ours in self.key_map.items()}
+        for ours, theirs in reverse.items():
+            match = _pattern(ours).match(name)
+            if match:
+                hf_name = theirs.replace("{i}", match.groupdict().get("i", ""))
+                return hf_name.replace("{j}", str(expert)) if expert is not None else hf_name
+        return None
 
     def module_to_hf(self, module_name: str) -> str:
         """HF name of one of our modules (e.g. `layers.0.attn.q_proj` -> `model.layers.0.self_attn.q_proj`)."""
@@ -50,6 +93,7 @@ class StateDictAdapter:
 
     def args_from_config(self, config: dict[str, Any]) -> ModelArgs:
         num_heads = config["num_attention_heads"]
+        rope_theta, rope_scaling = _rope(config)
         return ModelArgs(
             vocab_size=config["vocab_size"],
             dim=config["hidden_size"],
@@ -59,15 +103,29 @@ class StateDictAdapter:
             ffn_dim=config["intermediate_size"],
             head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
             norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(config),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=bool(config.get("attention_bias", self.qkv_bias)),
+            qk_norm=self.qk_norm,
+            moe=_moe(config) if _num_experts(config) else None,
             max_position_embeddings=config.get("max_position_embeddings", 4096),
             family=self.model_type,
         )
 
     def config_from_args(self, args: ModelArgs, dtype: str) -> dict[str, Any]:
-        return {
-            "architectures": ["LlamaForCausalLM"],
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": args.rope_theta}
+        if args.rope_scaling is not None:
+            scaling = args.rope_scaling
+            rope |= {
+                "rope_type": "llama3",
+                "factor": scaling.factor,
+                "low_freq_factor": scaling.low_freq_factor,
+                "high_freq_factor": scaling.high_freq_factor,
+                "original_max_position_embeddings": scaling.original_max_position_embeddings,
+            }
+        config = {
+            "architectures": [self.architecture],
             "model_type": self.model_type,
             "vocab_size": args.vocab_size,
             "hidden_size": args.dim,
@@ -79,32 +137,82 @@ class StateDictAdapter:
             "hidden_act": "silu",
             "rms_norm_eps": args.norm_eps,
             "rope_theta": args.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
+            "rope_parameters": rope,
+            "rope_scaling": rope if args.rope_scaling is not None else None,
             "max_position_embeddings": args.max_position_embeddings,
             "tie_word_embeddings": args.tie_embeddings,
-            "attention_bias": False,
-            "mlp_bias": False,
+            "attention_bias": args.attention_bias,
             "torch_dtype": dtype,
+            **self.extra_config,
         }
+        if args.moe is not None:
+            moe = args.moe
+            config |= {
+                "num_experts": moe.num_experts,
+                "num_experts_per_tok": moe.top_k,
+                "moe_intermediate_size": moe.expert_ffn_dim,
+                "norm_topk_prob": moe.norm_topk_prob,
+                "router_aux_loss_coef": moe.router_aux_loss_coef,
+                "decoder_sparse_step": moe.decoder_sparse_step,
+                "mlp_only_layers": list(moe.mlp_only_layers),
+            }
+        return config
 
 
-def _rope_theta(config: dict[str, Any]) -> float:
+def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    theta = float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
     kind = rope.get("rope_type") or rope.get("type") or "default"
-    if kind != "default":
-        raise ValueError(f"rope scaling '{kind}' is not supported by this version of tuneforge")
-    return float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    if kind == "default":
+        return theta, None
+    if kind == "llama3":
+        return theta, RopeScaling(
+            factor=float(rope["factor"]),
+            low_freq_factor=float(rope["low_freq_factor"]),
+            high_freq_factor=float(rope["high_freq_factor"]),
+            original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+        )
+    raise ValueError(f"rope scaling '{kind}' is not supported (supported: default, llama3)")
 
 
-def _translate(name: str, key_map: dict[str, str]) -> str | None:
-    for source, target in key_map.items():
-        match = _compile(source).match(name)
-        if match:
-            return target.replace("{i}", match.group("i")) if "{i}" in source else target
-    return None
+def _num_experts(config: dict[str, Any]) -> int:
+    # Hub checkpoints write `num_experts`; transformers 5 writes its alias `num_local_experts`.
+    return int(config.get("num_experts") or config.get("num_local_experts") or 0)
 
 
-ADAPTERS = {"llama": StateDictAdapter("llama", LLAMA_KEY_MAP)}
+def _moe(config: dict[str, Any]) -> MoEArgs:
+    return MoEArgs(
+        num_experts=_num_experts(config),
+        top_k=config["num_experts_per_tok"],
+        expert_ffn_dim=config["moe_intermediate_size"],
+        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+        router_aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)),
+        decoder_sparse_step=int(config.get("decoder_sparse_step", 1)),
+        mlp_only_layers=tuple(config.get("mlp_only_layers") or ()),
+    )
+
+
+ADAPTERS = {
+    "llama": StateDictAdapter(
+        "llama", "LlamaForCausalLM", LLAMA_KEYS, extra_config={"mlp_bias": False}
+    ),
+    "qwen2": StateDictAdapter(
+        "qwen2",
+        "Qwen2ForCausalLM",
+        LLAMA_KEYS | QKV_BIAS_KEYS,
+        qkv_bias=True,
+        extra_config={"use_sliding_window": False},
+    ),
+    "qwen3": StateDictAdapter(
+        "qwen3", "Qwen3ForCausalLM", LLAMA_KEYS | QKV_BIAS_KEYS | QK_NORM_KEYS, qk_norm=True
+    ),
+    "qwen3_moe": StateDictAdapter(
+        "qwen3_moe",
+        "Qwen3MoeForCausalLM",
+        LLAMA_KEYS | QKV_BIAS_KEYS | QK_NORM_KEYS | MOE_KEYS,
+        qk_norm=True,
+    ),
+}
 
 
 def adapter_for(model_type: str) -> StateDictAdapter:

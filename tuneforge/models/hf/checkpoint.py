@@ -68,7 +68,10 @@ def load_hf_model(
 ) -> Decoder:
     """Build our decoder from a HF directory, streaming tensors one at a time (no 2x host peak)."""
     config = read_hf_config(model_dir)
-    adapter = adapter_for(config.get("model_type", ""))
+    try:
+        adapter = adapter_for(config.get("model_type", ""))
+    except ValueError as error:
+        raise CheckpointError(f"{model_dir / 'config.json'}: {error}") from None
     args = adapter.args_from_config(config).with_layers(num_layers)
     with torch.device("meta"):
         model = Decoder(args, attention)
@@ -79,27 +82,42 @@ def load_hf_model(
     expected = set(params) - ({"lm_head.weight"} if args.tie_embeddings else set())
     loaded: set[str] = set()
     unexpected: list[str] = []
+    experts_loaded: dict[str, set[int]] = {}
     for file in safetensors_files(model_dir):
-        with safe_open(str(file), framework="pt") as handle:
+        try:
+            handle_context = safe_open(str(file), framework="pt")
+        except Exception as error:  # safetensors raises its own error types for damaged files
+            raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from None
+        with handle_context as handle:
             for hf_name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                name = adapter.from_hf(hf_name)
-                if name is None:
+                translated = adapter.from_hf(hf_name)
+                if translated is None:
                     unexpected.append(hf_name)
                     continue
+                name, expert = translated
                 layer = LAYER_INDEX.match(name)
                 if layer and int(layer.group(1)) >= args.num_layers:
                     continue
                 if name == "lm_head.weight" and args.tie_embeddings:
                     continue
+                if name not in params:
+                    unexpected.append(hf_name)
+                    continue
                 tensor = handle.get_tensor(hf_name)
-                target = params[name]
+                target = params[name] if expert is None else params[name][expert]
                 if tensor.shape != target.shape:
                     raise CheckpointError(
                         f"{file.name}: {hf_name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
                     )
                 with torch.no_grad():
                     target.copy_(tensor)
-                loaded.add(name)
+                if expert is None:
+                    loaded.add(name)
+                else:
+                    experts_loaded.setdefault(name, set()).add(expert)
+    for name, experts in experts_loaded.items():
+        if len(experts) == params[name].shape[0]:
+            loaded.add(name)
     missing = sorted(expected - loaded)
     if missing or unexpected:
         raise CheckpointError(
@@ -122,12 +140,13 @@ def save_hf_model(
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and args.tie_embeddings:
             continue
-        hf_name = adapter.to_hf(name)
-        if hf_name is None:
-            raise KeyError(f"no Hugging Face name for {name}")
-        tensors[hf_name] = (
-            tensor.detach().to(DTYPES[dtype] if dtype else tensor.dtype).contiguous().cpu()
-        )
+        tensor = tensor.detach().to(DTYPES[dtype] if dtype else tensor.dtype).cpu()
+        stacked = ".mlp.experts." in name
+        for expert, part in enumerate(tensor.unbind(0) if stacked else [tensor]):
+            hf_name = adapter.to_hf(name, expert if stacked else None)
+            if hf_name is None:
+                raise KeyError(f"no Hugging Face name for {name}")
+            tensors[hf_name] = part.contiguous()
     dtype_name = dtype or str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     shards = _shard(tensors, max_shard_bytes)
     if len(shards) == 1:
