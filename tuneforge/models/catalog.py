@@ -1,6 +1,63 @@
-"""Named shapes of real models (and the demo), buildable with random weights as proxies."""
+"""Named shapes of real models (and the demo), buildable with random weights as proxies.
 
-from tuneforge.models.args import ModelArgs
+Shapes copy the published `config.json` of each model; `tuneforge models` lists them.
+"""
+
+from tuneforge.models.args import ModelArgs, MoEArgs, RopeScaling
+
+LLAMA31_ROPE = RopeScaling(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+LLAMA32_ROPE = RopeScaling(
+    factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+
+
+def llama2(dim: int, layers: int, heads: int, kv_heads: int, ffn: int) -> ModelArgs:
+    return ModelArgs(
+        vocab_size=32000, dim=dim, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, ffn_dim=ffn,
+        norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096, family="llama",
+    )  # fmt: skip
+
+
+def llama3(
+    dim: int, layers: int, heads: int, ffn: int, rope: RopeScaling | None, tied: bool = False
+) -> ModelArgs:
+    return ModelArgs(
+        vocab_size=128256, dim=dim, num_layers=layers, num_heads=heads, num_kv_heads=8, ffn_dim=ffn,
+        head_dim=dim // heads, norm_eps=1e-5, rope_theta=500000.0, rope_scaling=rope, tie_embeddings=tied,
+        max_position_embeddings=131072 if rope else 8192, family="llama",
+    )  # fmt: skip
+
+
+def qwen25(
+    dim: int, layers: int, heads: int, kv_heads: int, ffn: int, tied: bool = False
+) -> ModelArgs:
+    return ModelArgs(
+        vocab_size=152064 if not tied else 151936, dim=dim, num_layers=layers, num_heads=heads,
+        num_kv_heads=kv_heads, ffn_dim=ffn, norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=tied,
+        attention_bias=True, max_position_embeddings=32768, family="qwen2",
+    )  # fmt: skip
+
+
+def qwen3(dim: int, layers: int, heads: int, kv_heads: int, ffn: int, tied: bool) -> ModelArgs:
+    return ModelArgs(
+        vocab_size=151936, dim=dim, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, ffn_dim=ffn,
+        head_dim=128, norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=tied, qk_norm=True,
+        max_position_embeddings=40960, family="qwen3",
+    )  # fmt: skip
+
+
+def qwen3_moe(
+    dim: int, layers: int, heads: int, kv_heads: int, ffn: int, expert_ffn: int
+) -> ModelArgs:
+    return ModelArgs(
+        vocab_size=151936, dim=dim, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, ffn_dim=ffn,
+        head_dim=128, norm_eps=1e-6, rope_theta=1000000.0, qk_norm=True, max_position_embeddings=40960,
+        moe=MoEArgs(num_experts=128, top_k=8, expert_ffn_dim=expert_ffn, norm_topk_prob=True),
+        family="qwen3_moe",
+    )  # fmt: skip
+
 
 CATALOG: dict[str, ModelArgs] = {
     "demo-tiny": ModelArgs(
@@ -13,50 +70,24 @@ CATALOG: dict[str, ModelArgs] = {
         max_position_embeddings=512,
         tie_embeddings=True,
     ),
-    "llama-2-7b": ModelArgs(
-        vocab_size=32000,
-        dim=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=32,
-        ffn_dim=11008,
-        norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=4096,
-    ),
-    "llama-2-70b": ModelArgs(
-        vocab_size=32000,
-        dim=8192,
-        num_layers=80,
-        num_heads=64,
-        num_kv_heads=8,
-        ffn_dim=28672,
-        norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=4096,
-    ),
-    "llama-3-8b": ModelArgs(
-        vocab_size=128256,
-        dim=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        ffn_dim=14336,
-        norm_eps=1e-5,
-        rope_theta=500000.0,
-        max_position_embeddings=8192,
-    ),
-    "llama-3-70b": ModelArgs(
-        vocab_size=128256,
-        dim=8192,
-        num_layers=80,
-        num_heads=64,
-        num_kv_heads=8,
-        ffn_dim=28672,
-        norm_eps=1e-5,
-        rope_theta=500000.0,
-        max_position_embeddings=8192,
-    ),
+    "llama-2-7b": llama2(4096, 32, 32, 32, 11008),
+    "llama-2-70b": llama2(8192, 80, 64, 8, 28672),
+    "llama-3-8b": llama3(4096, 32, 32, 14336, None),
+    "llama-3-70b": llama3(8192, 80, 64, 28672, None),
+    "llama-3.1-8b": llama3(4096, 32, 32, 14336, LLAMA31_ROPE),
+    "llama-3.1-70b": llama3(8192, 80, 64, 28672, LLAMA31_ROPE),
+    "llama-3.2-1b": llama3(2048, 16, 32, 8192, LLAMA32_ROPE, tied=True),
+    "llama-3.2-3b": llama3(3072, 28, 24, 8192, LLAMA32_ROPE, tied=True),
+    "qwen2.5-7b": qwen25(3584, 28, 28, 4, 18944),
+    "qwen2.5-72b": qwen25(8192, 80, 64, 8, 29568),
+    "qwen3-0.6b": qwen3(1024, 28, 16, 8, 3072, tied=True),
+    "qwen3-1.7b": qwen3(2048, 28, 16, 8, 6144, tied=True),
+    "qwen3-4b": qwen3(2560, 36, 32, 8, 9728, tied=True),
+    "qwen3-8b": qwen3(4096, 36, 32, 8, 12288, tied=False),
+    "qwen3-14b": qwen3(5120, 40, 40, 8, 17408, tied=False),
+    "qwen3-32b": qwen3(5120, 64, 64, 8, 25600, tied=False),
+    "qwen3-30b-a3b": qwen3_moe(2048, 48, 32, 4, 6144, 768),
+    "qwen3-235b-a22b": qwen3_moe(4096, 94, 64, 4, 12288, 1536),
 }
 
 

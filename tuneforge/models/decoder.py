@@ -4,6 +4,8 @@ GQA attention (optional q/k/v bias, optional per-head q/k norm), SwiGLU or a spa
 Inputs are packed: a flat stream of tokens [T] with `PackedSequences` describing documents.
 """
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -98,6 +100,8 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
+        self.source_dir: Path | None = None
+        """The Hugging Face directory the weights came from (its tokenizer files travel on save)."""
 
     def tie_weights(self) -> None:
         """Share the embedding with the output head (again after `to_empty`, which unties them)."""

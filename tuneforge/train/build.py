@@ -1,16 +1,14 @@
 """Build the pieces of a run from its configuration: device, tokenizer, model, data."""
 
 import logging
-from pathlib import Path
 
 import torch
 
 from tuneforge.config.schema import ModelSection, RunConfig
 from tuneforge.errors import TuneforgeError
-from tuneforge.models.attention import resolve_backend
-from tuneforge.models.catalog import catalog_shape
+from tuneforge.models.api import load_model
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.hf.checkpoint import DTYPES, CheckpointError, load_hf_model
+from tuneforge.models.hf.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -41,24 +39,24 @@ def load_tokenizer(config: RunConfig):
 
 def build_model(section: ModelSection, device: torch.device, seed: int) -> Decoder:
     """Load a local HF model, or build a catalog shape with seeded random weights."""
-    backend = resolve_backend(section.attention, device)
-    if section.path is not None:
-        try:
-            model = load_hf_model(Path(section.path), section.dtype, backend, section.num_layers)
-        except (CheckpointError, ValueError) as error:
-            raise TuneforgeError(str(error)) from None
-    else:
-        assert section.name is not None
-        try:
-            args = catalog_shape(section.name).with_layers(section.num_layers)
-        except KeyError as error:
-            raise TuneforgeError(f"model.name: {error.args[0]}") from None
-        model = Decoder(args, backend)
-        model.init_weights(section.init_std, torch.Generator().manual_seed(seed))
-        model.to(DTYPES[section.dtype])
+    source = section.path if section.path is not None else section.name
+    assert source is not None  # guaranteed by the config rules
+    try:
+        model = load_model(
+            source,
+            num_layers=section.num_layers,
+            dtype=section.dtype,
+            device=device,
+            attention=section.attention,
+            seed=seed,
+            init_std=section.init_std,
+        )
+    except (CheckpointError, ValueError, FileNotFoundError) as error:
+        raise TuneforgeError(f"model: {error}") from None
+    backend = model.layers[0].attn.backend
     log.info("attention backend: %s", backend)
     if backend == "eager":
         log.warning(
             "eager attention materialises seq x seq scores per head: slow and memory-hungry at long sequences"
         )
-    return model.to(device)
+    return model

@@ -226,7 +226,12 @@ class Trainer:
             for batch in micro_batches:
                 hidden = self.model.hidden_states(batch.tokens, batch.packed)
                 loss_sum, _ = chunked_cross_entropy(hidden, self.model.lm_head.weight, batch.labels)
-                (loss_sum / step_loss_tokens).backward()
+                objective = loss_sum / step_loss_tokens
+                aux = self.model.aux_loss()
+                if aux is not None:  # MoE load balancing, averaged over the step's micro-batches
+                    assert self.model.args.moe is not None
+                    objective = objective + self.model.args.moe.router_aux_loss_coef * aux / len(micro_batches)
+                objective.backward()
                 loss_total += float(loss_sum.detach())
             loss = loss_total / max(step_loss_tokens, 1)
             max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")

@@ -1,0 +1,88 @@
+"""`tuneforge.load_model` / `save_model`, and clear errors for bad checkpoints."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+import tuneforge
+from tests.helpers import save_tiny_model
+from tuneforge.assets import DEMO_TOKENIZER_DIR
+from tuneforge.models.hf.checkpoint import CheckpointError
+
+
+def test_batch_and_packed_inputs_agree(tmp_path):
+    save_tiny_model(tmp_path, "qwen3")
+    model = tuneforge.load_model(tmp_path, dtype="float32")
+    ids = torch.randint(0, 128, (3, 9), generator=torch.Generator().manual_seed(0))
+    batch_logits = model(ids)
+    assert batch_logits.shape == (3, 9, 128)
+    flat = model(
+        ids.reshape(-1),
+        cu_seqlens=torch.tensor([0, 9, 18, 27]),
+        position_ids=torch.arange(9).repeat(3),
+    )
+    torch.testing.assert_close(flat.view(3, 9, -1), batch_logits)
+
+
+def test_save_model_keeps_tokenizer_files_and_transformers_loads_it(tmp_path):
+    hf_model = save_tiny_model(tmp_path / "src", "llama", vocab_size=384)
+    AutoTokenizer.from_pretrained(DEMO_TOKENIZER_DIR).save_pretrained(tmp_path / "src")
+    model = tuneforge.load_model(tmp_path / "src", dtype="float32")
+    tuneforge.save_model(model, tmp_path / "out")
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").chat_template
+    reloaded = LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ids = torch.randint(0, 384, (1, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, hf_model(ids).logits)
+
+
+def test_catalog_shape_proxy_with_cut_depth():
+    model = tuneforge.load_model("llama-2-70b", num_layers=1, dtype="float32", device="meta")
+    assert len(model.layers) == 1 and model.args.dim == 8192
+
+
+def test_unknown_source_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither a model directory nor a catalog shape"):
+        tuneforge.load_model(tmp_path / "nothing")
+
+
+def test_wrong_shape_names_the_tensor(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    save_tiny_model(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(3, 64)
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(
+        CheckpointError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight has shape \(3, 64\)"
+    ):
+        tuneforge.load_model(tmp_path)
+
+
+def test_missing_tensor_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    save_tiny_model(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"missing \['layers\.1\.mlp\.up_proj\.weight'\]"):
+        tuneforge.load_model(tmp_path)
+
+
+def test_unknown_model_type_is_named(tmp_path):
+    save_tiny_model(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"model_type": "gpt_neox"}))
+    with pytest.raises(CheckpointError, match=r"model_type 'gpt_neox' is not supported"):
+        tuneforge.load_model(tmp_path)
+
+
+def test_truncated_safetensors_file_is_named(tmp_path):
+    save_tiny_model(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
+        tuneforge.load_model(tmp_path)

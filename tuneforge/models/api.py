@@ -1,0 +1,89 @@
+"""The public entry points: `load_model` and `save_model`."""
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from tuneforge.models.attention import resolve_backend
+from tuneforge.models.catalog import CATALOG, catalog_shape
+from tuneforge.models.decoder import Decoder
+from tuneforge.models.hf.checkpoint import DTYPES, load_hf_model, read_hf_config, save_hf_model
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+
+
+def load_model(
+    path_or_shape: str | Path,
+    *,
+    num_layers: int | None = None,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    attention: str = "auto",
+    seed: int = 0,
+    init_std: float = 0.02,
+) -> Decoder:
+    """A local Hugging Face model directory, or a catalog shape (`tuneforge models`) with seeded
+    random weights (normal, `init_std`). `dtype` defaults to the checkpoint's own (bfloat16 for
+    catalog shapes). The attention backend that runs is `model.attention_backend`."""
+    target = torch.device(device) if device is not None else torch.device("cpu")
+    backend = resolve_backend(attention, target)
+    dtype_name = _dtype_name(dtype)
+    path = Path(path_or_shape)
+    if path.is_dir():
+        checkpoint_dtype = read_hf_config(path).get("dtype") or read_hf_config(path).get(
+            "torch_dtype"
+        )
+        model = load_hf_model(path, dtype_name or _known(checkpoint_dtype), backend, num_layers)
+        model.source_dir = path
+    elif str(path_or_shape) in CATALOG:
+        args = catalog_shape(str(path_or_shape)).with_layers(num_layers)
+        with torch.device("meta"):
+            model = Decoder(args, backend)
+        model.to(DTYPES[dtype_name or "bfloat16"]).to_empty(device=target)
+        model.tie_weights()
+        if target.type != "meta":
+            model.init_weights(init_std, torch.Generator(device=target).manual_seed(seed))
+    else:
+        raise FileNotFoundError(
+            f"{path_or_shape} is neither a model directory nor a catalog shape ({', '.join(CATALOG)})"
+        )
+    return model.to(target)
+
+
+def save_model(model: Decoder, out_dir: str | Path, dtype: str | torch.dtype | None = None) -> Path:
+    """Write the model in the Hugging Face layout (config.json, sharded safetensors with an index),
+    with the tokenizer files of the directory it was loaded from."""
+    out = Path(out_dir)
+    save_hf_model(model, out, _dtype_name(dtype))
+    source = getattr(model, "source_dir", None)
+    if source is not None:
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file() and source.resolve() != out.resolve():
+                shutil.copy2(source / name, out / name)
+    return out
+
+
+def _dtype_name(dtype: str | torch.dtype | None) -> str | None:
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"dtype {dtype} is not one of {', '.join(DTYPES)}")
+    return name
+
+
+def _known(name: str | None) -> str:
+    return name if name in DTYPES else "bfloat16"
