@@ -1,0 +1,87 @@
+"""CUDA-only paths against their CPU-proven references (skipped without a GPU)."""
+
+import pytest
+import torch
+
+from tests.helpers import save_tiny_model
+from tuneforge.models.args import MoEArgs
+from tuneforge.models.attention import resolve_backend, sdpa_attention, varlen_attention
+from tuneforge.models.moe import MoE
+from tuneforge.models.packed import PackedSequences
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+
+
+def test_auto_picks_varlen_on_this_gpu():
+    assert resolve_backend("auto", CUDA) == "varlen"
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_varlen_equals_sdpa_in_bf16(kv_heads):
+    lengths = [100, 1, 300, 57, 512]
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    total = sum(lengths)
+    q = torch.randn(
+        total, 8, 64, device=CUDA, dtype=torch.bfloat16, generator=generator, requires_grad=True
+    )
+    k = torch.randn(
+        total,
+        kv_heads,
+        64,
+        device=CUDA,
+        dtype=torch.bfloat16,
+        generator=generator,
+        requires_grad=True,
+    )
+    v = torch.randn(
+        total,
+        kv_heads,
+        64,
+        device=CUDA,
+        dtype=torch.bfloat16,
+        generator=generator,
+        requires_grad=True,
+    )
+    packed = PackedSequences.from_lengths(lengths, CUDA)
+    grad_out = torch.randn(total, 8, 64, device=CUDA, dtype=torch.bfloat16, generator=generator)
+    results = []
+    for attention in (varlen_attention, sdpa_attention):
+        out = attention(q, k, v, packed)
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        results.append((out, *grads))
+    for got, expected in zip(*results, strict=True):
+        torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_grouped_gemm_experts_equal_the_loop_in_bf16():
+    args = MoEArgs(num_experts=16, top_k=4, expert_ffn_dim=128, norm_topk_prob=True)
+    grouped = MoE(256, args, "grouped").to(CUDA, torch.bfloat16)
+    loop = MoE(256, args, "loop").to(CUDA, torch.bfloat16)
+    with torch.no_grad():
+        for param in grouped.parameters():
+            param.normal_(0, 0.05)
+    loop.load_state_dict(grouped.state_dict())
+    x = torch.randn(1000, 256, device=CUDA, dtype=torch.bfloat16)
+    out_grouped, out_loop = grouped(x), loop(x)
+    torch.testing.assert_close(out_grouped, out_loop, atol=2e-2, rtol=2e-2)
+    out_grouped.float().square().sum().backward()
+    out_loop.float().square().sum().backward()
+    for (name, a), b in zip(grouped.named_parameters(), loop.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=5e-2, rtol=5e-2, msg=name)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
+def test_whole_model_varlen_matches_cpu_fp32(tmp_path, family):
+    import tuneforge
+
+    save_tiny_model(tmp_path, family, hidden_size=128, intermediate_size=256)
+    reference = tuneforge.load_model(tmp_path, dtype="float32", attention="sdpa")
+    on_gpu = tuneforge.load_model(tmp_path, dtype="bfloat16", device="cuda")
+    assert on_gpu.layers[0].attn.backend == "varlen"
+    tokens = torch.randint(0, 128, (90,), generator=torch.Generator().manual_seed(0))
+    cu = torch.tensor([0, 30, 31, 90], dtype=torch.int32)
+    with torch.no_grad():
+        expected = reference(tokens, cu_seqlens=cu)
+        got = on_gpu(tokens.cuda(), cu_seqlens=cu.cuda()).float().cpu()
+    torch.testing.assert_close(got, expected, atol=5e-2, rtol=5e-2)
