@@ -12,6 +12,7 @@ from torch import nn
 
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.attention import BACKENDS
+from tuneforge.models.kv_cache import KVCache, LayerCache
 from tuneforge.models.moe import MoE, load_balancing_loss
 from tuneforge.models.packed import PackedSequences
 from tuneforge.models.rope import RotaryEmbedding, apply_rotary
@@ -45,14 +46,22 @@ class Attention(nn.Module):
         self.backend = backend
 
     def forward(
-        self, x_TD: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], packed: PackedSequences
+        self,
+        x_TD: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        packed: PackedSequences,
+        cache: LayerCache | None = None,
     ) -> torch.Tensor:
         num_tokens = x_TD.shape[0]
         q = self.q_norm(self.q_proj(x_TD).view(num_tokens, self.num_heads, self.head_dim))
         k = self.k_norm(self.k_proj(x_TD).view(num_tokens, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x_TD).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        out = BACKENDS[self.backend](q, k, v, packed)
+        out = (
+            BACKENDS[self.backend](q, k, v, packed)
+            if cache is None
+            else cache.attend(q, k, v, packed)
+        )
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
@@ -82,9 +91,13 @@ class Block(nn.Module):
         self.mlp = build_mlp(args, layer)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], packed: PackedSequences
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        packed: PackedSequences,
+        cache: LayerCache | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, packed)
+        x = x + self.attn(self.attn_norm(x), rope, packed, cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -112,13 +125,35 @@ class Decoder(nn.Module):
         for layer in self.layers:
             layer.attn.backend = backend
 
-    def hidden_states(self, tokens: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
-        """Final normalised hidden states [T, D] of a flat token stream [T]."""
+    def hidden_states(
+        self, tokens: torch.Tensor, packed: PackedSequences, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """Final normalised hidden states [T, D] of a flat token stream [T]. With a cache, each
+        document continues its cached sequence and is stored in it."""
         x = self.embed(tokens)
         rope = self.rope(packed.position_ids, x.dtype)
-        for layer in self.layers:
-            x = layer(x, rope, packed)
+        for index, layer in enumerate(self.layers):
+            x = (
+                layer(x, rope, packed, cache.layers[index])
+                if cache is not None
+                else layer(x, rope, packed)
+            )
+        if cache is not None:
+            cache.advance(packed)
         return self.norm(x)
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        weight = self.embed.weight
+        args = self.args
+        return KVCache(
+            args.num_layers,
+            batch,
+            args.num_kv_heads,
+            capacity,
+            args.head_dim,
+            weight.dtype,
+            weight.device,
+        )
 
     def forward(
         self,

@@ -1,8 +1,5 @@
-"""Decoding for evaluation and the demo: greedy or sampled, many prompts at once.
-
-Prompts travel as one packed stream; each new token re-runs the stream (no KV cache),
-which is simple and exact, and fast enough for short replies of small models.
-"""
+"""Decoding for evaluation, the demo and `tuneforge generate`: greedy or sampled, many prompts
+at once, with a key/value cache (prompts are prefilled as one packed batch)."""
 
 import torch
 
@@ -20,30 +17,31 @@ def generate(
     generator: torch.Generator | None = None,
 ) -> list[list[int]]:
     """New tokens for each prompt, ending at (and excluding) the first stop token."""
-    device = next(model.parameters()).device
-    sequences = [list(prompt) for prompt in prompts]
+    device = model.embed.weight.device
+    lengths = [len(prompt) for prompt in prompts]
+    cache = model.new_cache(len(prompts), max(lengths) + max_new_tokens)
+    tokens = torch.tensor([t for prompt in prompts for t in prompt], device=device)
+    packed = PackedSequences.from_lengths(lengths, device)
+    hidden = model.hidden_states(tokens, packed, cache)
+    last_hidden = hidden.index_select(0, packed.cu_seqlens[1:].long() - 1)
     replies: list[list[int]] = [[] for _ in prompts]
-    active = list(range(len(prompts)))
+    done = [False] * len(prompts)
+    step_cu = torch.arange(len(prompts) + 1, dtype=torch.int32, device=device)
     for _ in range(max_new_tokens):
-        if not active:
-            break
-        lengths = [len(sequences[i]) for i in active]
-        tokens = torch.tensor([t for i in active for t in sequences[i]], device=device)
-        packed = PackedSequences.from_lengths(lengths, device)
-        hidden = model.hidden_states(tokens, packed)
-        last = packed.cu_seqlens[1:].long() - 1
-        logits = model.lm_head(hidden.index_select(0, last)).float()
+        logits = model.lm_head(last_hidden).float()
         if temperature > 0:
             probs = torch.softmax(logits / temperature, dim=-1)
-            next_ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1).tolist()
+            next_ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         else:
-            next_ids = logits.argmax(-1).tolist()
-        still_active = []
-        for i, token in zip(active, next_ids, strict=True):
-            if token in stop_ids:
-                continue
-            sequences[i].append(token)
-            replies[i].append(token)
-            still_active.append(i)
-        active = still_active
+            next_ids = logits.argmax(-1)
+        for row, token in enumerate(next_ids.tolist()):
+            if not done[row]:
+                if token in stop_ids:
+                    done[row] = True
+                else:
+                    replies[row].append(token)
+        if all(done):
+            break
+        step = PackedSequences(step_cu, 1, cache.lengths.clone())
+        last_hidden = model.hidden_states(next_ids, step, cache)
     return replies

@@ -230,7 +230,9 @@ class Trainer:
                 aux = self.model.aux_loss()
                 if aux is not None:  # MoE load balancing, averaged over the step's micro-batches
                     assert self.model.args.moe is not None
-                    objective = objective + self.model.args.moe.router_aux_loss_coef * aux / len(micro_batches)
+                    objective = objective + self.model.args.moe.router_aux_loss_coef * aux / len(
+                        micro_batches
+                    )
                 objective.backward()
                 loss_total += float(loss_sum.detach())
             loss = loss_total / max(step_loss_tokens, 1)

@@ -1,0 +1,90 @@
+"""Key/value cache for generation: one slab per layer, a row per sequence.
+
+New tokens of each sequence (a packed batch: a whole prompt at prefill, one token per sequence
+when decoding) are written after the sequence's cached ones and attend to everything before them.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tuneforge.models.packed import PackedSequences
+
+
+@dataclass
+class LayerCache:
+    keys: torch.Tensor
+    """[batch, kv_heads, capacity, head_dim]"""
+    values: torch.Tensor
+    lengths: torch.Tensor
+    """[batch] tokens cached before this forward (shared with the other layers)."""
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+    ) -> torch.Tensor:
+        """Store k/v of the new tokens and attend the new queries [T, H, D] to their sequence."""
+        new = packed.lengths()
+        if packed.max_seqlen == 1 and all(n == 1 for n in new):
+            return self._decode_step(q, k, v)
+        out = []
+        starts = packed.cu_seqlens.tolist()
+        for row, (start, count) in enumerate(zip(starts[:-1], new, strict=True)):
+            cached = int(self.lengths[row])
+            self.keys[row, :, cached : cached + count] = k[start : start + count].transpose(0, 1)
+            self.values[row, :, cached : cached + count] = v[start : start + count].transpose(0, 1)
+            total = cached + count
+            query_positions = torch.arange(cached, total, device=q.device)
+            mask = torch.arange(total, device=q.device)[None, :] <= query_positions[:, None]
+            attended = F.scaled_dot_product_attention(
+                q[start : start + count].transpose(0, 1)[None],
+                self.keys[row : row + 1, :, :total],
+                self.values[row : row + 1, :, :total],
+                attn_mask=mask,
+                enable_gqa=q.shape[1] != k.shape[1],
+            )
+            out.append(attended[0].transpose(0, 1))
+        return torch.cat(out)
+
+    def _decode_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(q.shape[0], device=q.device)
+        self.keys[rows, :, self.lengths] = k
+        self.values[rows, :, self.lengths] = v
+        visible = (
+            torch.arange(self.keys.shape[2], device=q.device)[None, :] <= self.lengths[:, None]
+        )
+        attended = F.scaled_dot_product_attention(
+            q[:, :, None, :],  # [B, H, 1, D]
+            self.keys,
+            self.values,
+            attn_mask=visible[:, None, None, :],
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        return attended[:, :, 0, :]
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        dtype,
+        device,
+    ) -> None:
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        shape = (batch, kv_heads, capacity, head_dim)
+        self.layers = [
+            LayerCache(
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+                self.lengths,
+            )
+            for _ in range(num_layers)
+        ]
+
+    def advance(self, packed: PackedSequences) -> None:
+        """After a forward: every sequence holds its new tokens too."""
+        self.lengths += packed.cu_seqlens[1:].long() - packed.cu_seqlens[:-1].long()
