@@ -91,11 +91,16 @@ class ModelArgs:
         embeddings = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
         return blocks + embeddings + self.dim
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token (forward + backward = 3x forward) with causal attention over
-        documents of `seq_len` tokens; only the active experts count."""
-        matmul_params = self.num_params(active=True) - self.vocab_size * self.dim * (
-            0 if self.tie_embeddings else 1
-        )
-        attention = 2 * self.num_layers * self.num_heads * self.head_dim * seq_len
-        return 3 * (2 * matmul_params + attention)
+    def training_flops_per_token(self, doc_len: int, lora=None) -> float:
+        """Forward + backward FLOPs per token over documents of `doc_len` tokens (see `cost`)."""
+        from tuneforge.models.cost import training_flops_per_token
+
+        return training_flops_per_token(self, doc_len, lora)
+
+    def activation_bytes_per_token(
+        self, layer: int, checkpointing: str, dtype_bytes: int = 2
+    ) -> float:
+        """Bytes layer `layer` keeps for backward per token (see `cost`)."""
+        from tuneforge.models.cost import activation_bytes_per_token
+
+        return activation_bytes_per_token(self, layer, checkpointing, dtype_bytes)

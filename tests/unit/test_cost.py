@@ -1,0 +1,93 @@
+"""Cost formulas against what the module really does."""
+
+import pytest
+import torch
+
+from tuneforge.models.args import ModelArgs, MoEArgs
+from tuneforge.models.cost import LoraShape, lora_params, training_flops_per_token
+from tuneforge.models.decoder import Block
+from tuneforge.models.packed import PackedSequences
+from tuneforge.peft.lora import apply_lora
+
+SHAPES = {
+    "dense": ModelArgs(
+        vocab_size=10, dim=256, num_layers=1, num_heads=8, num_kv_heads=2, ffn_dim=704
+    ),
+    "qk_norm": ModelArgs(
+        vocab_size=10,
+        dim=256,
+        num_layers=1,
+        num_heads=8,
+        num_kv_heads=2,
+        ffn_dim=704,
+        head_dim=64,
+        qk_norm=True,
+    ),
+    "moe": ModelArgs(
+        vocab_size=10,
+        dim=256,
+        num_layers=1,
+        num_heads=8,
+        num_kv_heads=2,
+        ffn_dim=704,
+        moe=MoEArgs(8, 2, 128),
+    ),
+}
+
+
+def saved_bytes_per_token(args: ModelArgs, dtype: torch.dtype, tokens: int = 256) -> float:
+    """Bytes autograd saves for backward in one block's forward (parameters and rotary excluded)."""
+    block = Block(args, 0, "sdpa").to(dtype)
+    excluded = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    rope = (
+        torch.ones(tokens, args.head_dim, dtype=dtype),
+        torch.zeros(tokens, args.head_dim, dtype=dtype),
+    )
+    excluded |= {t.untyped_storage().data_ptr() for t in rope}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    x = torch.randn(tokens, args.dim, dtype=dtype, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        block(x, rope, PackedSequences.from_lengths([tokens]))
+    return sum(saved.values()) / tokens
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_bytes_match_what_autograd_saves(name, dtype):
+    args = SHAPES[name]
+    predicted = args.activation_bytes_per_token(0, "none", dtype_bytes=torch.finfo(dtype).bits // 8)
+    assert predicted == pytest.approx(saved_bytes_per_token(args, dtype), rel=0.05)
+    assert args.activation_bytes_per_token(0, "full", 2) == args.dim * 2
+
+
+def test_lora_parameter_count_matches_the_module():
+    from tuneforge.models.decoder import Decoder
+
+    args = ModelArgs(vocab_size=50, dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=96)
+    model = Decoder(args)
+    report = apply_lora(model, ["q_proj", "v_proj", "down_proj"], rank=8, alpha=16)
+    assert (
+        lora_params(args, LoraShape(8, ("q_proj", "v_proj", "down_proj")))
+        == report.trainable_params
+    )
+
+
+def test_training_flops_follow_the_6n_rule_and_lora_saves_a_third():
+    args = ModelArgs(
+        vocab_size=32000, dim=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_dim=14336
+    )
+    full = training_flops_per_token(args, doc_len=1)
+    matmul_params = args.num_params() - args.vocab_size * args.dim
+    assert full == pytest.approx(6 * matmul_params, rel=1e-3)  # attention negligible at length 1
+    lora = training_flops_per_token(args, doc_len=1, lora=LoraShape(16))
+    assert lora == pytest.approx(4 * matmul_params, rel=0.01)
+    # causal attention over 4096-token documents: 6 * layers * heads * head_dim * (L + 1)
+    long = training_flops_per_token(args, doc_len=4096)
+    assert long - full == pytest.approx(6 * 32 * 32 * 128 * 4096, rel=1e-3)
