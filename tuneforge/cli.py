@@ -82,16 +82,21 @@ def models() -> None:
     """List the catalog shapes (usable as model.name, e.g. for random-init proxies)."""
     from tuneforge.models.catalog import CATALOG
 
-    table = Table("name", "layers", "dim", "heads (kv)", "ffn", "vocab", "params")
+    table = Table(
+        "name", "family", "layers", "dim", "heads (kv)", "ffn", "experts", "params", "active"
+    )
     for name, args in CATALOG.items():
+        experts = f"{args.moe.top_k} of {args.moe.num_experts}" if args.moe else "-"
         table.add_row(
             name,
+            args.family,
             str(args.num_layers),
             str(args.dim),
             f"{args.num_heads} ({args.num_kv_heads})",
-            str(args.ffn_dim),
-            str(args.vocab_size),
+            str(args.moe.expert_ffn_dim if args.moe else args.ffn_dim),
+            experts,
             f"{args.num_params() / 1e9:.2f} B",
+            f"{args.num_params(active=True) / 1e9:.2f} B",
         )
     console.print(table)
 
