@@ -1,5 +1,3 @@
-import json
-
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -13,7 +11,7 @@ from tuneforge.data.packing import (
     first_fit_decreasing,
     make_example,
 )
-from tuneforge.data.records import Conversation, DataError, read_openai_jsonl
+from tuneforge.data.records import Conversation
 
 
 @pytest.fixture(scope="module")
@@ -78,26 +76,3 @@ def test_loader_reshuffles_bins_each_epoch_deterministically():
     iterator = iter(loader)
     epoch_tokens = [next(iterator).tokens.numel() for _ in range(len(loader))]
     assert sum(epoch_tokens) == sum(len(ex.input_ids) for ex in examples)
-
-
-def test_bad_records_name_file_and_line(tmp_path):
-    file = tmp_path / "bad.jsonl"
-    good = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
-    lines = [
-        json.dumps(good),
-        "{not json",
-        json.dumps({"messages": [{"role": "robot", "content": "x"}]}),
-        json.dumps({"messages": [{"role": "user", "content": "only a question"}]}),
-        json.dumps(
-            {"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "b"}]}
-        ),
-    ]
-    file.write_text("\n".join(lines) + "\n")
-    with pytest.raises(DataError) as raised:
-        read_openai_jsonl(file)
-    text = str(raised.value)
-    assert "4 bad record(s)" in text
-    assert f"{file}:2: invalid JSON" in text
-    assert f"{file}:3: messages[0].role is 'robot'" in text
-    assert f"{file}:4: no assistant message" in text
-    assert f"{file}:5: messages[0].content is empty" in text

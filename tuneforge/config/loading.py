@@ -5,6 +5,7 @@ collected and raised together as one `ConfigError`.
 """
 
 import difflib
+import glob
 import typing
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,18 @@ def _resolve_one(
     candidate = Path(text).expanduser()
     if not candidate.is_absolute():
         candidate = (location.base_dir / candidate).resolve()
+    if any(char in text for char in "*?["):
+        matched = glob.glob(str(candidate), recursive=True)
+        if not matched:
+            issues.append(
+                ConfigIssue(
+                    dotted(path),
+                    f"the pattern {candidate} matches no file",
+                    f"check the pattern; a relative one resolves against {location.base_dir}",
+                    str(location),
+                )
+            )
+        return candidate
     if not candidate.exists():
         issues.append(
             ConfigIssue(

@@ -62,9 +62,11 @@ class TokenizerSection(Section):
 
 class DataSource(Section):
     path: InputPath
-    """A local `.jsonl` file, one record per line."""
-    format: Literal["openai", "messages"] = "openai"
-    """Record format: `openai` (alias `messages`): {"messages": [{"role", "content"}, ...]}."""
+    """A `.jsonl`, `.json` (a list) or `.parquet` file, a directory of them, or a glob."""
+    format: Literal["openai", "messages", "alpaca", "squad", "sharegpt", "text"] = "openai"
+    """Record format: openai/messages, alpaca, squad, sharegpt, or text (every token trained)."""
+    field_map: dict[str, str] = {}
+    """Rename fields: the format's field name -> the name in the file (e.g. {output: response})."""
 
 
 class DataSection(Section):
@@ -76,6 +78,8 @@ class DataSection(Section):
     """Longest tokenised conversation kept; longer ones are handled by `on_too_long`."""
     on_too_long: Literal["truncate", "drop", "error"] = "drop"
     """What to do with a conversation longer than max_seq_len."""
+    on_bad_record: Literal["error", "skip"] = "error"
+    """A malformed record stops the run (`error`, listing file, line and reason) or is left out (`skip`, counted)."""
     train_on: Literal["assistant", "all"] = "assistant"
     """Which tokens carry loss: assistant replies (with their end-of-turn token) or every token."""
 

@@ -2,11 +2,10 @@
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tuneforge.data.chat import tokenize_conversation
 from tuneforge.data.packing import IGNORE_INDEX, Example, make_example
-from tuneforge.data.records import DataError, read_openai_jsonl
+from tuneforge.data.records import Conversation, DataError
 
 log = logging.getLogger(__name__)
 
@@ -23,39 +22,38 @@ class DatasetStats:
 
 
 def build_examples(
-    files: list[Path], tokenizer, max_seq_len: int, on_too_long: str, train_on: str
+    conversations: list[Conversation], tokenizer, max_seq_len: int, on_too_long: str, train_on: str
 ) -> tuple[list[Example], DatasetStats]:
     stats = DatasetStats()
     examples: list[Example] = []
-    for file in files:
-        for conversation in read_openai_jsonl(file):
-            stats.num_records += 1
-            tokenized = tokenize_conversation(tokenizer, conversation, train_on)
-            ids, mask = tokenized.input_ids, tokenized.loss_mask
-            if len(ids) > max_seq_len:
-                if on_too_long == "error":
-                    raise DataError(
-                        f"{conversation.origin}: {len(ids)} tokens exceed data.max_seq_len={max_seq_len}; "
-                        "raise it, or set data.on_too_long to truncate or drop"
-                    )
-                if on_too_long == "drop":
-                    stats.num_dropped_too_long += 1
-                    continue
-                ids, mask = ids[:max_seq_len], mask[:max_seq_len]
-                stats.num_truncated += 1
-            example = make_example(ids, mask)
-            num_targets = sum(label != IGNORE_INDEX for label in example.labels)
-            if num_targets == 0:
-                stats.num_without_targets += 1
-                if len(stats.dropped_examples) < 5:
-                    stats.dropped_examples.append(conversation.origin)
+    for conversation in conversations:
+        stats.num_records += 1
+        tokenized = tokenize_conversation(tokenizer, conversation, train_on)
+        ids, mask = tokenized.input_ids, tokenized.loss_mask
+        if len(ids) > max_seq_len:
+            if on_too_long == "error":
+                raise DataError(
+                    f"{conversation.origin}: {len(ids)} tokens exceed data.max_seq_len={max_seq_len}; "
+                    "raise it, or set data.on_too_long to truncate or drop"
+                )
+            if on_too_long == "drop":
+                stats.num_dropped_too_long += 1
                 continue
-            stats.num_tokens += len(ids)
-            stats.num_loss_tokens += num_targets
-            examples.append(example)
+            ids, mask = ids[:max_seq_len], mask[:max_seq_len]
+            stats.num_truncated += 1
+        example = make_example(ids, mask)
+        num_targets = sum(label != IGNORE_INDEX for label in example.labels)
+        if num_targets == 0:
+            stats.num_without_targets += 1
+            if len(stats.dropped_examples) < 5:
+                stats.dropped_examples.append(conversation.origin)
+            continue
+        stats.num_tokens += len(ids)
+        stats.num_loss_tokens += num_targets
+        examples.append(example)
     if not examples:
         raise DataError(
-            f"no trainable examples in {', '.join(map(str, files))}: "
+            f"no trainable examples among {stats.num_records} records: "
             f"{stats.num_dropped_too_long} too long, {stats.num_without_targets} without loss tokens"
         )
     if stats.num_without_targets:

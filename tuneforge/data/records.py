@@ -1,68 +1,108 @@
-"""Read conversation records from local files; every problem names the file and line."""
+"""Read records from local files: `.jsonl`, `.json` (a list), `.parquet`, a directory or a glob.
 
+Every problem names the file and line (or row) and the reason.
+"""
+
+import glob
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-ROLES = ("system", "user", "assistant", "tool")
+SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 class DataError(ValueError):
     """A data file that cannot be used as it is."""
 
 
+class RecordError(ValueError):
+    """One record that cannot be used; the message says which field and why."""
+
+
 @dataclass(frozen=True)
 class Conversation:
+    """One training document: chat messages, or raw text trained on every token."""
+
     messages: list[dict[str, str]]
     origin: str
-    """`file:line` the conversation came from."""
+    """`file:line` the record came from."""
+    text: str | None = None
 
 
-def read_openai_jsonl(file: Path) -> list[Conversation]:
-    """Read `{"messages": [{"role", "content"}, ...]}` lines; raise one error listing the bad lines."""
-    conversations: list[Conversation] = []
-    problems: list[str] = []
-    with file.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            origin = f"{file}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                problems.append(f"{origin}: invalid JSON ({error.msg} at column {error.colno})")
-                continue
-            problem = _check_messages(record)
-            if problem:
-                problems.append(f"{origin}: {problem}")
-                continue
-            conversations.append(Conversation(record["messages"], origin))
-    if problems:
-        shown = "\n  ".join(problems[:10])
-        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-        raise DataError(f"{len(problems)} bad record(s) in {file}:\n  {shown}{more}")
-    if not conversations:
-        raise DataError(f"{file} holds no records")
-    return conversations
+def expand_paths(path: Path) -> list[Path]:
+    """The data files a source names: itself, the data files of a directory, or a glob's matches."""
+    if any(char in str(path) for char in "*?["):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+    else:
+        files = [path]
+    if not files:
+        raise DataError(f"{path}: no data files ({', '.join(SUFFIXES)}) found")
+    return files
 
 
-def _check_messages(record: object) -> str:
-    if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-        return 'expected an object with a "messages" list'
-    messages = record["messages"]
-    if not messages:
-        return '"messages" is empty'
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict):
-            return f"{where} is not an object"
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            return f"{where}.role is {role!r}; expected one of {', '.join(ROLES)}"
-        if not isinstance(content, str):
-            return f"{where}.content must be a string"
-        if not content.strip():
-            return f"{where}.content is empty"
-    if not any(message["role"] == "assistant" for message in messages):
-        return "no assistant message: nothing to learn from"
-    return ""
+def iter_raw_records(file: Path) -> Iterator[tuple[object, str]]:
+    """(record, origin) pairs of one file; malformed lines raise `RecordError` via the origin."""
+    if not file.is_file():
+        raise DataError(f"{file}: no such file")
+    if file.suffix == ".parquet":
+        yield from _parquet_records(file)
+        return
+    data = file.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is harmless: skip it
+        data = data[3:]
+    if not data.strip():
+        raise DataError(f"{file}: the file is empty")
+    if file.suffix == ".json":
+        yield from _json_list_records(file, data)
+        return
+    for number, raw_line in enumerate(data.split(b"\n"), start=1):
+        origin = f"{file}:{number}"
+        if not raw_line.strip():
+            continue
+        try:
+            line = raw_line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            yield (
+                RecordError(
+                    f"not valid UTF-8 (byte 0x{raw_line[error.start]:02x} at column {error.start + 1})"
+                ),
+                origin,
+            )
+            continue
+        try:
+            yield json.loads(line), origin
+        except json.JSONDecodeError as error:
+            yield RecordError(f"invalid JSON ({error.msg} at column {error.colno})"), origin
+
+
+def _json_list_records(file: Path, data: bytes) -> Iterator[tuple[object, str]]:
+    try:
+        records = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise DataError(f"{file}: not valid UTF-8 (byte offset {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise DataError(
+            f"{file}:{error.lineno}: invalid JSON ({error.msg} at column {error.colno})"
+        ) from None
+    if not isinstance(records, list):
+        raise DataError(
+            f"{file}: a .json data file must hold a list of records (use .jsonl for one per line)"
+        )
+    for index, record in enumerate(records):
+        yield record, f"{file}[{index}]"
+
+
+def _parquet_records(file: Path) -> Iterator[tuple[object, str]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{file}: reading .parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        table = pq.read_table(file)
+    except Exception as error:  # pyarrow raises several types for damaged files
+        raise DataError(f"{file}: not a readable parquet file ({error})") from None
+    for index, record in enumerate(table.to_pylist()):
+        yield record, f"{file} row {index}"

@@ -60,8 +60,12 @@ def exact_match(
     """Answer each conversation's last user turn greedily; compare with its final assistant reply."""
     was_training = model.training
     model.eval()
-    prompts, references = [], []
+    prompts: list[list[int]] = []
+    references: list[str] = []
+    prompt_texts: list[str] = []
     for conversation in conversations:
+        if conversation.text is not None:
+            continue  # raw text has no reply to compare
         messages = conversation.messages
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
         prompt = tokenizer.apply_chat_template(
@@ -69,6 +73,7 @@ def exact_match(
         )
         prompts.append(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         references.append(messages[last]["content"].strip())
+        prompt_texts.append(messages[last - 1]["content"])
     stop_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     replies: list[str] = []
     for start in range(0, len(prompts), batch_size):

@@ -14,9 +14,11 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from tuneforge.config import RunConfig, dump_config
+from tuneforge.config.schema import DataSource
 from tuneforge.data.dataset import DatasetStats, build_examples
 from tuneforge.data.packing import PackedLoader
-from tuneforge.data.records import Conversation, DataError, read_openai_jsonl
+from tuneforge.data.reading import read_conversations
+from tuneforge.data.records import Conversation, DataError
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.decoder import Decoder
 from tuneforge.peft.lora import LoraReport, LoraTargetError, apply_lora
@@ -109,19 +111,17 @@ class Trainer:
     def _load_data(self) -> DatasetStats:
         data, train = self.config.data, self.config.train
         try:
+            conversations = self._read(data.train)
             examples, stats = build_examples(
-                [s.path for s in data.train],
-                self.tokenizer,
-                data.max_seq_len,
-                data.on_too_long,
-                data.train_on,
+                conversations, self.tokenizer, data.max_seq_len, data.on_too_long, data.train_on
             )
             self.loader = PackedLoader(examples, train.tokens_per_micro_batch, train.seed)
             self.eval_batches = []
             self.eval_conversations: list[Conversation] = []
             if data.eval:
+                self.eval_conversations = self._read(data.eval)
                 eval_examples, _ = build_examples(
-                    [s.path for s in data.eval],
+                    self.eval_conversations,
                     self.tokenizer,
                     data.max_seq_len,
                     data.on_too_long,
@@ -130,8 +130,6 @@ class Trainer:
                 self.eval_batches = PackedLoader(
                     eval_examples, train.tokens_per_micro_batch, 0
                 ).fixed_batches()
-                for source in data.eval:
-                    self.eval_conversations += read_openai_jsonl(source.path)
         except DataError as error:
             raise TuneforgeError(str(error)) from None
         log.info(
@@ -142,6 +140,15 @@ class Trainer:
             len(self.loader),
         )
         return stats
+
+    def _read(self, sources: list[DataSource]) -> list[Conversation]:
+        conversations: list[Conversation] = []
+        for source in sources:
+            found, _ = read_conversations(
+                source.path, source.format, source.field_map, self.config.data.on_bad_record
+            )
+            conversations += found
+        return conversations
 
     def _apply_lora(self) -> LoraReport | None:
         lora = self.config.lora
