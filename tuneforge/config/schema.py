@@ -57,7 +57,7 @@ class TokenizerSection(Section):
     path: InputPath | None = None
     """Local tokenizer directory in the HF layout; default: model.path."""
     chat_template: str | None = None
-    """Jinja chat template to use instead of the tokenizer's own (None keeps the tokenizer's)."""
+    """Chat template instead of the tokenizer's own: chatml, llama3, alpaca, squad, or a Jinja template."""
 
 
 class DataSource(Section):
@@ -80,8 +80,8 @@ class DataSection(Section):
     """What to do with a conversation longer than max_seq_len."""
     on_bad_record: Literal["error", "skip"] = "error"
     """A malformed record stops the run (`error`, listing file, line and reason) or is left out (`skip`, counted)."""
-    train_on: Literal["assistant", "all"] = "assistant"
-    """Which tokens carry loss: assistant replies (with their end-of-turn token) or every token."""
+    train_on: Literal["assistant", "last_assistant", "all"] = "assistant"
+    """Tokens that carry loss: every assistant reply (with its end-of-turn token), only the last one, or all."""
 
 
 class LoraSection(Section):

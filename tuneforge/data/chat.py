@@ -38,14 +38,29 @@ def render_spans(tokenizer, messages: list[dict], origin: str) -> tuple[str, lis
     return full, spans
 
 
+def tokenize_text(tokenizer, text: str) -> TokenizedConversation:
+    """Raw text: the tokenizer's own special tokens, then an end-of-sequence token; all trained."""
+    input_ids = list(tokenizer(text)["input_ids"])
+    if tokenizer.eos_token_id is not None and (
+        not input_ids or input_ids[-1] != tokenizer.eos_token_id
+    ):
+        input_ids.append(tokenizer.eos_token_id)
+    return TokenizedConversation(input_ids, [True] * len(input_ids))
+
+
 def tokenize_conversation(
     tokenizer, conversation: Conversation, train_on: str
 ) -> TokenizedConversation:
+    """Token ids and loss mask of one conversation (or raw text document)."""
+    if conversation.text is not None:
+        return tokenize_text(tokenizer, conversation.text)
     text, spans = render_spans(tokenizer, conversation.messages, conversation.origin)
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     input_ids: list[int] = encoding["input_ids"]
     if train_on == "all":
         return TokenizedConversation(input_ids, [True] * len(input_ids))
+    if train_on == "last_assistant":
+        spans = spans[-1:]
     mask = [False] * len(input_ids)
     for index, (start, _end) in enumerate(encoding["offset_mapping"]):
         mask[index] = any(span_start <= start < span_end for span_start, span_end in spans)

@@ -5,6 +5,7 @@ import logging
 import torch
 
 from tuneforge.config.schema import ModelSection, RunConfig
+from tuneforge.data.templates import resolve_template
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.api import load_model
 from tuneforge.models.decoder import Decoder
@@ -29,7 +30,7 @@ def load_tokenizer(config: RunConfig):
     except (OSError, ValueError) as error:
         raise TuneforgeError(f"cannot load a tokenizer from {path}: {error}") from None
     if config.tokenizer.chat_template is not None:
-        tokenizer.chat_template = config.tokenizer.chat_template
+        tokenizer.chat_template = resolve_template(config.tokenizer.chat_template)
     if not tokenizer.chat_template:
         raise TuneforgeError(
             f"the tokenizer in {path} has no chat template: set tokenizer.chat_template in the config"
