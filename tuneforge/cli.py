@@ -11,6 +11,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from tuneforge.cli_data import data_app
 from tuneforge.config import ConfigError, dump_config, load_config
 from tuneforge.errors import TuneforgeError
 
@@ -24,6 +25,7 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Inspect and check configurations.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+app.add_typer(data_app, name="data")
 
 console = Console()
 error_console = Console(stderr=True)

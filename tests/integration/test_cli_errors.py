@@ -60,3 +60,20 @@ def test_help_commands(command):
 def test_generate_from_a_directory_that_is_no_run(tmp_path):
     result = run_cli("generate", str(tmp_path), "--prompt", "hi")
     assert_clean_failure(result, "is not a run directory")
+
+
+def test_data_inspect_on_a_bad_file_names_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instruction": "i", "output": "o"}\n{"instruction": 5, "output": "o"}\n')
+    result = run_cli("data", "inspect", "--data", str(bad), "--format", "alpaca")
+    assert_clean_failure(result, f'{bad}:2: field "instruction" must be a string')
+
+
+def test_data_inspect_json_and_preview():
+    result = run_cli("data", "inspect", "examples/demo.yaml", "--json")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    assert json.loads(result.stdout)["kept"] == 20000
+    preview = run_cli("data", "preview", "examples/demo.yaml", "-n", "2")
+    assert preview.returncode == 0 and preview.stdout.count("⟦") == 2

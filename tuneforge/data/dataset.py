@@ -19,6 +19,8 @@ class DatasetStats:
     num_tokens: int = 0
     num_loss_tokens: int = 0
     dropped_examples: list[str] = field(default_factory=list)
+    raw_lengths: list[int] = field(default_factory=list)
+    """Tokenised length of every record before truncation or dropping."""
 
 
 def build_examples(
@@ -30,6 +32,7 @@ def build_examples(
         stats.num_records += 1
         tokenized = tokenize_conversation(tokenizer, conversation, train_on)
         ids, mask = tokenized.input_ids, tokenized.loss_mask
+        stats.raw_lengths.append(len(ids))
         if len(ids) > max_seq_len:
             if on_too_long == "error":
                 raise DataError(

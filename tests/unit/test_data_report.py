@@ -1,0 +1,61 @@
+import json
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from tuneforge.assets import DEMO_DATA_DIR, DEMO_TOKENIZER_DIR
+from tuneforge.data.records import Conversation
+from tuneforge.data.report import inspect_data, padded_waste, preview_segments
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(DEMO_TOKENIZER_DIR)
+
+
+def test_report_numbers_follow_from_the_tokenised_records(tmp_path, tokenizer):
+    records = [
+        {"messages": [{"role": "user", "content": "x " * n}, {"role": "assistant", "content": "y"}]}
+        for n in range(1, 200, 7)
+    ]
+    file = tmp_path / "d.jsonl"
+    file.write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = inspect_data(
+        [(file, "openai", {})], tokenizer, max_seq_len=256, tokens_per_micro_batch=512
+    )
+    texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in records]
+    lengths = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    assert report.records == len(records)
+    assert report.max_length == max(lengths)
+    assert report.length_percentiles["p50"] == int(np.percentile(lengths, 50))
+    kept = [n for n in lengths if n <= 256]
+    assert report.kept == len(kept) and report.dropped_too_long == len(lengths) - len(kept)
+    assert report.tokens == sum(kept)
+    assert 0 < report.supervised_fraction < 0.5
+    assert report.packing_efficiency > 0.9
+    assert (
+        report.suggested_max_seq_len % 64 == 0
+        and report.suggested_max_seq_len >= report.length_percentiles["p99"]
+    )
+
+
+def test_padding_waste_by_hand():
+    assert padded_waste([2, 4, 4, 4], 2) == pytest.approx(1 - 14 / 16)
+    assert padded_waste([5], 4) == 0.0
+
+
+def test_preview_marks_exactly_the_supervised_text(tokenizer):
+    conversation = Conversation(
+        [{"role": "user", "content": "sort: 3 1"}, {"role": "assistant", "content": "1 3"}], "t:1"
+    )
+    segments = preview_segments(tokenizer, conversation, "assistant")
+    assert [text for text, trained in segments if trained] == ["1 3<|im_end|>\n"]
+    assert "".join(text for text, _ in segments) == tokenizer.apply_chat_template(
+        conversation.messages, tokenize=False
+    )
+
+
+def test_demo_data_report(tokenizer):
+    report = inspect_data([(DEMO_DATA_DIR / "eval.jsonl", "openai", {})], tokenizer, 64, 1024)
+    assert report.records == report.kept == 300 and report.without_supervised_tokens == 0

@@ -1,0 +1,131 @@
+"""`tuneforge data ...`: look at a dataset before training on it."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tuneforge.config import load_config
+from tuneforge.errors import TuneforgeError
+
+data_app = typer.Typer(help="Inspect and preview training data.", no_args_is_help=True)
+console = Console()
+
+
+def _from_config(config_file: Path, overrides: list[str]):
+    from tuneforge.train.build import load_tokenizer
+
+    config = load_config(config_file, overrides)
+    sources = [(s.path, s.format, s.field_map) for s in config.data.train]
+    return config, load_tokenizer(config), sources
+
+
+@data_app.command("inspect")
+def inspect(
+    config: Annotated[Path | None, typer.Argument(help="Run configuration (YAML).")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides.")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="A data file (instead of a configuration).")
+    ] = None,
+    format: Annotated[str, typer.Option(help="Record format of --data.")] = "openai",
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="Tokenizer directory (default: the bundled one).")
+    ] = None,
+    max_seq_len: Annotated[int, typer.Option(help="Length limit for --data.")] = 2048,
+    tokens_per_micro_batch: Annotated[int, typer.Option(help="Packing budget for --data.")] = 4096,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Records, lengths, supervision, packing efficiency and advice for a dataset."""
+    from tuneforge.data.records import DataError
+    from tuneforge.data.report import inspect_data
+
+    try:
+        if config is not None:
+            run_config, tok, sources = _from_config(config, overrides or [])
+            data_section = run_config.data
+            report = inspect_data(
+                sources,
+                tok,
+                data_section.max_seq_len,
+                run_config.train.tokens_per_micro_batch,
+                data_section.on_too_long,
+                data_section.train_on,
+                data_section.on_bad_record,
+            )
+        elif data is not None:
+            report = inspect_data(
+                [(data, format, {})], _tokenizer(tokenizer), max_seq_len, tokens_per_micro_batch
+            )
+        else:
+            raise TuneforgeError("give a configuration, or --data FILE --format NAME")
+    except DataError as error:
+        raise TuneforgeError(str(error)) from None
+    if as_json:
+        console.print(
+            json.dumps(report.as_dict(), indent=2), markup=False, highlight=False, soft_wrap=True
+        )
+        return
+    table = Table("", "value", show_header=False)
+    table.add_row(
+        "records (kept / bad)", f"{report.records:,} ({report.kept:,} / {report.bad_records:,})"
+    )
+    table.add_row("tokens (supervised)", f"{report.tokens:,} ({report.supervised_fraction:.1%})")
+    table.add_row("records without supervised tokens", f"{report.without_supervised_tokens:,}")
+    percentiles = "  ".join(f"{k} {v:,}" for k, v in report.length_percentiles.items())
+    table.add_row("length", f"{percentiles}  max {report.max_length:,}")
+    table.add_row(
+        f"truncated / dropped at {report.max_seq_len}",
+        f"{report.truncated:,} / {report.dropped_too_long:,}",
+    )
+    table.add_row(
+        f"packing efficiency at {report.tokens_per_micro_batch:,} tokens",
+        f"{report.packing_efficiency:.1%}",
+    )
+    table.add_row("padding waste without packing", f"{report.padding_waste:.1%}")
+    table.add_row("suggested max_seq_len (p99)", f"{report.suggested_max_seq_len:,}")
+    console.print(table)
+    for line in report.advice:
+        console.print(f"• {line}", markup=False, highlight=False)
+
+
+def _tokenizer(directory: Path | None):
+    from transformers import AutoTokenizer
+
+    from tuneforge.assets import DEMO_TOKENIZER_DIR
+
+    return AutoTokenizer.from_pretrained(
+        str(directory or DEMO_TOKENIZER_DIR), local_files_only=True
+    )
+
+
+@data_app.command("preview")
+def preview(
+    config: Annotated[Path, typer.Argument(help="Run configuration (YAML).")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides.")] = None,
+    num: Annotated[int, typer.Option("-n", help="How many records.")] = 3,
+) -> None:
+    """Rendered records with the tokens that carry loss highlighted (green, between ⟦ ⟧)."""
+    from tuneforge.data.reading import read_conversations
+    from tuneforge.data.records import DataError
+    from tuneforge.data.report import preview_segments
+
+    run_config, tok, sources = _from_config(config, overrides or [])
+    path, format_name, field_map = sources[0]
+    try:
+        conversations, _ = read_conversations(
+            path, format_name, field_map, run_config.data.on_bad_record
+        )
+    except DataError as error:
+        raise TuneforgeError(str(error)) from None
+    for conversation in conversations[:num]:
+        console.rule(conversation.origin)
+        text = Text()
+        for segment, trained in preview_segments(tok, conversation, run_config.data.train_on):
+            text.append(
+                f"⟦{segment}⟧" if trained else segment, style="bold green" if trained else "dim"
+            )
+        console.print(text)
