@@ -3,14 +3,9 @@ import torch
 from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_TOKENIZER_DIR
+from tuneforge.data.bin_packing import first_fit_decreasing
 from tuneforge.data.chat import tokenize_conversation
-from tuneforge.data.packing import (
-    IGNORE_INDEX,
-    PackedLoader,
-    collate,
-    first_fit_decreasing,
-    make_example,
-)
+from tuneforge.data.packing import IGNORE_INDEX, PackedLoader, collate, make_example
 from tuneforge.data.records import Conversation
 
 
@@ -76,3 +71,32 @@ def test_loader_reshuffles_bins_each_epoch_deterministically():
     iterator = iter(loader)
     epoch_tokens = [next(iterator).tokens.numel() for _ in range(len(loader))]
     assert sum(epoch_tokens) == sum(len(ex.input_ids) for ex in examples)
+
+
+def examples_of_lengths(lengths):
+    return [make_example(list(range(n)), [True] * n) for n in lengths]
+
+
+def test_loader_resumes_mid_epoch_with_exactly_the_remaining_sequence():
+    examples = examples_of_lengths([(7 * i) % 31 + 2 for i in range(120)])
+    reference = PackedLoader(examples, 40, seed=5)
+    stream = iter(reference)
+    expected = [next(stream).tokens.tolist() for _ in range(3 * len(reference))]
+    interrupted = PackedLoader(examples, 40, seed=5)
+    stream = iter(interrupted)
+    seen = [next(stream).tokens.tolist() for _ in range(len(reference) + 4)]
+    resumed = PackedLoader(examples, 40, seed=5)
+    resumed.load_state_dict(interrupted.state_dict())
+    stream = iter(resumed)
+    seen += [next(stream).tokens.tolist() for _ in range(len(expected) - len(seen))]
+    assert seen == expected
+
+
+def test_two_ranks_see_disjoint_bins_and_the_same_number_of_steps():
+    examples = examples_of_lengths([(5 * i) % 23 + 1 for i in range(101)])
+    ranks = [PackedLoader(examples, 30, seed=1, rank=r, world_size=2) for r in range(2)]
+    for epoch in range(3):
+        first, second = (set(loader.epoch_order(epoch)) for loader in ranks)
+        assert not first & second
+        assert len(first) == len(second) == len(ranks[0])
+        assert len(ranks[0].bins) - len(first | second) == len(ranks[0].bins) % 2

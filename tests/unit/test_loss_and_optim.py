@@ -56,3 +56,31 @@ def test_weight_decay_skips_vectors():
     decayed, plain = optimizer.param_groups
     assert decayed["weight_decay"] == 0.1 and [p.ndim for p in decayed["params"]] == [2]
     assert plain["weight_decay"] == 0.0 and all(p.ndim == 1 for p in plain["params"])
+
+
+def test_packed_loss_equals_the_loss_of_each_document_alone(tmp_path):
+    import tuneforge
+    from tests.helpers import save_tiny_model
+    from tuneforge.data.packing import collate, make_example
+
+    save_tiny_model(tmp_path, "qwen3")
+    model = tuneforge.load_model(tmp_path, dtype="float32", attention="sdpa")
+    generator = torch.Generator().manual_seed(0)
+    examples = []
+    for length in (9, 30, 2, 17):
+        ids = torch.randint(0, 128, (length,), generator=generator).tolist()
+        mask = (torch.rand(length, generator=generator) > 0.4).tolist()
+        examples.append(make_example(ids, mask))
+    batch = collate(examples)
+    with torch.no_grad():
+        packed_sum, packed_count = chunked_cross_entropy(
+            model.hidden_states(batch.tokens, batch.packed), model.lm_head.weight, batch.labels
+        )
+        alone_sum, alone_count = 0.0, 0
+        for example in examples:
+            logits = model(torch.tensor([example.input_ids]))[0]
+            labels = torch.tensor(example.labels)
+            alone_sum += F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+            alone_count += int((labels != IGNORE_INDEX).sum())
+    assert packed_count == alone_count
+    torch.testing.assert_close(packed_sum, alone_sum, rtol=1e-5, atol=1e-5)

@@ -78,6 +78,8 @@ class DataSection(Section):
     """Longest tokenised conversation kept; longer ones are handled by `on_too_long`."""
     on_too_long: Literal["truncate", "drop", "error"] = "drop"
     """What to do with a conversation longer than max_seq_len."""
+    packing: Literal["ffd", "bfd"] = "ffd"
+    """How documents are packed into micro-batches: first-fit or best-fit decreasing."""
     on_bad_record: Literal["error", "skip"] = "error"
     """A malformed record stops the run (`error`, listing file, line and reason) or is left out (`skip`, counted)."""
     train_on: Literal["assistant", "last_assistant", "all"] = "assistant"

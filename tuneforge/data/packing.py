@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tuneforge.data.bin_packing import STRATEGIES
 from tuneforge.models.packed import PackedSequences
 
 IGNORE_INDEX = -100
@@ -53,45 +54,42 @@ def collate(examples: list[Example]) -> PackedBatch:
     return PackedBatch(tokens, labels, packed, int((labels != IGNORE_INDEX).sum()))
 
 
-def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
-    """Bins of example indexes whose lengths sum to at most `budget`; deterministic."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for index in order:
-        length = lengths[index]
-        if length > budget:
-            raise ValueError(
-                f"example {index} has {length} tokens, more than the budget of {budget}"
-            )
-        for slot, free in enumerate(room):
-            if length <= free:
-                bins[slot].append(index)
-                room[slot] -= length
-                break
-        else:
-            bins.append([index])
-            room.append(budget - length)
-    return bins
-
-
 class PackedLoader:
-    """Endless micro-batches: the packed bins, reshuffled every epoch with a seeded generator."""
+    """Endless micro-batches: the packed bins, reshuffled every epoch with a seeded generator.
 
-    def __init__(self, examples: list[Example], budget: int, seed: int) -> None:
+    With several data-parallel ranks each takes every `world_size`-th bin of the epoch's order,
+    so ranks never share a bin; the last `len(bins) % world_size` bins of an epoch's order are
+    left out of that epoch so that every rank runs the same number of steps. The state (epoch,
+    position) resumes the exact sequence.
+    """
+
+    def __init__(
+        self,
+        examples: list[Example],
+        budget: int,
+        seed: int,
+        strategy: str = "ffd",
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         self.examples = examples
-        self.bins = first_fit_decreasing([len(ex.input_ids) for ex in examples], budget)
+        self.bins = STRATEGIES[strategy]([len(ex.input_ids) for ex in examples], budget)
         self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
         self.epoch = 0
         self.position = 0
+        if len(self.bins) < world_size:
+            raise ValueError(f"{len(self.bins)} micro-batches cannot feed {world_size} ranks")
 
     def __len__(self) -> int:
-        return len(self.bins)
+        """Micro-batches per epoch for this rank."""
+        return len(self.bins) // self.world_size
 
     def epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.bins)))
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+        return order[self.rank : len(self) * self.world_size : self.world_size]
 
     def __iter__(self) -> Iterator[PackedBatch]:
         while True:
@@ -102,6 +100,16 @@ class PackedLoader:
                 yield collate([self.examples[i] for i in bin_indexes])
             self.epoch += 1
             self.position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["seed"] != self.seed:
+            raise ValueError(
+                f"loader state was saved with seed {state['seed']}, this loader has {self.seed}"
+            )
+        self.epoch, self.position = state["epoch"], state["position"]
 
     def fixed_batches(self) -> list[PackedBatch]:
         """Every bin once, in packing order (for evaluation)."""

@@ -5,8 +5,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tuneforge.data.bin_packing import first_fit_decreasing
 from tuneforge.data.dataset import DatasetStats
-from tuneforge.data.packing import Example, first_fit_decreasing
+from tuneforge.data.packing import Example
 
 PERCENTILES = (50, 90, 99)
 LENGTH_ROUNDING = 64

@@ -115,7 +115,9 @@ class Trainer:
             examples, stats = build_examples(
                 conversations, self.tokenizer, data.max_seq_len, data.on_too_long, data.train_on
             )
-            self.loader = PackedLoader(examples, train.tokens_per_micro_batch, train.seed)
+            self.loader = PackedLoader(
+                examples, train.tokens_per_micro_batch, train.seed, data.packing
+            )
             self.eval_batches = []
             self.eval_conversations: list[Conversation] = []
             if data.eval:
