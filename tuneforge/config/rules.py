@@ -85,7 +85,15 @@ def micro_batch_fits_a_sequence(train, data) -> list[tuple[str, str, str]]:
 
 @rule("train", "data", "eval")
 def evaluation_needs_data(train, data, eval) -> list[tuple[str, str, str]]:
-    if data.eval:
+    if data.eval and data.eval_fraction is not None:
+        return [
+            (
+                "data.eval_fraction",
+                "set both with data.eval",
+                "keep data.eval or data.eval_fraction, not both",
+            )
+        ]
+    if data.eval or data.eval_fraction is not None:
         return []
     problems = []
     if train.eval_steps is not None:
@@ -93,7 +101,7 @@ def evaluation_needs_data(train, data, eval) -> list[tuple[str, str, str]]:
             (
                 "train.eval_steps",
                 "evaluation asked for but data.eval is empty",
-                "add data.eval sources",
+                "add data.eval sources or set data.eval_fraction",
             )
         )
     if eval.num_samples > 0:
@@ -101,7 +109,7 @@ def evaluation_needs_data(train, data, eval) -> list[tuple[str, str, str]]:
             (
                 "eval.num_samples",
                 "accuracy asked for but data.eval is empty",
-                "add data.eval sources",
+                "add data.eval sources or set data.eval_fraction",
             )
         )
     return problems

@@ -74,6 +74,8 @@ class DataSection(Section):
     """Training sources."""
     eval: list[DataSource] = []
     """Held-out sources for evaluation loss and accuracy; empty disables evaluation."""
+    eval_fraction: float | None = Field(None, gt=0, lt=1)
+    """Instead of data.eval: hold out this seeded fraction of the training records."""
     max_seq_len: int = Field(2048, ge=8)
     """Longest tokenised conversation kept; longer ones are handled by `on_too_long`."""
     on_too_long: Literal["truncate", "drop", "error"] = "drop"

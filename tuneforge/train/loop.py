@@ -19,6 +19,7 @@ from tuneforge.data.dataset import DatasetStats, build_examples
 from tuneforge.data.packing import PackedLoader
 from tuneforge.data.reading import read_conversations
 from tuneforge.data.records import Conversation, DataError
+from tuneforge.data.splits import check_disjoint_files, split_off
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.decoder import Decoder
 from tuneforge.peft.lora import LoraReport, LoraTargetError, apply_lora
@@ -112,6 +113,11 @@ class Trainer:
         data, train = self.config.data, self.config.train
         try:
             conversations = self._read(data.train)
+            held_out: list[Conversation] = []
+            if data.eval_fraction is not None:
+                conversations, held_out = split_off(conversations, data.eval_fraction, train.seed)
+            elif data.eval:
+                check_disjoint_files([s.path for s in data.train], [s.path for s in data.eval])
             examples, stats = build_examples(
                 conversations, self.tokenizer, data.max_seq_len, data.on_too_long, data.train_on
             )
@@ -120,8 +126,8 @@ class Trainer:
             )
             self.eval_batches = []
             self.eval_conversations: list[Conversation] = []
-            if data.eval:
-                self.eval_conversations = self._read(data.eval)
+            if data.eval or held_out:
+                self.eval_conversations = held_out or self._read(data.eval)
                 eval_examples, _ = build_examples(
                     self.eval_conversations,
                     self.tokenizer,
