@@ -23,6 +23,7 @@ def short_demo(run_dir: Path, *overrides: str):
         DEMO,
         [
             f"run.output_dir={run_dir}",
+            f"data.cache_dir={run_dir.parent / 'cache'}",
             "train.max_steps=24",
             "train.warmup_steps=4",
             "eval.num_samples=16",

@@ -80,6 +80,10 @@ class DataSection(Section):
     """Longest tokenised conversation kept; longer ones are handled by `on_too_long`."""
     on_too_long: Literal["truncate", "drop", "error"] = "drop"
     """What to do with a conversation longer than max_seq_len."""
+    cache_dir: Path | None = None
+    """Where tokenised data is cached (default ~/.cache/tuneforge/tokenized); see data.cache."""
+    cache: bool = True
+    """Cache tokenised data, keyed by the contents of sources, tokenizer, template and options."""
     packing: Literal["ffd", "bfd"] = "ffd"
     """How documents are packed into micro-batches: first-fit or best-fit decreasing."""
     on_bad_record: Literal["error", "skip"] = "error"

@@ -4,7 +4,7 @@ Labels are shifted inside each document before packing, so no target ever crosse
 """
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +65,7 @@ class PackedLoader:
 
     def __init__(
         self,
-        examples: list[Example],
+        examples: "Sequence[Example]",
         budget: int,
         seed: int,
         strategy: str = "ffd",
@@ -73,7 +73,8 @@ class PackedLoader:
         world_size: int = 1,
     ) -> None:
         self.examples = examples
-        self.bins = STRATEGIES[strategy]([len(ex.input_ids) for ex in examples], budget)
+        lengths = getattr(examples, "lengths", None) or [len(ex.input_ids) for ex in examples]
+        self.bins = STRATEGIES[strategy](lengths, budget)
         self.seed = seed
         self.rank = rank
         self.world_size = world_size

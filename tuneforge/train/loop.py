@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tuneforge.config import RunConfig, dump_config
 from tuneforge.config.schema import DataSource
+from tuneforge.data.cache import cached_examples, default_cache_dir
 from tuneforge.data.dataset import DatasetStats, build_examples
 from tuneforge.data.packing import PackedLoader
 from tuneforge.data.reading import read_conversations
@@ -112,14 +113,34 @@ class Trainer:
     def _load_data(self) -> DatasetStats:
         data, train = self.config.data, self.config.train
         try:
-            conversations = self._read(data.train)
             held_out: list[Conversation] = []
             if data.eval_fraction is not None:
-                conversations, held_out = split_off(conversations, data.eval_fraction, train.seed)
+                kept, held_out = split_off(self._read(data.train), data.eval_fraction, train.seed)
             elif data.eval:
                 check_disjoint_files([s.path for s in data.train], [s.path for s in data.eval])
-            examples, stats = build_examples(
-                conversations, self.tokenizer, data.max_seq_len, data.on_too_long, data.train_on
+
+            def build() -> tuple[list, DatasetStats]:
+                conversations = kept if data.eval_fraction is not None else self._read(data.train)
+                return build_examples(
+                    conversations, self.tokenizer, data.max_seq_len, data.on_too_long, data.train_on
+                )
+
+            train_sources = [(s.path, s.format, s.field_map) for s in data.train]
+            options = {
+                "max_seq_len": data.max_seq_len,
+                "on_too_long": data.on_too_long,
+                "train_on": data.train_on,
+                "on_bad_record": data.on_bad_record,
+                "eval_fraction": data.eval_fraction,
+                "seed": train.seed if data.eval_fraction is not None else None,
+            }
+            cache_dir = (data.cache_dir or default_cache_dir()) if data.cache else None
+            examples, stats = cached_examples(
+                train_sources,
+                self.tokenizer,
+                options,
+                cache_dir,
+                build,
             )
             self.loader = PackedLoader(
                 examples, train.tokens_per_micro_batch, train.seed, data.packing

@@ -1,0 +1,87 @@
+"""The tokenised-data cache: hits when nothing changed, misses when anything did, atomic writes."""
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from tuneforge.assets import DEMO_TOKENIZER_DIR
+from tuneforge.data.cache import TokenStore, cached_examples
+from tuneforge.data.dataset import build_examples
+from tuneforge.data.reading import read_conversations
+
+OPTIONS = {"max_seq_len": 64, "on_too_long": "drop", "train_on": "assistant"}
+
+
+def record(question: str, answer: str) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
+    }
+
+
+@pytest.fixture
+def setup(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(json.dumps(record(f"sort: {i} 1", f"1 {i}")) + "\n" for i in range(2, 9))
+    )
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_TOKENIZER_DIR)
+    return data, tokenizer, tmp_path / "cache"
+
+
+def load(data, tokenizer, cache, options=OPTIONS, calls=None, field_map=None):
+    def build():
+        if calls is not None:
+            calls.append(1)
+        conversations, _ = read_conversations(data, "openai")
+        return build_examples(
+            conversations, tokenizer, options["max_seq_len"], options["on_too_long"], "assistant"
+        )
+
+    return cached_examples([(data, "openai", field_map or {})], tokenizer, options, cache, build)
+
+
+def test_second_load_is_a_hit_with_identical_examples(setup):
+    data, tokenizer, cache = setup
+    calls: list[int] = []
+    first, stats = load(data, tokenizer, cache, calls=calls)
+    second, again = load(data, tokenizer, cache, calls=calls)
+    assert calls == [1]
+    assert [second[i] for i in range(len(second))] == [first[i] for i in range(len(first))]
+    assert again == stats and second.lengths == first.lengths
+
+
+def test_token_store_round_trips_examples(setup):
+    data, tokenizer, _ = setup
+    conversations, _ = read_conversations(data, "openai")
+    examples, _ = build_examples(conversations, tokenizer, 64, "drop", "assistant")
+    store = TokenStore.from_examples(examples)
+    assert [store[i] for i in range(len(store))] == examples
+
+
+@pytest.mark.parametrize("change", ["contents", "template", "options", "field_map"])
+def test_any_change_is_a_miss(setup, change):
+    data, tokenizer, cache = setup
+    calls: list[int] = []
+    load(data, tokenizer, cache, calls=calls)
+    options = OPTIONS
+    if change == "contents":  # same file name, one character different
+        data.write_text(data.read_text().replace("sort: 2 1", "sort: 3 1"))
+    elif change == "template":
+        tokenizer.chat_template = tokenizer.chat_template.replace("\\n", "\\n ")
+    elif change == "options":
+        options = OPTIONS | {"max_seq_len": 32}
+    field_map = {"messages": "messages"} if change == "field_map" else None
+    load(data, tokenizer, cache, options, calls=calls, field_map=field_map)
+    assert calls == [1, 1]
+
+
+def test_a_failed_build_writes_nothing(setup):
+    data, tokenizer, cache = setup
+    data.write_text(data.read_text() + "{broken\n")
+    with pytest.raises(Exception, match="invalid JSON"):
+        load(data, tokenizer, cache)
+    assert not cache.exists() or not any(cache.iterdir())
