@@ -3,8 +3,8 @@
 import logging
 from dataclasses import dataclass, field
 
-from tuneforge.data.chat import tokenize_conversation
-from tuneforge.data.packing import IGNORE_INDEX, Example, make_example
+from tuneforge.data.chat import tokenize_conversations
+from tuneforge.data.packing import Example, make_example
 from tuneforge.data.records import Conversation, DataError
 
 log = logging.getLogger(__name__)
@@ -28,9 +28,9 @@ def build_examples(
 ) -> tuple[list[Example], DatasetStats]:
     stats = DatasetStats()
     examples: list[Example] = []
-    for conversation in conversations:
+    tokenized_all = tokenize_conversations(tokenizer, conversations, train_on)
+    for conversation, tokenized in zip(conversations, tokenized_all, strict=True):
         stats.num_records += 1
-        tokenized = tokenize_conversation(tokenizer, conversation, train_on)
         ids, mask = tokenized.input_ids, tokenized.loss_mask
         stats.raw_lengths.append(len(ids))
         if len(ids) > max_seq_len:
@@ -45,7 +45,7 @@ def build_examples(
             ids, mask = ids[:max_seq_len], mask[:max_seq_len]
             stats.num_truncated += 1
         example = make_example(ids, mask)
-        num_targets = sum(label != IGNORE_INDEX for label in example.labels)
+        num_targets = sum(mask[1:])
         if num_targets == 0:
             stats.num_without_targets += 1
             if len(stats.dropped_examples) < 5:
