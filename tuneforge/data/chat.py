@@ -32,7 +32,9 @@ def render_spans(tokenizer, messages: list[dict], origin: str) -> tuple[str, lis
             messages[:index], tokenize=False, add_generation_prompt=True
         )
         last = index == len(messages) - 1
-        through = full if last else tokenizer.apply_chat_template(messages[: index + 1], tokenize=False)
+        through = (
+            full if last else tokenizer.apply_chat_template(messages[: index + 1], tokenize=False)
+        )
         if not (through.startswith(before) and full.startswith(through)):
             raise DataError(
                 f"{origin}: the chat template does not render this conversation incrementally; "

@@ -14,13 +14,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from tuneforge.config import RunConfig, dump_config
-from tuneforge.config.schema import DataSource
-from tuneforge.data.cache import cached_examples, default_cache_dir
-from tuneforge.data.dataset import DatasetStats, build_examples
-from tuneforge.data.packing import PackedLoader
-from tuneforge.data.reading import read_conversations
-from tuneforge.data.records import Conversation, DataError
-from tuneforge.data.splits import check_disjoint_files, split_off
+from tuneforge.data.dataset import DatasetStats
+from tuneforge.data.records import DataError
+from tuneforge.data.training_data import load_training_data
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.decoder import Decoder
 from tuneforge.peft.lora import LoraReport, LoraTargetError, apply_lora
@@ -111,73 +107,17 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
     def _load_data(self) -> DatasetStats:
-        data, train = self.config.data, self.config.train
+        train = self.config.train
         try:
-            held_out: list[Conversation] = []
-            if data.eval_fraction is not None:
-                kept, held_out = split_off(self._read(data.train), data.eval_fraction, train.seed)
-            elif data.eval:
-                check_disjoint_files([s.path for s in data.train], [s.path for s in data.eval])
-
-            def build() -> tuple[list, DatasetStats]:
-                conversations = kept if data.eval_fraction is not None else self._read(data.train)
-                return build_examples(
-                    conversations, self.tokenizer, data.max_seq_len, data.on_too_long, data.train_on
-                )
-
-            train_sources = [(s.path, s.format, s.field_map) for s in data.train]
-            options = {
-                "max_seq_len": data.max_seq_len,
-                "on_too_long": data.on_too_long,
-                "train_on": data.train_on,
-                "on_bad_record": data.on_bad_record,
-                "eval_fraction": data.eval_fraction,
-                "seed": train.seed if data.eval_fraction is not None else None,
-            }
-            cache_dir = (data.cache_dir or default_cache_dir()) if data.cache else None
-            examples, stats = cached_examples(
-                train_sources,
-                self.tokenizer,
-                options,
-                cache_dir,
-                build,
+            data = load_training_data(
+                self.config.data, self.tokenizer, train.tokens_per_micro_batch, train.seed
             )
-            self.loader = PackedLoader(
-                examples, train.tokens_per_micro_batch, train.seed, data.packing
-            )
-            self.eval_batches = []
-            self.eval_conversations: list[Conversation] = []
-            if data.eval or held_out:
-                self.eval_conversations = held_out or self._read(data.eval)
-                eval_examples, _ = build_examples(
-                    self.eval_conversations,
-                    self.tokenizer,
-                    data.max_seq_len,
-                    data.on_too_long,
-                    data.train_on,
-                )
-                self.eval_batches = PackedLoader(
-                    eval_examples, train.tokens_per_micro_batch, 0
-                ).fixed_batches()
         except DataError as error:
             raise TuneforgeError(str(error)) from None
-        log.info(
-            "train data: %d records, %d tokens (%d carry loss), %d micro-batches per epoch",
-            stats.num_records,
-            stats.num_tokens,
-            stats.num_loss_tokens,
-            len(self.loader),
-        )
-        return stats
-
-    def _read(self, sources: list[DataSource]) -> list[Conversation]:
-        conversations: list[Conversation] = []
-        for source in sources:
-            found, _ = read_conversations(
-                source.path, source.format, source.field_map, self.config.data.on_bad_record
-            )
-            conversations += found
-        return conversations
+        self.loader = data.loader
+        self.eval_batches = data.eval_batches
+        self.eval_conversations = data.eval_conversations
+        return data.stats
 
     def _apply_lora(self) -> LoraReport | None:
         lora = self.config.lora
