@@ -253,3 +253,34 @@ def test_many_bad_records_are_summarised(tmp_path):
         DataError, match=r"25 bad record\(s\)(.|\n)*and 15 more(.|\n)*on_bad_record: skip"
     ):
         read_conversations(file, "openai")
+
+
+def test_preference_records_train_on_the_chosen_reply(tmp_path):
+    file = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"prompt": "2+2?", "chosen": "4", "rejected": "5"},
+            {
+                "prompt": [
+                    {"role": "system", "content": "math"},
+                    {"role": "user", "content": "3+3?"},
+                ],
+                "chosen": [
+                    {"role": "user", "content": "3+3?"},
+                    {"role": "assistant", "content": "6"},
+                ],
+                "rejected": "7",
+            },
+        ],
+    )
+    (first, second), _ = read_conversations(file, "preference")
+    assert first.messages == [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    assert first.rejected == "5"
+    assert [m["role"] for m in second.messages] == ["system", "user", "assistant"]
+    assert second.messages[-1]["content"] == "6" and second.rejected == "7"
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "q", "chosen": "a"}) + "\n")
+    with pytest.raises(DataError, match=r'bad\.jsonl:1: missing field "rejected"'):
+        read_conversations(tmp_path / "bad.jsonl", "preference")

@@ -43,3 +43,42 @@ def test_trainer_holds_out_a_fraction_when_asked(tmp_path):
     assert len(held) == 1000
     assert trainer.train_stats.num_records == 19000
     assert trainer.eval_batches
+
+
+def test_weights_repeat_or_subsample_and_held_out_records_never_repeat_into_training(tmp_path):
+    from tuneforge.config.schema import DataSection
+    from tuneforge.data.training_data import training_conversations
+
+    for name, count in (("a", 40), ("b", 40)):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"{name}{i}"},
+                            {"role": "assistant", "content": "x"},
+                        ]
+                    }
+                )
+                + "\n"
+                for i in range(count)
+            )
+        )
+    data = DataSection(
+        train=[
+            {"path": tmp_path / "a.jsonl", "weight": 2},
+            {"path": tmp_path / "b.jsonl", "weight": 0.5},
+        ],
+        eval_fraction=0.1,
+    )
+    mix, held_out = training_conversations(data, seed=0)
+    held = {c.origin for c in held_out}
+    assert len(held) == 8
+    assert held.isdisjoint(c.origin for c in mix)
+    from_a = [c for c in mix if c.origin.startswith(str(tmp_path / "a.jsonl"))]
+    from_b = [c for c in mix if c.origin.startswith(str(tmp_path / "b.jsonl"))]
+    kept_a = 40 - sum(o.startswith(str(tmp_path / "a.jsonl")) for o in held)
+    kept_b = 40 - sum(o.startswith(str(tmp_path / "b.jsonl")) for o in held)
+    assert len(from_a) == 2 * kept_a and len(set(c.origin for c in from_a)) == kept_a
+    assert len(from_b) == round(kept_b / 2) and len(set(c.origin for c in from_b)) == len(from_b)
+    assert training_conversations(data, seed=0)[0] == mix

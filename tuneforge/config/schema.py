@@ -63,8 +63,12 @@ class TokenizerSection(Section):
 class DataSource(Section):
     path: InputPath
     """A `.jsonl`, `.json` (a list) or `.parquet` file, a directory of them, or a glob."""
-    format: Literal["openai", "messages", "alpaca", "squad", "sharegpt", "text"] = "openai"
-    """Record format: openai/messages, alpaca, squad, sharegpt, or text (every token trained)."""
+    format: Literal["openai", "messages", "alpaca", "squad", "sharegpt", "text", "preference"] = (
+        "openai"
+    )
+    """Record format: openai/messages, alpaca, squad, sharegpt, text (every token trained) or preference."""
+    weight: float = Field(1.0, gt=0)
+    """Share of this source in the mix: 2 repeats each record twice per epoch, 0.5 keeps a seeded half."""
     field_map: dict[str, str] = {}
     """Rename fields: the format's field name -> the name in the file (e.g. {output: response})."""
 

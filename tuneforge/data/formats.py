@@ -1,5 +1,7 @@
 """Record formats, each turned into a `Conversation`: alpaca, squad, openai (alias messages),
-sharegpt and text. `field_map` renames fields (our name -> the name in the file)."""
+sharegpt, text and preference (prompt, chosen, rejected: supervised training uses the chosen
+reply; the rejected one is kept for preference training). `field_map` renames fields
+(our name -> the name in the file)."""
 
 from collections.abc import Callable
 
@@ -145,6 +147,43 @@ def _sharegpt(record: dict, field_map: dict[str, str], origin: str) -> Conversat
     return Conversation(messages, origin)
 
 
+def _prompt_messages(value: object, key: str) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise RecordError(f'field "{key}" is empty')
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list):
+        return [
+            {"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m
+            for m in value
+        ]
+    raise RecordError(f'field "{key}" must be a string or a list of messages')
+
+
+def _reply(value: object, key: str) -> str:
+    """A chosen or rejected reply: a string, or messages whose last one is the assistant's."""
+    if isinstance(value, list) and value and isinstance(value[-1], dict):
+        if value[-1].get("role") != "assistant":
+            raise RecordError(f'the last message of "{key}" must be the assistant\'s reply')
+        value = value[-1].get("content")
+    if not isinstance(value, str) or not value.strip():
+        raise RecordError(
+            f'field "{key}" must be a non-empty reply (a string or messages ending with one)'
+        )
+    return value
+
+
+def _preference(record: dict, field_map: dict[str, str], origin: str) -> Conversation:
+    prompt = _prompt_messages(
+        _field(record, "prompt", field_map), field_map.get("prompt", "prompt")
+    )
+    chosen = _reply(_field(record, "chosen", field_map), field_map.get("chosen", "chosen"))
+    rejected = _reply(_field(record, "rejected", field_map), field_map.get("rejected", "rejected"))
+    messages = [*prompt, {"role": "assistant", "content": chosen}]
+    check_turns(messages)
+    return Conversation(messages, origin, rejected=rejected)
+
+
 def _text_format(record: dict, field_map: dict[str, str], origin: str) -> Conversation:
     return Conversation([], origin, text=_text(record, "text", field_map))
 
@@ -156,6 +195,7 @@ FORMATS: dict[str, Callable[[dict, dict[str, str], str], Conversation]] = {
     "squad": _squad,
     "sharegpt": _sharegpt,
     "text": _text_format,
+    "preference": _preference,
 }
 
 

@@ -28,6 +28,8 @@ class Conversation:
     origin: str
     """`file:line` the record came from."""
     text: str | None = None
+    rejected: str | None = None
+    """For preference records: the rejected reply (`messages` ends with the chosen one)."""
 
 
 def expand_paths(path: Path) -> list[Path]:

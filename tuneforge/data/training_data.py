@@ -2,6 +2,7 @@
 batches and the held-out conversations (for accuracy)."""
 
 import logging
+import random
 from dataclasses import dataclass, field
 
 from tuneforge.config.schema import DataSection, DataSource
@@ -23,25 +24,47 @@ class TrainingData:
     eval_conversations: list[Conversation] = field(default_factory=list)
 
 
-def read_sources(sources: list[DataSource], on_bad_record: str) -> list[Conversation]:
-    conversations: list[Conversation] = []
-    for source in sources:
-        found, _ = read_conversations(source.path, source.format, source.field_map, on_bad_record)
-        conversations += found
-    return conversations
+def read_sources(sources: list[DataSource], on_bad_record: str) -> list[list[Conversation]]:
+    """The records of each source, in order."""
+    return [read_conversations(s.path, s.format, s.field_map, on_bad_record)[0] for s in sources]
+
+
+def apply_weight(conversations: list[Conversation], weight: float, seed: int) -> list[Conversation]:
+    """`weight` copies of the records: whole repeats, then a seeded sample for the fraction."""
+    whole, fraction = int(weight), weight - int(weight)
+    count = round(len(conversations) * fraction)
+    extra = random.Random(seed).sample(conversations, count) if count else []
+    return conversations * whole + extra
+
+
+def training_conversations(
+    data: DataSection, seed: int
+) -> tuple[list[Conversation], list[Conversation]]:
+    """(training mix, held-out): the held-out fraction is taken before weighting, so a repeated
+    record can never be on both sides."""
+    per_source = read_sources(data.train, data.on_bad_record)
+    held_out: list[Conversation] = []
+    if data.eval_fraction is not None:
+        tagged = [(index, c) for index, found in enumerate(per_source) for c in found]
+        kept, held = split_off(tagged, data.eval_fraction, seed)
+        held_out = [c for _, c in held]
+        per_source = [
+            [c for index, c in kept if index == source] for source in range(len(per_source))
+        ]
+    mix = [
+        c
+        for index, (source, found) in enumerate(zip(data.train, per_source, strict=True))
+        for c in apply_weight(found, source.weight, seed + index)
+    ]
+    return mix, held_out
 
 
 def load_training_data(
     data: DataSection, tokenizer, tokens_per_micro_batch: int, seed: int
 ) -> TrainingData:
-    """Read, validate, split, tokenise (through the cache) and pack; raises `DataError`."""
-    held_out: list[Conversation] = []
-    kept: list[Conversation] = []
-    if data.eval_fraction is not None:
-        kept, held_out = split_off(
-            read_sources(data.train, data.on_bad_record), data.eval_fraction, seed
-        )
-    elif data.eval:
+    """Read, validate, split, weight, tokenise (through the cache) and pack; raises `DataError`."""
+    split = training_conversations(data, seed) if data.eval_fraction is not None else None
+    if data.eval and split is None:
         check_disjoint_files([s.path for s in data.train], [s.path for s in data.eval])
 
     def tokenise(conversations: list[Conversation]):
@@ -55,20 +78,23 @@ def load_training_data(
         "train_on": data.train_on,
         "on_bad_record": data.on_bad_record,
         "eval_fraction": data.eval_fraction,
-        "seed": seed if data.eval_fraction is not None else None,
+        "weights": [s.weight for s in data.train],
+        # the seed only picks records when a fraction is held out or a weight is fractional
+        "seed": seed if data.eval_fraction or any(s.weight % 1 for s in data.train) else None,
     }
     examples, stats = cached_examples(
         [(s.path, s.format, s.field_map) for s in data.train],
         tokenizer,
         options,
         (data.cache_dir or default_cache_dir()) if data.cache else None,
-        lambda: tokenise(
-            kept if data.eval_fraction is not None else read_sources(data.train, data.on_bad_record)
-        ),
+        lambda: tokenise((split or training_conversations(data, seed))[0]),
     )
+    held_out = split[1] if split is not None else []
     result = TrainingData(PackedLoader(examples, tokens_per_micro_batch, seed, data.packing), stats)
     if data.eval or held_out:
-        result.eval_conversations = held_out or read_sources(data.eval, data.on_bad_record)
+        result.eval_conversations = held_out or [
+            c for found in read_sources(data.eval, data.on_bad_record) for c in found
+        ]
         eval_examples, _ = tokenise(result.eval_conversations)
         result.eval_batches = PackedLoader(eval_examples, tokens_per_micro_batch, 0).fixed_batches()
     log.info(
