@@ -1,5 +1,7 @@
 """Cost formulas against what the module really does."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -9,29 +11,11 @@ from tuneforge.models.decoder import Block
 from tuneforge.models.packed import PackedSequences
 from tuneforge.peft.lora import apply_lora
 
+DENSE = ModelArgs(vocab_size=10, dim=256, num_layers=1, num_heads=8, num_kv_heads=2, ffn_dim=704)
 SHAPES = {
-    "dense": ModelArgs(
-        vocab_size=10, dim=256, num_layers=1, num_heads=8, num_kv_heads=2, ffn_dim=704
-    ),
-    "qk_norm": ModelArgs(
-        vocab_size=10,
-        dim=256,
-        num_layers=1,
-        num_heads=8,
-        num_kv_heads=2,
-        ffn_dim=704,
-        head_dim=64,
-        qk_norm=True,
-    ),
-    "moe": ModelArgs(
-        vocab_size=10,
-        dim=256,
-        num_layers=1,
-        num_heads=8,
-        num_kv_heads=2,
-        ffn_dim=704,
-        moe=MoEArgs(8, 2, 128),
-    ),
+    "dense": DENSE,
+    "qk_norm": replace(DENSE, head_dim=64, qk_norm=True),
+    "moe": replace(DENSE, moe=MoEArgs(8, 2, 128)),
 }
 
 

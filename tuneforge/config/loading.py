@@ -4,7 +4,6 @@ Every problem found (syntax, unknown keys, types, ranges, missing files, cross-f
 collected and raised together as one `ConfigError`.
 """
 
-import difflib
 import glob
 import typing
 from pathlib import Path
@@ -16,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from tuneforge.config.errors import ConfigError, ConfigIssue
 from tuneforge.config.rules import check_rules
 from tuneforge.config.schema import RelativeToConfigFile, RunConfig, section_type
-from tuneforge.config.validation_messages import describe_validation_error
+from tuneforge.config.validation_messages import describe_validation_error, unknown_key_issue
 from tuneforge.config.yaml_source import (
     KeyPath,
     Location,
@@ -271,20 +270,6 @@ def validate(raw: dict, source_map: SourceMap, issues: list[ConfigIssue]) -> Run
     if issues or len(sections) != len(RunConfig.model_fields):
         return None
     return RunConfig(**sections)
-
-
-def unknown_key_issue(path: KeyPath, parent: type[BaseModel], source_map: SourceMap) -> ConfigIssue:
-    known = list(parent.model_fields)
-    close = difflib.get_close_matches(str(path[-1]), known, n=1)
-    fix = f"did you mean '{close[0]}'?" if close else f"valid keys here: {', '.join(known)}"
-    return ConfigIssue(dotted(path), "unknown key", fix, _location(path, source_map))
-
-
-def _location(path: KeyPath, source_map: SourceMap) -> str:
-    for end in range(len(path), 0, -1):
-        if path[:end] in source_map:
-            return str(source_map[path[:end]])
-    return ""
 
 
 def dump_config(config: RunConfig) -> str:

@@ -34,13 +34,9 @@ def describe_validation_error(
 ) -> ConfigIssue:
     """One pydantic error dict as a ConfigIssue with field path, location, message and fix."""
     kind = detail["type"]
-    location = _nearest_location(path, source_map)
+    location = nearest_location(path, source_map)
     if kind == "extra_forbidden":
-        parent = _model_at(section, path[1:-1])
-        known = list(parent.model_fields) if parent is not None else []
-        close = difflib.get_close_matches(str(path[-1]), known, n=1)
-        fix = f"did you mean '{close[0]}'?" if close else f"valid keys here: {', '.join(known)}"
-        return ConfigIssue(dotted(path), "unknown key", fix, location)
+        return unknown_key_issue(path, _model_at(section, path[1:-1]), source_map)
     help_text = _help_text(section, path[1:])
     context = f" ({help_text})" if help_text else ""
     got = "" if kind == "missing" else f" (got {detail.get('input')!r})"
@@ -95,7 +91,18 @@ def _help_text(model: type[BaseModel], path: KeyPath) -> str:
     return parent.model_fields[names[-1]].description or ""
 
 
-def _nearest_location(path: KeyPath, source_map: SourceMap) -> str:
+def unknown_key_issue(
+    path: KeyPath, parent: type[BaseModel] | None, source_map: SourceMap
+) -> ConfigIssue:
+    """An unknown key, with the closest known key of its section as the fix."""
+    known = list(parent.model_fields) if parent is not None else []
+    close = difflib.get_close_matches(str(path[-1]), known, n=1)
+    fix = f"did you mean '{close[0]}'?" if close else f"valid keys here: {', '.join(known)}"
+    return ConfigIssue(dotted(path), "unknown key", fix, nearest_location(path, source_map))
+
+
+def nearest_location(path: KeyPath, source_map: SourceMap) -> str:
+    """Where `path`, or the closest enclosing key that was set, comes from."""
     for end in range(len(path), 0, -1):
         if path[:end] in source_map:
             return str(source_map[path[:end]])

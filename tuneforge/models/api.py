@@ -42,9 +42,8 @@ def load_model(
     dtype_name = _dtype_name(dtype)
     path = Path(path_or_shape)
     if path.is_dir():
-        checkpoint_dtype = read_hf_config(path).get("dtype") or read_hf_config(path).get(
-            "torch_dtype"
-        )
+        hf_config = read_hf_config(path)
+        checkpoint_dtype = hf_config.get("dtype") or hf_config.get("torch_dtype")
         model = load_hf_model(path, dtype_name or _known(checkpoint_dtype), backend, num_layers)
         model.source_dir = path
     elif str(path_or_shape) in CATALOG:

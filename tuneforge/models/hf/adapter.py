@@ -75,9 +75,12 @@ class StateDictAdapter:
         """Our parameter name for a HF tensor name, and the expert index for stacked experts."""
         return _translate(hf_name, self.key_map)
 
+    @functools.cached_property
+    def _reverse_key_map(self) -> dict[str, str]:
+        return {ours: theirs for theirs, ours in self.key_map.items()}
+
     def to_hf(self, name: str, expert: int | None = None) -> str | None:
-        reverse = {ours: theirs for theirs, ours in self.key_map.items()}
-        for ours, theirs in reverse.items():
+        for ours, theirs in self._reverse_key_map.items():
             match = _pattern(ours).match(name)
             if match:
                 hf_name = theirs.replace("{i}", match.groupdict().get("i", ""))
