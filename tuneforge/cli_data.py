@@ -20,8 +20,7 @@ def _from_config(config_file: Path, overrides: list[str]):
     from tuneforge.train.build import load_tokenizer
 
     config = load_config(config_file, overrides)
-    sources = [(s.path, s.format, s.field_map) for s in config.data.train]
-    return config, load_tokenizer(config), sources
+    return config, load_tokenizer(config)
 
 
 @data_app.command("inspect")
@@ -45,21 +44,11 @@ def inspect(
 
     try:
         if config is not None:
-            run_config, tok, sources = _from_config(config, overrides or [])
-            data_section = run_config.data
-            report = inspect_data(
-                sources,
-                tok,
-                data_section.max_seq_len,
-                run_config.train.tokens_per_micro_batch,
-                data_section.on_too_long,
-                data_section.train_on,
-                data_section.on_bad_record,
-            )
+            run_config, tok = _from_config(config, overrides or [])
+            report = inspect_data(run_config.data, tok, run_config.train.tokens_per_micro_batch)
         elif data is not None:
-            report = inspect_data(
-                [(data, format, {})], _tokenizer(tokenizer), max_seq_len, tokens_per_micro_batch
-            )
+            section = _data_section(data, format, max_seq_len)
+            report = inspect_data(section, _tokenizer(tokenizer), tokens_per_micro_batch)
         else:
             raise TuneforgeError("give a configuration, or --data FILE --format NAME")
     except DataError as error:
@@ -78,8 +67,8 @@ def inspect(
     percentiles = "  ".join(f"{k} {v:,}" for k, v in report.length_percentiles.items())
     table.add_row("length", f"{percentiles}  max {report.max_length:,}")
     table.add_row(
-        f"truncated / dropped at {report.max_seq_len}",
-        f"{report.truncated:,} / {report.dropped_too_long:,}",
+        f"truncated / dropped / split at {report.max_seq_len}",
+        f"{report.truncated:,} / {report.dropped_too_long:,} / {report.split:,}",
     )
     table.add_row(
         f"packing efficiency at {report.tokens_per_micro_batch:,} tokens",
@@ -90,6 +79,23 @@ def inspect(
     console.print(table)
     for line in report.advice:
         console.print(f"• {line}", markup=False, highlight=False)
+
+
+def _data_section(data: Path, format_name: str, max_seq_len: int):
+    """The data section `inspect --data` stands for; bad values exit like a bad config."""
+    from pydantic import ValidationError
+
+    from tuneforge.config.schema import DataSection
+
+    try:
+        return DataSection.model_validate(
+            {"train": [{"path": data, "format": format_name}], "max_seq_len": max_seq_len}
+        )
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'][-1:])}: {e['msg']}" for e in error.errors()
+        )
+        raise TuneforgeError(f"--data/--format/--max-seq-len: {problems}") from None
 
 
 def _tokenizer(directory: Path | None):
@@ -109,16 +115,13 @@ def preview(
     num: Annotated[int, typer.Option("-n", help="How many records.")] = 3,
 ) -> None:
     """Rendered records with the tokens that carry loss highlighted (green, between ⟦ ⟧)."""
-    from tuneforge.data.reading import read_conversations
+    from tuneforge.data.reading import read_source
     from tuneforge.data.records import DataError
     from tuneforge.data.report import preview_segments
 
-    run_config, tok, sources = _from_config(config, overrides or [])
-    path, format_name, field_map = sources[0]
+    run_config, tok = _from_config(config, overrides or [])
     try:
-        conversations, _ = read_conversations(
-            path, format_name, field_map, run_config.data.on_bad_record
-        )
+        conversations, _ = read_source(run_config.data.train[0], run_config.data.on_bad_record)
     except DataError as error:
         raise TuneforgeError(str(error)) from None
     for conversation in conversations[:num]:

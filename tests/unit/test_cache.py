@@ -6,9 +6,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_TOKENIZER_DIR
-from tuneforge.data.cache import TokenStore, cached_examples
+from tuneforge.config.schema import DataSource
+from tuneforge.data.cache import cached_examples
 from tuneforge.data.dataset import build_examples
 from tuneforge.data.reading import read_conversations
+from tuneforge.data.token_store import TokenStore
 
 OPTIONS = {"max_seq_len": 64, "on_too_long": "drop", "train_on": "assistant"}
 
@@ -41,7 +43,8 @@ def load(data, tokenizer, cache, options=OPTIONS, calls=None, field_map=None):
             conversations, tokenizer, options["max_seq_len"], options["on_too_long"], "assistant"
         )
 
-    return cached_examples([(data, "openai", field_map or {})], tokenizer, options, cache, build)
+    source = DataSource(path=data, field_map=field_map or {})
+    return cached_examples([source], tokenizer, options, cache, build)
 
 
 def test_second_load_is_a_hit_with_identical_examples(setup):

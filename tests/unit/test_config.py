@@ -226,3 +226,16 @@ def test_every_field_has_help_text():
 
     missing = [path for path, _type, _default, help_text in field_rows() if not help_text.strip()]
     assert not missing
+
+
+def test_source_rules_point_at_the_source_line(data_dir):
+    write(data_dir / "data" / "meta.json", "{}")
+    text = MINIMAL.replace(
+        "    - path: data/train.jsonl",
+        "    - path: data/train.jsonl\n      metadata: data/meta.json",
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "run.yaml", text))
+    found = issues_of(raised.value)
+    assert "only applies to format mlperf" in found["data.train.0.metadata"]
+    assert "run.yaml:8" in found["data.train.0.metadata"]

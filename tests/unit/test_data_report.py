@@ -5,6 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_DATA_DIR, DEMO_TOKENIZER_DIR
+from tuneforge.config.schema import DataSection, DataSource
 from tuneforge.data.records import Conversation
 from tuneforge.data.report import inspect_data, padded_waste, preview_segments
 
@@ -21,9 +22,8 @@ def test_report_numbers_follow_from_the_tokenised_records(tmp_path, tokenizer):
     ]
     file = tmp_path / "d.jsonl"
     file.write_text("".join(json.dumps(r) + "\n" for r in records))
-    report = inspect_data(
-        [(file, "openai", {})], tokenizer, max_seq_len=256, tokens_per_micro_batch=512
-    )
+    data = DataSection(train=[DataSource(path=file)], max_seq_len=256)
+    report = inspect_data(data, tokenizer, tokens_per_micro_batch=512)
     texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in records]
     lengths = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
     assert report.records == len(records)
@@ -41,8 +41,9 @@ def test_report_numbers_follow_from_the_tokenised_records(tmp_path, tokenizer):
 
 
 def test_padding_waste_by_hand():
-    assert padded_waste([2, 4, 4, 4], 2) == pytest.approx(1 - 14 / 16)
-    assert padded_waste([5], 4) == 0.0
+    assert padded_waste([2, 4], 8) == pytest.approx(1 - 6 / 8)  # one batch of two rows of 4
+    assert padded_waste([1, 8], 8) == 0.0  # 2 x 8 exceeds the budget: one document each
+    assert padded_waste([3, 3, 3], 9) == 0.0
 
 
 def test_preview_marks_exactly_the_supervised_text(tokenizer):
@@ -57,5 +58,6 @@ def test_preview_marks_exactly_the_supervised_text(tokenizer):
 
 
 def test_demo_data_report(tokenizer):
-    report = inspect_data([(DEMO_DATA_DIR / "eval.jsonl", "openai", {})], tokenizer, 64, 1024)
+    data = DataSection(train=[DataSource(path=DEMO_DATA_DIR / "eval.jsonl")], max_seq_len=64)
+    report = inspect_data(data, tokenizer, 1024)
     assert report.records == report.kept == 300 and report.without_supervised_tokens == 0

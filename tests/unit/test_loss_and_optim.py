@@ -58,7 +58,7 @@ def test_weight_decay_skips_vectors():
     assert plain["weight_decay"] == 0.0 and all(p.ndim == 1 for p in plain["params"])
 
 
-def test_packed_loss_equals_the_loss_of_each_document_alone(tmp_path):
+def test_packed_and_padded_losses_equal_the_loss_of_each_document_alone(tmp_path):
     import tuneforge
     from tests.helpers import save_tiny_model
     from tuneforge.data.packing import collate, make_example
@@ -84,3 +84,11 @@ def test_packed_loss_equals_the_loss_of_each_document_alone(tmp_path):
             alone_count += int((labels != IGNORE_INDEX).sum())
     assert packed_count == alone_count
     torch.testing.assert_close(packed_sum, alone_sum, rtol=1e-5, atol=1e-5)
+    padded = collate(examples, padded=True)  # data.packing: none
+    assert padded.tokens.numel() == 4 * 30 and padded.num_padding == 4 * 30 - (9 + 30 + 2 + 17)
+    with torch.no_grad():
+        padded_sum, padded_count = chunked_cross_entropy(
+            model.hidden_states(padded.tokens, padded.packed), model.lm_head.weight, padded.labels
+        )
+    assert padded_count == alone_count
+    torch.testing.assert_close(padded_sum, alone_sum, rtol=1e-5, atol=1e-5)

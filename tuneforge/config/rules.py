@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tuneforge.config.errors import ConfigIssue
+from tuneforge.config.validation_messages import nearest_location
 from tuneforge.config.yaml_source import SourceMap
 
 Rule = Callable[..., list[tuple[str, str, str]]]
@@ -25,8 +26,10 @@ def check_rules(sections: dict[str, Any], source_map: SourceMap) -> list[ConfigI
     for needed, check in RULES:
         if all(name in sections for name in needed):
             for path, message, fix in check(*(sections[name] for name in needed)):
-                location = source_map.get(tuple(path.split(".")))
-                issues.append(ConfigIssue(path, message, fix, str(location) if location else ""))
+                key_path = tuple(int(p) if p.isdigit() else p for p in path.split("."))
+                issues.append(
+                    ConfigIssue(path, message, fix, nearest_location(key_path, source_map))
+                )
     return issues
 
 
@@ -81,6 +84,31 @@ def micro_batch_fits_a_sequence(train, data) -> list[tuple[str, str, str]]:
             )
         ]
     return []
+
+
+@rule("data")
+def source_formats(data) -> list[tuple[str, str, str]]:
+    problems = []
+    for group in ("train", "eval"):
+        for index, source in enumerate(getattr(data, group)):
+            where = f"data.{group}.{index}"
+            if source.metadata is not None and source.format != "mlperf":
+                problems.append(
+                    (
+                        f"{where}.metadata",
+                        f"packing metadata only applies to format mlperf, not {source.format}",
+                        "remove metadata, or set format: mlperf for a packed .npy",
+                    )
+                )
+            if source.format == "mlperf" and source.field_map:
+                problems.append(
+                    (
+                        f"{where}.field_map",
+                        "format mlperf has fixed fields (input_ids, loss_mask, seq_start_id)",
+                        "remove field_map",
+                    )
+                )
+    return problems
 
 
 @rule("train", "data", "eval")

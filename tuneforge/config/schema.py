@@ -62,15 +62,17 @@ class TokenizerSection(Section):
 
 class DataSource(Section):
     path: InputPath
-    """A `.jsonl`, `.json` (a list) or `.parquet` file, a directory of them, or a glob."""
-    format: Literal["openai", "messages", "alpaca", "squad", "sharegpt", "text", "preference"] = (
-        "openai"
-    )
-    """Record format: openai/messages, alpaca, squad, sharegpt, text (every token trained) or preference."""
+    """A `.jsonl`, `.json` (a list) or `.parquet` file, a directory or glob of them, a dataset saved with `datasets.save_to_disk`, or (format mlperf) a packed `.npy`."""
+    format: Literal[
+        "openai", "messages", "alpaca", "squad", "sharegpt", "text", "preference", "mlperf"
+    ] = "openai"
+    """Record format: openai/messages, alpaca, squad, sharegpt, text (every token trained), preference, or mlperf (pre-tokenised packs: input_ids, loss_mask, seq_start_id)."""
     weight: float = Field(1.0, gt=0)
     """Share of this source in the mix: 2 repeats each record twice per epoch, 0.5 keeps a seeded half."""
     field_map: dict[str, str] = {}
     """Rename fields: the format's field name -> the name in the file (e.g. {output: response})."""
+    metadata: InputPath | None = None
+    """Format mlperf: the packing metadata JSON written with the `.npy` (pack_size, max_samples_per_bin, ...); the data is checked against it."""
 
 
 class DataSection(Section):
@@ -83,13 +85,17 @@ class DataSection(Section):
     max_seq_len: int = Field(2048, ge=8)
     """Longest tokenised conversation kept; longer ones are handled by `on_too_long`."""
     on_too_long: Literal["truncate", "drop", "error"] = "drop"
-    """What to do with a conversation longer than max_seq_len."""
+    """What to do with a conversation longer than max_seq_len (unless data.split_long)."""
     cache_dir: Path | None = None
     """Where tokenised data is cached (default ~/.cache/tuneforge/tokenized); see data.cache."""
     cache: bool = True
     """Cache tokenised data, keyed by the contents of sources, tokenizer, template and options."""
-    packing: Literal["ffd", "bfd"] = "ffd"
-    """How documents are packed into micro-batches: first-fit or best-fit decreasing."""
+    packing: Literal["ffd", "bfd", "none"] = "ffd"
+    """How documents fill micro-batches: packed first-fit or best-fit decreasing, or `none` (padded to the longest, for comparison)."""
+    split_long: bool = False
+    """Cut documents longer than max_seq_len into max_seq_len pieces (each attends only within itself) instead of applying on_too_long."""
+    tokenize_workers: int | None = Field(None, ge=0)
+    """Processes that render and tokenise records; 0 tokenises in this process; unset: one per CPU (at most 8) for large datasets."""
     on_bad_record: Literal["error", "skip"] = "error"
     """A malformed record stops the run (`error`, listing file, line and reason) or is left out (`skip`, counted)."""
     train_on: Literal["assistant", "last_assistant", "all"] = "assistant"

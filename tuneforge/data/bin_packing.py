@@ -5,7 +5,12 @@ Both strategies sort by length (longest first, ties by index) and are determinis
   tree over the bins' free space (O(n log n));
 - best-fit decreasing: each document goes to the fullest bin with room, found with a Fenwick
   tree over free-space values (O(n log budget)).
+
+Without packing (`padded_groups`), documents are taken in a seeded random order and a micro-batch
+closes when one more document would make `documents x longest` exceed the budget.
 """
+
+import random
 
 
 def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
@@ -86,6 +91,22 @@ def _decreasing(lengths: list[int], budget: int) -> list[int]:
                 f"example {index} has {length} tokens, more than the budget of {budget}"
             )
     return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+
+
+def padded_groups(lengths: list[int], budget: int, seed: int) -> list[list[int]]:
+    order = _decreasing(lengths, budget)
+    random.Random(seed).shuffle(order)
+    groups: list[list[int]] = []
+    longest = 0
+    for index in order:
+        candidate = max(longest, lengths[index])
+        if groups and candidate * (len(groups[-1]) + 1) <= budget:
+            groups[-1].append(index)
+            longest = candidate
+        else:
+            groups.append([index])
+            longest = lengths[index]
+    return groups
 
 
 STRATEGIES = {"ffd": first_fit_decreasing, "bfd": best_fit_decreasing}

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tuneforge.config.schema import DataSource
 from tuneforge.data.dataset import DatasetStats
-from tuneforge.data.packing import IGNORE_INDEX, Example
 from tuneforge.data.records import expand_paths
 from tuneforge.data.splits import file_digest
+from tuneforge.data.token_store import TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -38,52 +39,17 @@ def default_cache_dir() -> Path:
     return Path(base) / "tuneforge" / "tokenized"
 
 
-class TokenStore:
-    """Examples backed by flat arrays: `input_ids`, `loss_mask` and document `offsets`."""
-
-    def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
-        self.input_ids = input_ids
-        self.loss_mask = loss_mask
-        self.offsets = offsets
-        self.lengths = np.diff(offsets).tolist()
-
-    @classmethod
-    def from_examples(cls, examples: list[Example]) -> "TokenStore":
-        offsets = np.zeros(len(examples) + 1, dtype=np.int64)
-        offsets[1:] = np.cumsum([len(example.input_ids) for example in examples])
-        input_ids = np.fromiter(
-            (t for ex in examples for t in ex.input_ids), dtype=np.int32, count=int(offsets[-1])
-        )
-        # a token is a target when the label of the token before it is not IGNORE_INDEX
-        mask = np.zeros(int(offsets[-1]), dtype=np.bool_)
-        for index, example in enumerate(examples):
-            start = int(offsets[index])
-            labels = np.asarray(example.labels[:-1])
-            mask[start + 1 : start + len(example.input_ids)] = labels != IGNORE_INDEX
-        return cls(input_ids, mask, offsets)
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, index: int) -> Example:
-        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
-        ids = self.input_ids[start:end].tolist()
-        mask = self.loss_mask[start:end].tolist()
-        return Example(
-            ids,
-            [ids[t + 1] if mask[t + 1] else IGNORE_INDEX for t in range(len(ids) - 1)]
-            + [IGNORE_INDEX],
-        )
-
-
-def cache_key(sources: list[tuple], tokenizer, options: dict) -> str:
+def cache_key(sources: list[DataSource], tokenizer, options: dict) -> str:
     """Hash of source contents, format options, tokenizer files and template, and `options`."""
     digest = hashlib.sha256(f"tuneforge-tokenized-v{CACHE_VERSION}".encode())
-    for path, format_name, field_map in sources:
-        for file in expand_paths(Path(path)):
+    for source in sources:
+        for file in expand_paths(Path(source.path)):
             digest.update(
-                f"{file.name}:{file_digest(file)}:{format_name}:{sorted(field_map.items())}".encode()
+                f"{file.name}:{file_digest(file)}:{source.format}:"
+                f"{sorted(source.field_map.items())}".encode()
             )
+        if source.metadata is not None:
+            digest.update(f"metadata:{file_digest(source.metadata)}".encode())
     tokenizer_dir = Path(getattr(tokenizer, "name_or_path", "") or ".")
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
@@ -125,7 +91,7 @@ def save_cached(directory: Path, store: TokenStore, stats: DatasetStats) -> None
 
 
 def cached_examples(
-    sources: list[tuple], tokenizer, options: dict, cache_dir: Path | None, build
+    sources: list[DataSource], tokenizer, options: dict, cache_dir: Path | None, build
 ) -> tuple[TokenStore, DatasetStats]:
     """The tokenised examples of `sources` from the cache, or from `build()` (then cached).
     `build` returns `(examples, stats)`; with `cache_dir=None` nothing is cached."""

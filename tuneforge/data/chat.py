@@ -54,6 +54,19 @@ def tokenize_text(tokenizer, text: str) -> TokenizedConversation:
     return TokenizedConversation(input_ids, [True] * len(input_ids))
 
 
+def pretokenized(tokenizer, conversation: Conversation) -> TokenizedConversation:
+    """A document that came tokenised, checked against the tokenizer's vocabulary."""
+    assert conversation.pretokenized is not None
+    ids, mask = conversation.pretokenized
+    if len(ids) and (int(ids.max()) >= len(tokenizer) or int(ids.min()) < 0):
+        bad = int(ids.max()) if int(ids.max()) >= len(tokenizer) else int(ids.min())
+        raise DataError(
+            f"{conversation.origin}: token id {bad} is outside the tokenizer's vocabulary "
+            f"(0..{len(tokenizer) - 1}): the data was tokenised with another tokenizer"
+        )
+    return TokenizedConversation(ids.tolist(), mask.astype(bool).tolist())
+
+
 def tokenize_conversation(
     tokenizer, conversation: Conversation, train_on: str
 ) -> TokenizedConversation:
@@ -69,7 +82,9 @@ def tokenize_conversations(
     for start in range(0, len(conversations), batch_size):
         chunk = conversations[start : start + batch_size]
         rendered = [
-            None if c.text is not None else render_spans(tokenizer, c.messages, c.origin)
+            render_spans(tokenizer, c.messages, c.origin)
+            if c.text is None and c.pretokenized is None
+            else None
             for c in chunk
         ]
         texts = [render[0] for render in rendered if render is not None]
@@ -80,6 +95,9 @@ def tokenize_conversations(
         )
         position = 0
         for conversation, render in zip(chunk, rendered, strict=True):
+            if conversation.pretokenized is not None:
+                yield pretokenized(tokenizer, conversation)
+                continue
             if render is None:
                 assert conversation.text is not None
                 yield tokenize_text(tokenizer, conversation.text)

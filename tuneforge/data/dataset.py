@@ -3,9 +3,9 @@
 import logging
 from dataclasses import dataclass, field
 
-from tuneforge.data.chat import tokenize_conversations
-from tuneforge.data.packing import Example, make_example
+from tuneforge.data.parallel import tokenize_all, worker_count
 from tuneforge.data.records import Conversation, DataError
+from tuneforge.data.token_store import IGNORE_INDEX, Example, make_example
 
 log = logging.getLogger(__name__)
 
@@ -15,6 +15,8 @@ class DatasetStats:
     num_records: int = 0
     num_dropped_too_long: int = 0
     num_truncated: int = 0
+    num_split: int = 0
+    """Records longer than max_seq_len cut into pieces (data.split_long)."""
     num_without_targets: int = 0
     num_tokens: int = 0
     num_loss_tokens: int = 0
@@ -23,16 +25,55 @@ class DatasetStats:
     """Tokenised length of every record before truncation or dropping."""
 
 
+def split_example(example: Example, piece_length: int) -> list[Example]:
+    """Consecutive pieces of at most `piece_length` tokens. Each keeps its labels, so the last
+    token of a piece still predicts the first token of the next one."""
+    return [
+        Example(
+            example.input_ids[start : start + piece_length],
+            example.labels[start : start + piece_length],
+        )
+        for start in range(0, len(example.input_ids), piece_length)
+    ]
+
+
 def build_examples(
-    conversations: list[Conversation], tokenizer, max_seq_len: int, on_too_long: str, train_on: str
+    conversations: list[Conversation],
+    tokenizer,
+    max_seq_len: int,
+    on_too_long: str,
+    train_on: str,
+    *,
+    split_long: bool = False,
+    workers: int | None = 0,
 ) -> tuple[list[Example], DatasetStats]:
+    """Tokenise (on `workers` processes, see `parallel.worker_count`), apply the length policy
+    and drop records without supervised tokens, counting each."""
     stats = DatasetStats()
     examples: list[Example] = []
-    tokenized_all = tokenize_conversations(tokenizer, conversations, train_on)
+    tokenized_all = tokenize_all(
+        tokenizer, conversations, train_on, worker_count(workers, len(conversations))
+    )
     for conversation, tokenized in zip(conversations, tokenized_all, strict=True):
         stats.num_records += 1
         ids, mask = tokenized.input_ids, tokenized.loss_mask
         stats.raw_lengths.append(len(ids))
+        if len(ids) > max_seq_len and split_long:
+            pieces = [
+                piece
+                for piece in split_example(make_example(ids, mask), max_seq_len)
+                if any(label != IGNORE_INDEX for label in piece.labels)
+            ]
+            stats.num_split += 1
+            if not pieces:
+                stats.num_without_targets += 1
+                continue
+            stats.num_tokens += sum(len(piece.input_ids) for piece in pieces)
+            stats.num_loss_tokens += sum(
+                label != IGNORE_INDEX for piece in pieces for label in piece.labels
+            )
+            examples += pieces
+            continue
         if len(ids) > max_seq_len:
             if on_too_long == "error":
                 raise DataError(

@@ -1,42 +1,43 @@
-"""Pack tokenised documents into flat micro-batches of at most `budget` tokens.
+"""Micro-batches of tokenised documents: packed into a flat stream of at most `budget` tokens, or
+padded to the longest document (`strategy="none"`, what training without packing looks like).
 
-Labels are shifted inside each document before packing, so no target ever crosses a boundary.
+Labels are shifted inside each document before batching, so no target ever crosses a boundary.
 """
 
 import random
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from tuneforge.data.bin_packing import STRATEGIES
+from tuneforge.data.bin_packing import STRATEGIES, padded_groups
+from tuneforge.data.token_store import IGNORE_INDEX, Example, TokenStore, make_example
 from tuneforge.models.packed import PackedSequences
 
-IGNORE_INDEX = -100
+__all__ = ["IGNORE_INDEX", "Example", "PackedBatch", "PackedLoader", "collate", "make_example"]
 
-
-@dataclass(frozen=True)
-class Example:
-    input_ids: list[int]
-    labels: list[int]
-    """Next-token targets, IGNORE_INDEX where no loss is taken (always at the last token)."""
-
-
-def make_example(input_ids: list[int], loss_mask: list[bool]) -> Example:
-    labels = [
-        input_ids[t + 1] if loss_mask[t + 1] else IGNORE_INDEX for t in range(len(input_ids) - 1)
-    ]
-    return Example(input_ids, [*labels, IGNORE_INDEX])
+PAD_TOKEN = 0
+"""Padding positions hold this id; they come after the real tokens of their row, so causal
+attention never lets a real token see them, and they carry no loss."""
 
 
 @dataclass
 class PackedBatch:
     tokens: torch.Tensor
-    """int64 [T]: the documents one after another."""
+    """int64 [T]: the documents (or padded rows) one after another."""
     labels: torch.Tensor
     """int64 [T]: next-token targets or IGNORE_INDEX."""
     packed: PackedSequences
     num_loss_tokens: int
+    num_padding: int = 0
+    """Padding tokens in `tokens` (0 when packed)."""
+
+    @property
+    def num_real_tokens(self) -> int:
+        return self.tokens.numel() - self.num_padding
 
     def to(self, device: torch.device | str) -> "PackedBatch":
         return PackedBatch(
@@ -44,40 +45,72 @@ class PackedBatch:
             self.labels.to(device),
             self.packed.to(device),
             self.num_loss_tokens,
+            self.num_padding,
         )
 
 
-def collate(examples: list[Example]) -> PackedBatch:
-    tokens = torch.tensor([t for ex in examples for t in ex.input_ids], dtype=torch.long)
-    labels = torch.tensor([t for ex in examples for t in ex.labels], dtype=torch.long)
-    packed = PackedSequences.from_lengths([len(ex.input_ids) for ex in examples])
-    return PackedBatch(tokens, labels, packed, int((labels != IGNORE_INDEX).sum()))
+def collate(examples: "Sequence[Example] | TokenStore", padded: bool = False) -> PackedBatch:
+    store = TokenStore.from_examples(examples)
+    return collate_from(store, list(range(len(store))), padded)
+
+
+def collate_from(store: TokenStore, indexes: list[int], padded: bool = False) -> PackedBatch:
+    """One micro-batch of the documents `indexes`: packed, or each padded to the longest."""
+    ids, labels = store.arrays(indexes)
+    lengths = [store.lengths[i] for i in indexes]
+    num_padding = 0
+    if padded:
+        width = max(lengths)
+        rows_ids = np.full((len(lengths), width), PAD_TOKEN, dtype=np.int64)
+        rows_labels = np.full((len(lengths), width), IGNORE_INDEX, dtype=np.int64)
+        start = 0
+        for row, length in enumerate(lengths):
+            rows_ids[row, :length] = ids[start : start + length]
+            rows_labels[row, :length] = labels[start : start + length]
+            start += length
+        ids, labels = rows_ids.reshape(-1), rows_labels.reshape(-1)
+        num_padding = width * len(lengths) - sum(lengths)
+        lengths = [width] * len(lengths)
+    tokens, targets = torch.from_numpy(ids), torch.from_numpy(labels)
+    num_loss_tokens = int((targets != IGNORE_INDEX).sum())
+    return PackedBatch(
+        tokens, targets, PackedSequences.from_lengths(lengths), num_loss_tokens, num_padding
+    )
 
 
 class PackedLoader:
-    """Endless micro-batches: the packed bins, reshuffled every epoch with a seeded generator.
+    """Endless micro-batches: the bins, reshuffled every epoch with a seeded generator.
 
-    With several data-parallel ranks each takes every `world_size`-th bin of the epoch's order,
-    so ranks never share a bin; the last `len(bins) % world_size` bins of an epoch's order are
-    left out of that epoch so that every rank runs the same number of steps. The state (epoch,
-    position) resumes the exact sequence.
+    Bins are made once: packed (`ffd`, `bfd`) or, with `none`, documents in a seeded order taken
+    while the padded batch fits the budget. With several data-parallel ranks each takes every
+    `world_size`-th bin of the epoch's order, so ranks never share a bin; the last
+    `len(bins) % world_size` bins of an epoch's order are left out of that epoch so that every rank
+    runs the same number of steps. The next `prefetch` micro-batches are built in a background
+    thread; the state (epoch, position, seed) counts the micro-batches handed out, so it resumes
+    the exact sequence.
     """
 
     def __init__(
         self,
-        examples: "Sequence[Example]",
+        examples: "Sequence[Example] | TokenStore",
         budget: int,
         seed: int,
         strategy: str = "ffd",
         rank: int = 0,
         world_size: int = 1,
+        prefetch: int = 2,
     ) -> None:
-        self.examples = examples
-        lengths = getattr(examples, "lengths", None) or [len(ex.input_ids) for ex in examples]
-        self.bins = STRATEGIES[strategy](lengths, budget)
+        self.store = TokenStore.from_examples(examples)
+        lengths = self.store.lengths
+        self.padded = strategy == "none"
+        if self.padded:
+            self.bins = padded_groups(lengths, budget, seed)
+        else:
+            self.bins = STRATEGIES[strategy](lengths, budget)
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.prefetch = prefetch
         self.epoch = 0
         self.position = 0
         if len(self.bins) < world_size:
@@ -92,15 +125,35 @@ class PackedLoader:
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order[self.rank : len(self) * self.world_size : self.world_size]
 
-    def __iter__(self) -> Iterator[PackedBatch]:
+    def _schedule(self) -> Iterator[tuple[int, int, int]]:
+        """(epoch, position after it, bin) from the current state on."""
+        epoch, position = self.epoch, self.position
         while True:
-            order = self.epoch_order(self.epoch)
-            while self.position < len(order):
-                bin_indexes = self.bins[order[self.position]]
-                self.position += 1
-                yield collate([self.examples[i] for i in bin_indexes])
-            self.epoch += 1
-            self.position = 0
+            order = self.epoch_order(epoch)
+            for index in range(position, len(order)):
+                yield epoch, index + 1, order[index]
+            epoch, position = epoch + 1, 0
+
+    def batch(self, bin_index: int) -> PackedBatch:
+        return collate_from(self.store, self.bins[bin_index], self.padded)
+
+    def __iter__(self) -> Iterator[PackedBatch]:
+        schedule = self._schedule()
+        with ThreadPoolExecutor(1, thread_name_prefix="tuneforge-prefetch") as pool:
+            pending: deque[tuple[int, int, Future[PackedBatch]]] = deque()
+
+            def submit() -> None:
+                epoch, position, bin_index = next(schedule)
+                pending.append((epoch, position, pool.submit(self.batch, bin_index)))
+
+            for _ in range(max(1, self.prefetch)):
+                submit()
+            while True:
+                epoch, position, future = pending.popleft()
+                submit()
+                batch = future.result()
+                self.epoch, self.position = epoch, position
+                yield batch
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
@@ -114,4 +167,4 @@ class PackedLoader:
 
     def fixed_batches(self) -> list[PackedBatch]:
         """Every bin once, in packing order (for evaluation)."""
-        return [collate([self.examples[i] for i in bin_indexes]) for bin_indexes in self.bins]
+        return [self.batch(index) for index in range(len(self.bins))]

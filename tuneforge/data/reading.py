@@ -4,7 +4,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuneforge.config.schema import DataSource
 from tuneforge.data.formats import to_conversation
+from tuneforge.data.packed_npy import iter_packed_documents
 from tuneforge.data.records import (
     Conversation,
     DataError,
@@ -33,6 +35,7 @@ def read_conversations(
     format_name: str,
     field_map: dict[str, str] | None = None,
     on_bad_record: str = "error",
+    metadata: Path | None = None,
 ) -> tuple[list[Conversation], BadRecords]:
     """Every record of `path` (a file, directory or glob) as a Conversation. With
     `on_bad_record="error"` one error lists every bad record (the first ten shown); with `"skip"`
@@ -40,6 +43,13 @@ def read_conversations(
     conversations: list[Conversation] = []
     bad = BadRecords()
     for file in expand_paths(path):
+        if format_name == "mlperf":
+            for documents, origin in iter_packed_documents(file, metadata):
+                if isinstance(documents, RecordError):
+                    bad.add(origin, str(documents))
+                else:
+                    conversations.extend(documents)
+            continue
         for record, origin in iter_raw_records(file):
             try:
                 conversations.append(to_conversation(record, format_name, field_map or {}, origin))
@@ -63,3 +73,9 @@ def read_conversations(
     if not conversations:
         raise DataError(f"{path} holds no usable records")
     return conversations, bad
+
+
+def read_source(source: DataSource, on_bad_record: str) -> tuple[list[Conversation], BadRecords]:
+    return read_conversations(
+        source.path, source.format, source.field_map, on_bad_record, source.metadata
+    )

@@ -1,4 +1,5 @@
-"""Read records from local files: `.jsonl`, `.json` (a list), `.parquet`, a directory or a glob.
+"""Read records from local files: `.jsonl`, `.json` (a list), `.parquet`, a dataset saved with
+`datasets.save_to_disk`, a directory or a glob of them.
 
 Every problem names the file and line (or row) and the reason.
 """
@@ -9,7 +10,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-SUFFIXES = (".jsonl", ".json", ".parquet")
+import numpy as np
+
+SUFFIXES = (".jsonl", ".json", ".parquet", ".npy")
 
 
 class DataError(ValueError):
@@ -30,14 +33,38 @@ class Conversation:
     text: str | None = None
     rejected: str | None = None
     """For preference records: the rejected reply (`messages` ends with the chosen one)."""
+    pretokenized: "tuple[np.ndarray, np.ndarray] | None" = None
+    """(token ids, loss mask) of a document that comes tokenised (format mlperf)."""
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """A directory written by `datasets.Dataset.save_to_disk`."""
+    return (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
 
 
 def expand_paths(path: Path) -> list[Path]:
-    """The data files a source names: itself, the data files of a directory, or a glob's matches."""
+    """The data files a source names: itself, the data files of a directory, or a glob's matches.
+    A dataset saved with `save_to_disk` counts as one file."""
+    if path.is_dir() and (path / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in path.iterdir() if is_saved_dataset(p))
+        raise DataError(
+            f"{path} holds a DatasetDict with splits {', '.join(splits) or '(none)'}: "
+            f"point the path at one split, e.g. {path / ('train' if 'train' in splits or not splits else splits[0])}"
+        )
+    if path.is_dir() and is_saved_dataset(path):
+        return [path]
     if any(char in str(path) for char in "*?["):
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
     elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+        saved = {p.parent for p in path.rglob("state.json") if is_saved_dataset(p.parent)}
+        files = sorted(
+            [
+                p
+                for p in path.rglob("*")
+                if p.suffix in SUFFIXES and p.is_file() and not saved.intersection(p.parents)
+            ]
+            + list(saved)
+        )
     else:
         files = [path]
     if not files:
@@ -47,8 +74,15 @@ def expand_paths(path: Path) -> list[Path]:
 
 def iter_raw_records(file: Path) -> Iterator[tuple[object, str]]:
     """(record, origin) pairs of one file; malformed lines raise `RecordError` via the origin."""
+    if file.is_dir() and is_saved_dataset(file):
+        yield from _saved_dataset_records(file)
+        return
     if not file.is_file():
         raise DataError(f"{file}: no such file")
+    if file.suffix == ".npy":
+        raise DataError(
+            f"{file}: a .npy holds pre-tokenised packs: set the source's format: mlperf"
+        )
     if file.suffix == ".parquet":
         yield from _parquet_records(file)
         return
@@ -108,3 +142,19 @@ def _parquet_records(file: Path) -> Iterator[tuple[object, str]]:
         raise DataError(f"{file}: not a readable parquet file ({error})") from None
     for index, record in enumerate(table.to_pylist()):
         yield record, f"{file} row {index}"
+
+
+def _saved_dataset_records(directory: Path) -> Iterator[tuple[object, str]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"{directory}: reading a dataset saved with save_to_disk needs the datasets package "
+            "(pip install datasets)"
+        ) from None
+    try:
+        dataset = datasets.load_from_disk(str(directory))
+    except Exception as error:  # datasets raises several types for damaged directories
+        raise DataError(f"{directory}: not a readable saved dataset ({error})") from None
+    for index, record in enumerate(dataset):
+        yield record, f"{directory} row {index}"

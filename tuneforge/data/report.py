@@ -5,9 +5,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tuneforge.data.bin_packing import first_fit_decreasing
+from tuneforge.config.schema import DataSection
+from tuneforge.data.bin_packing import first_fit_decreasing, padded_groups
 from tuneforge.data.dataset import DatasetStats
-from tuneforge.data.packing import Example
+from tuneforge.data.token_store import Example
 
 PERCENTILES = (50, 90, 99)
 LENGTH_ROUNDING = 64
@@ -24,6 +25,8 @@ class DataReport:
     without_supervised_tokens: int
     truncated: int
     dropped_too_long: int
+    split: int
+    """Records longer than max_seq_len cut into pieces (data.split_long)."""
     length_percentiles: dict[str, int]
     max_length: int
     max_seq_len: int
@@ -39,12 +42,11 @@ class DataReport:
         return asdict(self)
 
 
-def padded_waste(lengths: list[int], sequences_per_batch: int) -> float:
-    """Padding share when consecutive sequences form micro-batches padded to their longest."""
-    padded = 0
-    for start in range(0, len(lengths), sequences_per_batch):
-        group = lengths[start : start + sequences_per_batch]
-        padded += max(group) * len(group)
+def padded_waste(lengths: list[int], budget: int, seed: int = 0) -> float:
+    """Padding share of the micro-batches `data.packing: none` makes: documents in a seeded order,
+    each micro-batch padded to its longest."""
+    groups = padded_groups(lengths, budget, seed)
+    padded = sum(max(lengths[i] for i in group) * len(group) for group in groups)
     return 1.0 - sum(lengths) / padded if padded else 0.0
 
 
@@ -60,7 +62,7 @@ def build_report(
     percentiles = {f"p{p}": int(np.percentile(raw, p)) for p in PERCENTILES}
     bins = first_fit_decreasing(lengths, tokens_per_micro_batch)
     efficiency = sum(lengths) / (len(bins) * tokens_per_micro_batch)
-    waste = padded_waste(lengths, max(1, tokens_per_micro_batch // max_seq_len))
+    waste = padded_waste(lengths, tokens_per_micro_batch)
     suggested = max(
         LENGTH_ROUNDING, math.ceil(percentiles["p99"] / LENGTH_ROUNDING) * LENGTH_ROUNDING
     )
@@ -94,6 +96,7 @@ def build_report(
         without_supervised_tokens=stats.num_without_targets,
         truncated=stats.num_truncated,
         dropped_too_long=stats.num_dropped_too_long,
+        split=stats.num_split,
         length_percentiles=percentiles,
         max_length=int(raw.max()),
         max_seq_len=max_seq_len,
@@ -105,26 +108,26 @@ def build_report(
     )
 
 
-def inspect_data(
-    sources: list[tuple],
-    tokenizer,
-    max_seq_len: int,
-    tokens_per_micro_batch: int,
-    on_too_long: str = "drop",
-    train_on: str = "assistant",
-    on_bad_record: str = "error",
-) -> DataReport:
-    """Read, validate and tokenise `(path, format, field_map)` sources and report on them."""
+def inspect_data(data: DataSection, tokenizer, tokens_per_micro_batch: int) -> DataReport:
+    """Read, validate and tokenise the training sources of `data` and report on them."""
     from tuneforge.data.dataset import build_examples
-    from tuneforge.data.reading import read_conversations
+    from tuneforge.data.reading import read_source
 
     conversations, bad = [], 0
-    for path, format_name, field_map in sources:
-        found, skipped = read_conversations(path, format_name, field_map, on_bad_record)
+    for source in data.train:
+        found, skipped = read_source(source, data.on_bad_record)
         conversations += found
         bad += skipped.count
-    examples, stats = build_examples(conversations, tokenizer, max_seq_len, on_too_long, train_on)
-    return build_report(examples, stats, max_seq_len, tokens_per_micro_batch, bad)
+    examples, stats = build_examples(
+        conversations,
+        tokenizer,
+        data.max_seq_len,
+        data.on_too_long,
+        data.train_on,
+        split_long=data.split_long,
+        workers=data.tokenize_workers,
+    )
+    return build_report(examples, stats, data.max_seq_len, tokens_per_micro_batch, bad)
 
 
 def preview_segments(tokenizer, conversation, train_on: str) -> list[tuple[str, bool]]:

@@ -19,7 +19,13 @@ def split_off(conversations: list[Conversation], fraction: float, seed: int) -> 
 
 
 def file_digest(file: Path) -> str:
+    """SHA-256 of a file's contents; of a directory (a saved dataset), of its files' names and
+    contents."""
     digest = hashlib.sha256()
+    if file.is_dir():
+        for member in sorted(p for p in file.rglob("*") if p.is_file()):
+            digest.update(f"{member.relative_to(file)}:{file_digest(member)}".encode())
+        return digest.hexdigest()
     with file.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)

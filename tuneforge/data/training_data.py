@@ -9,7 +9,7 @@ from tuneforge.config.schema import DataSection, DataSource
 from tuneforge.data.cache import cached_examples, default_cache_dir
 from tuneforge.data.dataset import DatasetStats, build_examples
 from tuneforge.data.packing import PackedBatch, PackedLoader
-from tuneforge.data.reading import read_conversations
+from tuneforge.data.reading import read_source
 from tuneforge.data.records import Conversation
 from tuneforge.data.splits import check_disjoint_files, split_off
 
@@ -26,7 +26,7 @@ class TrainingData:
 
 def read_sources(sources: list[DataSource], on_bad_record: str) -> list[list[Conversation]]:
     """The records of each source, in order."""
-    return [read_conversations(s.path, s.format, s.field_map, on_bad_record)[0] for s in sources]
+    return [read_source(source, on_bad_record)[0] for source in sources]
 
 
 def apply_weight(conversations: list[Conversation], weight: float, seed: int) -> list[Conversation]:
@@ -69,11 +69,18 @@ def load_training_data(
 
     def tokenise(conversations: list[Conversation]):
         return build_examples(
-            conversations, tokenizer, data.max_seq_len, data.on_too_long, data.train_on
+            conversations,
+            tokenizer,
+            data.max_seq_len,
+            data.on_too_long,
+            data.train_on,
+            split_long=data.split_long,
+            workers=data.tokenize_workers,
         )
 
     options = {
         "max_seq_len": data.max_seq_len,
+        "split_long": data.split_long,
         "on_too_long": data.on_too_long,
         "train_on": data.train_on,
         "on_bad_record": data.on_bad_record,
@@ -83,7 +90,7 @@ def load_training_data(
         "seed": seed if data.eval_fraction or any(s.weight % 1 for s in data.train) else None,
     }
     examples, stats = cached_examples(
-        [(s.path, s.format, s.field_map) for s in data.train],
+        data.train,
         tokenizer,
         options,
         (data.cache_dir or default_cache_dir()) if data.cache else None,
@@ -96,7 +103,9 @@ def load_training_data(
             c for found in read_sources(data.eval, data.on_bad_record) for c in found
         ]
         eval_examples, _ = tokenise(result.eval_conversations)
-        result.eval_batches = PackedLoader(eval_examples, tokens_per_micro_batch, 0).fixed_batches()
+        result.eval_batches = PackedLoader(
+            eval_examples, tokens_per_micro_batch, 0, data.packing
+        ).fixed_batches()
     log.info(
         "train data: %d records, %d tokens (%d carry loss), %d micro-batches per epoch",
         stats.num_records,

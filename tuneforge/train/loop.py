@@ -220,7 +220,7 @@ class Trainer:
                 summary.skipped_steps += 1
                 log.warning("step %d: non-finite loss or gradient norm; update skipped", step + 1)
             self.optimizer.zero_grad(set_to_none=True)
-            num_tokens = sum(batch.tokens.numel() for batch in micro_batches)
+            num_tokens = sum(batch.num_real_tokens for batch in micro_batches)
             elapsed = time.perf_counter() - step_start
             record = {
                 "step": step + 1,

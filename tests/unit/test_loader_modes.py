@@ -1,0 +1,124 @@
+"""Padded (unpacked) micro-batches, documents split at max_seq_len, prefetching, and
+tokenisation on worker processes."""
+
+import json
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from tuneforge.assets import DEMO_DATA_DIR, DEMO_TOKENIZER_DIR
+from tuneforge.data.bin_packing import padded_groups
+from tuneforge.data.chat import tokenize_conversations
+from tuneforge.data.dataset import build_examples
+from tuneforge.data.packing import IGNORE_INDEX, PAD_TOKEN, PackedLoader, make_example
+from tuneforge.data.parallel import tokenize_all
+from tuneforge.data.reading import read_conversations
+from tuneforge.data.records import Conversation
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(DEMO_TOKENIZER_DIR)
+
+
+def examples_of_lengths(lengths):
+    return [make_example(list(range(1, n + 1)), [True] * n) for n in lengths]
+
+
+def test_padded_groups_hold_every_document_once_within_the_budget():
+    lengths = np.random.default_rng(0).integers(1, 60, 400).tolist()
+    groups = padded_groups(lengths, 128, seed=3)
+    assert sorted(i for g in groups for i in g) == list(range(400))
+    assert all(max(lengths[i] for i in g) * len(g) <= 128 for g in groups)
+    assert groups == padded_groups(lengths, 128, seed=3) != padded_groups(lengths, 128, seed=4)
+
+
+def test_padded_batches_pad_each_row_to_the_longest_without_loss_on_padding():
+    examples = examples_of_lengths([3, 7, 5, 2, 6, 4])
+    loader = PackedLoader(examples, 24, seed=0, strategy="none")
+    seen = []
+    for index in range(len(loader.bins)):
+        batch = loader.batch(index)
+        documents = [examples[i] for i in loader.bins[index]]
+        width = max(len(ex.input_ids) for ex in documents)
+        rows = batch.tokens.view(len(documents), width)
+        labels = batch.labels.view(len(documents), width)
+        for row, row_labels, example in zip(rows, labels, documents, strict=True):
+            n = len(example.input_ids)
+            assert row[:n].tolist() == example.input_ids and (row[n:] == PAD_TOKEN).all()
+            assert row_labels[:n].tolist() == example.labels and (row_labels[n:] == -100).all()
+        assert batch.num_padding == width * len(documents) - sum(
+            len(ex.input_ids) for ex in documents
+        )
+        assert batch.packed.cu_seqlens.tolist() == list(range(0, width * len(documents) + 1, width))
+        seen += loader.bins[index]
+    assert sorted(seen) == list(range(len(examples)))
+
+
+def test_the_loader_state_counts_batches_handed_out_not_prefetched():
+    examples = examples_of_lengths([(7 * i) % 31 + 2 for i in range(120)])
+    stream = iter(PackedLoader(examples, 40, 5))
+    reference = [next(stream).tokens.tolist() for _ in range(80)]
+    loader = PackedLoader(examples, 40, 5, prefetch=6)
+    stream = iter(loader)
+    taken = [next(stream).tokens.tolist() for _ in range(len(loader) + 2)]
+    assert loader.state_dict() == {"epoch": 1, "position": 2, "seed": 5}
+    resumed = PackedLoader(examples, 40, 5, prefetch=1)
+    resumed.load_state_dict(loader.state_dict())
+    stream = iter(resumed)
+    taken += [next(stream).tokens.tolist() for _ in range(80 - len(taken))]
+    assert taken == reference
+
+
+def test_split_long_cuts_documents_into_pieces_that_keep_every_target(tokenizer):
+    text = Conversation([], "t:1", text=" ".join(f"w{i}" for i in range(200)))
+    (whole,) = tokenize_conversations(tokenizer, [text], "all")
+    examples, stats = build_examples([text], tokenizer, 32, "drop", "all", split_long=True)
+    assert stats.num_split == 1 and stats.num_dropped_too_long == 0
+    assert all(len(ex.input_ids) <= 32 for ex in examples) and len(examples) > 1
+    assert [t for ex in examples for t in ex.input_ids] == whole.input_ids
+    # the last token of each piece still predicts the next piece's first token
+    reference = make_example(whole.input_ids, whole.loss_mask)
+    assert [label for ex in examples for label in ex.labels] == reference.labels
+    assert examples[0].labels[-1] == whole.input_ids[32] != IGNORE_INDEX
+    assert stats.num_loss_tokens == len(whole.input_ids) - 1
+
+
+def test_split_long_is_off_by_default(tokenizer):
+    text = Conversation([], "t:1", text=" ".join(f"w{i}" for i in range(200)))
+    short = Conversation([], "t:2", text="w1 w2")
+    examples, stats = build_examples([text, short], tokenizer, 32, "drop", "all")
+    assert stats.num_dropped_too_long == 1 and len(examples) == 1
+
+
+def test_worker_processes_tokenise_exactly_like_this_process(tmp_path, tokenizer):
+    lines = (DEMO_DATA_DIR / "train.jsonl").read_text().splitlines()[:4500]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    conversations, _ = read_conversations(tmp_path / "d.jsonl", "openai")
+    tokenizer.chat_template = tokenizer.chat_template.replace("<|im_start|>", "<|im_start|> ")
+    here = list(tokenize_all(tokenizer, conversations, "last_assistant", workers=0))
+    spread = list(tokenize_all(tokenizer, conversations, "last_assistant", workers=2))
+    assert len(spread) == len(conversations) == 4500
+    assert [r.input_ids for r in spread] == [r.input_ids for r in here]
+    assert [r.loss_mask for r in spread] == [r.loss_mask for r in here]
+
+
+def test_inspect_reports_what_packing_none_would_waste(tmp_path, tokenizer):
+    from tuneforge.config.schema import DataSection, DataSource
+    from tuneforge.data.report import inspect_data
+
+    records = [
+        {"messages": [{"role": "user", "content": "x " * n}, {"role": "assistant", "content": "y"}]}
+        for n in (1, 50, 3, 90, 2, 40)
+    ]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = DataSection(train=[DataSource(path=tmp_path / "d.jsonl")], max_seq_len=256)
+    report = inspect_data(data, tokenizer, 256)
+    loader_examples, _ = build_examples(
+        read_conversations(tmp_path / "d.jsonl", "openai")[0], tokenizer, 256, "drop", "assistant"
+    )
+    loader = PackedLoader(loader_examples, 256, seed=0, strategy="none")
+    real = sum(len(ex.input_ids) for ex in loader_examples)
+    computed = sum(loader.batch(i).tokens.numel() for i in range(len(loader.bins)))
+    assert report.padding_waste == pytest.approx(1 - real / computed)
