@@ -1,6 +1,6 @@
 """Benchmark: read, validate, render, tokenise and pack N synthetic records (CPU).
 
-    python bench/data_pipeline.py --records 1000000
+python bench/data_pipeline.py --records 1000000 --workers 8
 """
 
 import argparse
@@ -33,6 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--budget", type=int, default=4096)
+    parser.add_argument("--workers", type=int, default=0, help="tokenising processes (0: this one)")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(DEMO_TOKENIZER_DIR)
     with tempfile.TemporaryDirectory() as tmp:
@@ -42,17 +43,24 @@ def main() -> None:
         conversations, _ = read_conversations(file, "alpaca")
         read_s = time.perf_counter() - start
         start = time.perf_counter()
-        examples, stats = build_examples(conversations, tokenizer, 2048, "drop", "assistant")
+        examples, stats = build_examples(
+            conversations, tokenizer, 2048, "drop", "assistant", workers=args.workers
+        )
         tokenize_s = time.perf_counter() - start
         lengths = [len(example.input_ids) for example in examples]
         timings = {}
         for packer in (first_fit_decreasing, best_fit_decreasing):
             start = time.perf_counter()
             bins = packer(lengths, args.budget)
-            timings[packer.__name__] = (time.perf_counter() - start, sum(lengths) / (len(bins) * args.budget))
+            timings[packer.__name__] = (
+                time.perf_counter() - start,
+                sum(lengths) / (len(bins) * args.budget),
+            )
     print(f"records {args.records:,}  tokens {stats.num_tokens:,}")
     print(f"read + validate   {read_s:8.1f} s  {args.records / read_s:10,.0f} records/s")
-    print(f"render + tokenise {tokenize_s:8.1f} s  {args.records / tokenize_s:10,.0f} records/s")
+    print(
+        f"render + tokenise {tokenize_s:8.1f} s  ({args.workers} workers)  {args.records / tokenize_s:10,.0f} records/s"
+    )
     for name, (seconds, efficiency) in timings.items():
         print(f"{name:24s} {seconds:6.1f} s  efficiency {efficiency:.2%}")
 
