@@ -9,7 +9,7 @@ from tuneforge.models.args import ModelArgs, MoEArgs
 from tuneforge.models.cost import LoraShape, lora_params, training_flops_per_token
 from tuneforge.models.decoder import Block
 from tuneforge.models.packed import PackedSequences
-from tuneforge.peft.lora import apply_lora
+from tuneforge.peft.apply import apply_lora
 
 DENSE = ModelArgs(vocab_size=10, dim=256, num_layers=1, num_heads=8, num_kv_heads=2, ffn_dim=704)
 SHAPES = {
@@ -56,7 +56,8 @@ def test_lora_parameter_count_matches_the_module():
 
     args = ModelArgs(vocab_size=50, dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=96)
     model = Decoder(args)
-    report = apply_lora(model, ["q_proj", "v_proj", "down_proj"], rank=8, alpha=16)
+    lora = {"target_modules": ["q_proj", "v_proj", "down_proj"], "rank": 8, "alpha": 16}
+    report = apply_lora(model, lora).lora_report
     assert (
         lora_params(args, LoraShape(8, ("q_proj", "v_proj", "down_proj")))
         == report.trainable_params

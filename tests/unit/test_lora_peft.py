@@ -4,11 +4,12 @@ import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from tests.helpers import save_tiny_llama
-from tuneforge.models.hf.adapter import adapter_for
+import tuneforge
+from tests.helpers import save_tiny_llama, save_tiny_model
 from tuneforge.models.hf.checkpoint import load_hf_model
-from tuneforge.peft.adapter_io import load_adapter_weights, read_adapter_config, save_adapter
-from tuneforge.peft.lora import LoraTargetError, apply_lora, lora_modules, merge_lora
+from tuneforge.peft.adapter_io import read_adapter_config
+from tuneforge.peft.apply import lora_modules
+from tuneforge.peft.targets import LoraTargetError
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TOKENS = torch.randint(0, 128, (21,), generator=torch.Generator().manual_seed(5))
@@ -17,6 +18,11 @@ TOKENS = torch.randint(0, 128, (21,), generator=torch.Generator().manual_seed(5)
 def our_logits(model):
     with torch.no_grad():
         return model(TOKENS[None])[0]
+
+
+def peft_logits(peft_model):
+    with torch.no_grad():
+        return peft_model(TOKENS[None]).logits[0]
 
 
 def randomise_adapters(model, seed=0):
@@ -30,27 +36,49 @@ def test_adapter_starts_as_a_no_op_and_only_adapters_train(tmp_path):
     save_tiny_llama(tmp_path)
     model = load_hf_model(tmp_path, "float32", "sdpa")
     before = our_logits(model)
-    report = apply_lora(model, TARGETS, rank=4, alpha=8)
+    report = tuneforge.apply_lora(model, {"target_modules": TARGETS, "rank": 4}).lora_report
     torch.testing.assert_close(our_logits(model), before)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(name.endswith(("lora_A", "lora_B")) for name in trainable)
-    assert len(report.matched["q_proj"]) == 2
+    assert report.matched["q_proj"] == [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.1.self_attn.q_proj",
+    ]
     assert report.trainable_params == sum(
         p.numel() for n, p in model.named_parameters() if n in trainable
     )
 
 
-def test_our_adapter_loads_in_peft_with_the_same_logits(tmp_path):
+@pytest.mark.parametrize(
+    "lora",
+    [
+        {"target_modules": TARGETS, "rank": 4, "alpha": 16},
+        {"target_modules": ["q_proj", "v_proj"], "rank": 8, "alpha": 8, "use_rslora": True},
+        {
+            "target_modules": ["all-linear"],
+            "rank": 4,
+            "alpha": 8,
+            "rank_pattern": {"model.layers.1.self_attn.*": 2},
+            "alpha_pattern": {"down_proj": 3},
+            "modules_to_save": ["lm_head", "embed_tokens"],
+        },
+        {"target_modules": ["re:model\\.layers\\.1\\..*_proj"], "rank": 4},
+    ],
+    ids=["all-projections", "rslora", "patterns-and-saved-modules", "regex-subset"],
+)
+def test_our_adapter_loads_in_peft_with_the_same_logits(tmp_path, lora):
     hf_model = save_tiny_llama(tmp_path / "base")
     model = load_hf_model(tmp_path / "base", "float32", "sdpa")
-    apply_lora(model, TARGETS, rank=4, alpha=16)
+    tuneforge.apply_lora(model, lora)
     randomise_adapters(model)
-    save_adapter(model, tmp_path / "adapter", adapter_for("llama"), str(tmp_path / "base"))
+    for name in lora.get("modules_to_save", []):
+        module = model.lm_head if name == "lm_head" else model.embed
+        with torch.no_grad():
+            module.weight.add_(torch.randn_like(module.weight) * 0.05)
+    tuneforge.save_adapter(model, tmp_path / "adapter", str(tmp_path / "base"))
     peft_model = PeftModel.from_pretrained(hf_model, tmp_path / "adapter").eval()
-    with torch.no_grad():
-        expected = peft_model(TOKENS[None]).logits[0]
-    torch.testing.assert_close(our_logits(model), expected, atol=1e-5, rtol=1e-4)
-    assert read_adapter_config(tmp_path / "adapter")["r"] == 4
+    torch.testing.assert_close(our_logits(model), peft_logits(peft_model), atol=1e-5, rtol=1e-4)
+    assert read_adapter_config(tmp_path / "adapter")["r"] == lora["rank"]
 
 
 def test_peft_adapter_loads_here_with_the_same_logits(tmp_path):
@@ -59,31 +87,43 @@ def test_peft_adapter_loads_here_with_the_same_logits(tmp_path):
         r=8,
         lora_alpha=16,
         target_modules=["q_proj", "v_proj", "down_proj"],
+        rank_pattern={"model.layers.1.self_attn.q_proj": 2},
+        alpha_pattern={"v_proj": 3},
+        use_rslora=True,
+        modules_to_save=["lm_head"],
         init_lora_weights=False,
     )
     peft_model = get_peft_model(hf_model, config).eval()
-    peft_model.save_pretrained(tmp_path / "peft_adapter")
     with torch.no_grad():
-        expected = peft_model(TOKENS[None]).logits[0]
-    adapter_config = read_adapter_config(tmp_path / "peft_adapter")
+        peft_model.base_model.model.lm_head.modules_to_save["default"].weight.mul_(1.5)
+    peft_model.save_pretrained(tmp_path / "peft_adapter")
     model = load_hf_model(tmp_path / "base", "float32", "sdpa")
-    apply_lora(
-        model,
-        sorted(adapter_config["target_modules"]),
-        adapter_config["r"],
-        adapter_config["lora_alpha"],
+    tuneforge.load_adapter(model, tmp_path / "peft_adapter")
+    torch.testing.assert_close(our_logits(model), peft_logits(peft_model), atol=1e-5, rtol=1e-4)
+
+
+def test_tied_embeddings_round_trip_through_peft(tmp_path):
+    hf_model = save_tiny_model(tmp_path / "base", "llama", tie_word_embeddings=True)
+    model = load_hf_model(tmp_path / "base", "float32", "sdpa")
+    tuneforge.apply_lora(model, {"target_modules": TARGETS, "rank": 4})
+    randomise_adapters(model, seed=3)
+    tuneforge.save_adapter(model, tmp_path / "adapter", str(tmp_path / "base"))
+    peft_model = PeftModel.from_pretrained(hf_model, tmp_path / "adapter").eval()
+    torch.testing.assert_close(our_logits(model), peft_logits(peft_model), atol=1e-5, rtol=1e-4)
+    again = tuneforge.load_adapter(
+        load_hf_model(tmp_path / "base", "float32", "sdpa"), tmp_path / "adapter"
     )
-    load_adapter_weights(model, tmp_path / "peft_adapter", adapter_for("llama"))
-    torch.testing.assert_close(our_logits(model), expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(our_logits(again), our_logits(model))
 
 
-def test_merge_gives_the_same_logits(tmp_path):
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], TARGETS])
+def test_merge_gives_the_same_logits(tmp_path, targets):
     save_tiny_llama(tmp_path)
     model = load_hf_model(tmp_path, "float32", "sdpa")
-    apply_lora(model, TARGETS, rank=4, alpha=8)
+    tuneforge.apply_lora(model, {"target_modules": targets, "rank": 4, "alpha": 8})
     randomise_adapters(model, seed=1)
     unmerged = our_logits(model)
-    merge_lora(model)
+    tuneforge.merge_lora(model)
     assert not lora_modules(model)
     torch.testing.assert_close(our_logits(model), unmerged, atol=1e-5, rtol=1e-4)
 
@@ -91,5 +131,10 @@ def test_merge_gives_the_same_logits(tmp_path):
 def test_unknown_target_lists_what_exists(tmp_path):
     save_tiny_llama(tmp_path)
     model = load_hf_model(tmp_path, "float32", "sdpa")
-    with pytest.raises(LoraTargetError, match=r"\['qkv'\] match no linear layer.*q_proj"):
-        apply_lora(model, ["q_proj", "qkv"], rank=4, alpha=8)
+    with pytest.raises(LoraTargetError, match=r"\['qkv'\] match nothing.*q_proj.*full names look"):
+        tuneforge.apply_lora(model, {"target_modules": ["q_proj", "qkv"]})
+    with pytest.raises(LoraTargetError, match=r"lm_head in lora\.modules_to_save"):
+        tuneforge.apply_lora(model, {"target_modules": ["lm_head"]})
+    with pytest.raises(LoraTargetError, match="rank_pattern 'k_proj' matches none"):
+        tuneforge.apply_lora(model, {"target_modules": ["q_proj"], "rank_pattern": {"k_proj": 2}})
+    assert not lora_modules(model)

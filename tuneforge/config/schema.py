@@ -108,13 +108,29 @@ class LoraSection(Section):
     rank: int = Field(16, ge=1)
     """Rank r of each adapter."""
     alpha: float = Field(32.0, gt=0)
-    """Scaling numerator: the adapter output is multiplied by alpha / rank."""
+    """Scaling numerator: the adapter output is multiplied by alpha / rank (alpha / sqrt(rank) with use_rslora)."""
+    use_rslora: bool = False
+    """Rank-stabilised scaling alpha / sqrt(rank)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    """Dropout on the adapter input."""
+    """Dropout in the adapter branch."""
+    dropout_position: Literal["pre", "post"] = "pre"
+    """Dropout on the adapter input (`pre`, as PEFT) or on its output (`post`)."""
+    init: Literal["kaiming", "xavier", "gaussian"] = "kaiming"
+    """How A is initialised: kaiming-uniform (PEFT's default), xavier-normal (Megatron's), or gaussian with std 1/rank; B starts at zero."""
     target_modules: list[str] = Field(
         default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1
     )
-    """Linear layers to adapt, by leaf name (`q_proj`, ..., `down_proj`) or `all-linear`."""
+    """What to adapt: HF leaf names (`q_proj` ... `down_proj`), Megatron names (`linear_qkv`, `linear_proj`, `linear_fc1`, `linear_fc2`), dotted suffixes (`self_attn.q_proj`), expert banks (`experts.gate_up_proj`, `experts.down_proj`), globs (`*.layers.1.*`), regexes (`re:...`), or `all-linear`."""
+    exclude_modules: list[str] = []
+    """Patterns (as in target_modules) of modules never to adapt."""
+    rank_pattern: dict[str, int] = {}
+    """Per-pattern rank: {pattern: rank}; the first matching pattern wins."""
+    alpha_pattern: dict[str, float] = {}
+    """Per-pattern alpha: {pattern: alpha}; the first matching pattern wins."""
+    modules_to_save: list[str] = []
+    """Modules trained in full and saved with the adapter, by HF name (e.g. embed_tokens, lm_head when tokens were added)."""
+    share_expert_adapters: bool = False
+    """One adapter shared by all experts of a bank instead of one per expert."""
 
 
 class TrainSection(Section):

@@ -12,6 +12,20 @@ from torch import nn
 from tuneforge.models.args import MoEArgs
 
 
+def grouped_linear(
+    x: torch.Tensor, weight_EOI: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """Rows of `x` sorted by expert, each multiplied by its expert's weight [out, in]: one grouped
+    GEMM when the shapes meet its 16-byte alignment, else one matmul per expert."""
+    size = x.element_size()
+    if (x.shape[1] * size) % 16 == 0 and (weight_EOI.shape[1] * size) % 16 == 0:
+        return torch._grouped_mm(x, weight_EOI.transpose(-2, -1), offs=offsets)
+    starts = [0, *offsets.tolist()]
+    return torch.cat(
+        [x[starts[e] : starts[e + 1]] @ weight_EOI[e].t() for e in range(weight_EOI.shape[0])]
+    )
+
+
 class ExpertBank(nn.Module):
     def __init__(
         self, num_experts: int, dim: int, ffn_dim: int, implementation: str = "grouped"
@@ -21,6 +35,10 @@ class ExpertBank(nn.Module):
         self.up_proj = nn.Parameter(torch.empty(num_experts, ffn_dim, dim))
         self.down_proj = nn.Parameter(torch.empty(num_experts, dim, ffn_dim))
         self.implementation = implementation
+        self.adapters = nn.ModuleDict()
+        """Low-rank updates (LoRA) by projection: `gate_up_proj` (gate and up stacked, as
+        transformers and PEFT hold them) and `down_proj`; each has `grouped(x, offsets)` and
+        `single(x, expert)` returning the update of the projection's output."""
 
     @property
     def num_experts(self) -> int:
@@ -42,9 +60,14 @@ class ExpertBank(nn.Module):
             if token.numel() == 0:
                 continue
             h = x[token]
-            y = (
-                F.silu(h @ self.gate_proj[expert].t()) * (h @ self.up_proj[expert].t())
-            ) @ self.down_proj[expert].t()
+            gate, up = h @ self.gate_proj[expert].t(), h @ self.up_proj[expert].t()
+            if "gate_up_proj" in self.adapters:
+                gate_delta, up_delta = self.adapters["gate_up_proj"].single(h, expert).chunk(2, -1)
+                gate, up = gate + gate_delta, up + up_delta
+            act = F.silu(gate) * up
+            y = act @ self.down_proj[expert].t()
+            if "down_proj" in self.adapters:
+                y = y + self.adapters["down_proj"].single(act, expert)
             out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
         return out
 
@@ -58,9 +81,15 @@ class ExpertBank(nn.Module):
         counts = torch.bincount(flat_ids, minlength=self.num_experts)
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         h = x.index_select(0, token_of_row)
-        gate = torch._grouped_mm(h, self.gate_proj.transpose(-2, -1), offs=offsets)
-        up = torch._grouped_mm(h, self.up_proj.transpose(-2, -1), offs=offsets)
-        y = torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(-2, -1), offs=offsets)
+        gate = grouped_linear(h, self.gate_proj, offsets)
+        up = grouped_linear(h, self.up_proj, offsets)
+        if "gate_up_proj" in self.adapters:
+            gate_delta, up_delta = self.adapters["gate_up_proj"].grouped(h, offsets).chunk(2, -1)
+            gate, up = gate + gate_delta, up + up_delta
+        act = F.silu(gate) * up
+        y = grouped_linear(act, self.down_proj, offsets)
+        if "down_proj" in self.adapters:
+            y = y + self.adapters["down_proj"].grouped(act, offsets)
         y = y * weights.reshape(-1)[order, None].to(y.dtype)
         return torch.zeros_like(x).index_add_(0, token_of_row, y.to(x.dtype))
 

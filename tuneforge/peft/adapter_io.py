@@ -1,7 +1,13 @@
 """Adapters on disk in the PEFT layout: `adapter_config.json` + `adapter_model.safetensors`.
 
-Keys follow PEFT: `base_model.model.<HF module name>.lora_A.weight`, so `peft`, vLLM and
-others load what we save, and adapters made by `peft` load here.
+Keys follow PEFT, so `peft`, vLLM and others load what we save, and adapters made by `peft`
+load here:
+- a linear: `base_model.model.<HF module>.lora_A.weight` [r, in] and `.lora_B.weight` [out, r];
+- an expert bank, as PEFT's `target_parameters` on transformers' stacked experts:
+  `base_model.model.<HF bank>.lora_A.weight` [E·r, in] (expert-major) and `.lora_B.weight`
+  [out, r·E] (expert-minor); when both `gate_up_proj` and `down_proj` are adapted, the gate_up
+  adapter sits one `base_layer.` deeper, as PEFT nests the two wrappers;
+- a module trained in full (`modules_to_save`): `base_model.model.<HF module>.weight`.
 """
 
 import json
@@ -11,8 +17,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tuneforge.models.hf.adapter import StateDictAdapter
-from tuneforge.peft.lora import LoRALinear, lora_modules
+from tuneforge.config.schema import LoraSection
+from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.peft.apply import apply_lora, full_modules, lora_modules
+from tuneforge.peft.expert_lora import ExpertLoRA
+from tuneforge.peft.lora import LoRALinear
+from tuneforge.peft.targets import BANK_PROJECTIONS, candidates
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -23,74 +33,229 @@ class AdapterError(ValueError):
     """An adapter directory that does not fit the model it is loaded into."""
 
 
-def save_adapter(
-    model: torch.nn.Module, out_dir: Path, family: StateDictAdapter, base_model: str = ""
-) -> None:
-    modules = lora_modules(model)
-    if not modules:
+Adapter = LoRALinear | ExpertLoRA
+
+
+def adapter_keys(model: torch.nn.Module) -> dict[str, Adapter]:
+    """PEFT key stem (without `.lora_A.weight`) of every adapter on the model."""
+    family = adapter_for(model.args.family)
+    stems: dict[str, Adapter] = {}
+    banks: dict[str, dict[str, ExpertLoRA]] = {}
+    for name, module in lora_modules(model).items():
+        if isinstance(module, LoRALinear):
+            stems[PEFT_PREFIX + family.module_to_hf(name)] = module
+        else:
+            bank, _, projection = name.rpartition(".adapters.")
+            banks.setdefault(bank, {})[projection] = module
+    hf_banks = {c.module: c.hf_name.rpartition(".")[0] for c in candidates(model, family)}
+    for bank, adapters in banks.items():
+        present = [p for p in BANK_PROJECTIONS if p in adapters]
+        for depth, projection in enumerate(present):
+            nesting = "base_layer." * (len(present) - 1 - depth)
+            stems[f"{PEFT_PREFIX}{hf_banks[bank]}.{nesting}".rstrip(".")] = adapters[projection]
+    return stems
+
+
+def to_peft(adapter: Adapter, kind: str) -> torch.Tensor:
+    weight = adapter.lora_A if kind == "A" else adapter.lora_B
+    if isinstance(adapter, LoRALinear):
+        return weight.detach()
+    experts = adapter.num_experts
+    weight = weight.detach().expand(experts, -1, -1)
+    if kind == "A":  # [E, r, in] -> [E*r, in]
+        return weight.reshape(-1, weight.shape[-1])
+    return weight.permute(1, 2, 0).reshape(weight.shape[1], -1)  # [E, out, r] -> [out, r*E]
+
+
+def from_peft(adapter: Adapter, kind: str, tensor: torch.Tensor) -> torch.Tensor:
+    """The PEFT tensor in our parameter's shape; raises AdapterError when it cannot fit."""
+    target = adapter.lora_A if kind == "A" else adapter.lora_B
+    if isinstance(adapter, ExpertLoRA):
+        experts, rank = adapter.num_experts, adapter.rank
+        if kind == "A" and tensor.ndim == 2 and tensor.shape[0] == experts * rank:
+            tensor = tensor.reshape(experts, rank, -1)
+        elif kind == "B" and tensor.ndim == 2 and tensor.shape[1] == experts * rank:
+            tensor = tensor.reshape(tensor.shape[0], rank, experts).permute(2, 0, 1)
+        if adapter.shared and tensor.shape[0] == experts:
+            tensor = tensor[:1]
+    if tensor.shape != target.shape:
+        raise AdapterError(f"shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}")
+    return tensor
+
+
+def _target_names(stems: dict[str, Adapter], model: torch.nn.Module) -> tuple[list, list]:
+    """(target_modules, target_parameters) as PEFT matches them: leaf names when every module
+    with that leaf is adapted, full names otherwise."""
+    family = adapter_for(model.args.family)
+    every = candidates(model, family)
+    linears = sorted(
+        s.removeprefix(PEFT_PREFIX) for s, a in stems.items() if isinstance(a, LoRALinear)
+    )
+    leaves = {name.rsplit(".", 1)[-1] for name in linears}
+    all_of_leaf = all(
+        c.hf_name in linears for c in every if c.projection is None and c.leaf in leaves
+    )
+    modules = sorted(leaves) if all_of_leaf else linears
+    parameters = []
+    for name, module in lora_modules(model).items():
+        if isinstance(module, ExpertLoRA):
+            bank, _, projection = name.rpartition(".adapters.")
+            hf_bank = next(c.hf_name for c in every if c.module == bank).rpartition(".")[0]
+            parameters.append(f"{hf_bank}.{projection}")
+    return modules, sorted(parameters)
+
+
+def _patterns(stems: dict[str, Adapter], attribute: str, default: float) -> dict[str, float]:
+    """PEFT's rank_pattern / alpha_pattern: full module names whose value is not the default."""
+    found: dict[str, float] = {}
+    for stem, adapter in stems.items():
+        value = getattr(adapter, attribute)
+        module = stem.removeprefix(PEFT_PREFIX).split(".base_layer")[0]
+        if module in found and found[module] != value:
+            raise AdapterError(
+                f"{module}: PEFT keeps one {attribute} per expert bank, but its gate_up and down "
+                f"adapters have {found[module]} and {value}"
+            )
+        if value != default:
+            found[module] = value
+    return found
+
+
+def save_adapter(model: torch.nn.Module, out_dir: Path, base_model: str = "") -> None:
+    """Write the model's adapters (and `modules_to_save`) in the PEFT layout."""
+    stems = adapter_keys(model)
+    if not stems:
         raise AdapterError("the model has no LoRA modules to save")
+    lora: LoraSection = getattr(model, "lora_config", LoraSection())
     tensors = {}
-    for name, module in modules.items():
-        hf_name = PEFT_PREFIX + family.module_to_hf(name)
-        tensors[f"{hf_name}.lora_A.weight"] = module.lora_A.detach().cpu().contiguous()
-        tensors[f"{hf_name}.lora_B.weight"] = module.lora_B.detach().cpu().contiguous()
-    first = next(iter(modules.values()))
-    leaves = sorted({name.rsplit(".", 1)[-1] for name in modules})
+    for stem, adapter in stems.items():
+        for kind in ("A", "B"):
+            tensors[f"{stem}.lora_{kind}.weight"] = to_peft(adapter, kind).cpu().contiguous()
+    saved = full_modules(model, lora.modules_to_save)
+    for name, hf_name in saved.items():
+        weight = model.get_submodule(name).weight
+        tensors[f"{PEFT_PREFIX}{hf_name}.weight"] = weight.detach().cpu().contiguous()
+    target_modules, target_parameters = _target_names(stems, model)
+    ranks = _patterns(stems, "rank", lora.rank)
+    alphas = _patterns(stems, "alpha", lora.alpha)
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
-        "r": first.rank,
-        "lora_alpha": first.scaling * first.rank,
-        "lora_dropout": first.dropout.p if isinstance(first.dropout, torch.nn.Dropout) else 0.0,
-        "target_modules": leaves,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        # PEFT refuses dropout on expert parameters; it only matters in training anyway
+        "lora_dropout": 0.0 if target_parameters else lora.dropout,
+        "target_modules": target_modules,
+        "target_parameters": target_parameters or None,
+        "rank_pattern": ranks,
+        "alpha_pattern": alphas,
+        "use_rslora": lora.use_rslora,
+        "modules_to_save": sorted(saved.values()) or None,
         "bias": "none",
         "fan_in_fan_out": False,
-        "use_rslora": False,
         "use_dora": False,
-        "init_lora_weights": True,
-        "modules_to_save": None,
+        "init_lora_weights": "gaussian" if lora.init == "gaussian" else True,
         "inference_mode": True,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
-    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def read_adapter_config(adapter_dir: Path) -> dict:
     config_file = adapter_dir / CONFIG_FILE
     if not config_file.is_file():
         raise AdapterError(f"{adapter_dir} has no {CONFIG_FILE}: is it a LoRA adapter directory?")
-    config = json.loads(config_file.read_text())
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as error:
+        raise AdapterError(f"{config_file}: invalid JSON ({error})") from None
     if config.get("peft_type") != "LORA":
         raise AdapterError(f"{config_file}: peft_type {config.get('peft_type')!r} is not LORA")
+    if not (adapter_dir / WEIGHTS_FILE).is_file():
+        raise AdapterError(f"{adapter_dir} has no {WEIGHTS_FILE}")
     return config
 
 
-def load_adapter_weights(
-    model: torch.nn.Module, adapter_dir: Path, family: StateDictAdapter
-) -> None:
+def _peft_patterns(value) -> list[str]:
+    """PEFT's target/exclude value as our patterns: a string is a regex over full names."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value == "all-linear" else [f"re:{value}"]
+    return list(value)
+
+
+def lora_config_of(adapter_config: dict) -> LoraSection:
+    """Our LoRA configuration equivalent to a PEFT `adapter_config.json`."""
+    if adapter_config.get("use_dora"):
+        raise AdapterError("DoRA adapters are not supported")
+
+    def suffix_regex(patterns: dict) -> dict:
+        # PEFT matches these keys as regexes ending a module name
+        return {rf"re:(.*\.)?({key})": value for key, value in (patterns or {}).items()}
+
+    return LoraSection(
+        rank=adapter_config["r"],
+        alpha=adapter_config["lora_alpha"],
+        use_rslora=bool(adapter_config.get("use_rslora")),
+        target_modules=_peft_patterns(adapter_config.get("target_modules"))
+        + list(adapter_config.get("target_parameters") or []),
+        exclude_modules=_peft_patterns(adapter_config.get("exclude_modules")),
+        rank_pattern=suffix_regex(adapter_config.get("rank_pattern")),
+        alpha_pattern=suffix_regex(adapter_config.get("alpha_pattern")),
+        modules_to_save=list(adapter_config.get("modules_to_save") or []),
+    )
+
+
+def load_adapter(
+    model: torch.nn.Module, adapter_dir: Path, dtype: torch.dtype | None = None
+) -> torch.nn.Module:
+    """Put the adapter in `adapter_dir` on `model` (creating its LoRA modules from the adapter's
+    config unless the model already carries matching ones) and load its weights."""
+    adapter_dir = Path(adapter_dir)
+    if not lora_modules(model):
+        config = read_adapter_config(adapter_dir)
+        apply_lora(model, lora_config_of(config), dtype=dtype)
+    load_adapter_weights(model, adapter_dir)
+    return model
+
+
+def load_adapter_weights(model: torch.nn.Module, adapter_dir: Path) -> None:
     """Copy adapter tensors into a model that already carries LoRA modules of the same shape."""
-    modules: dict[str, LoRALinear] = {
-        PEFT_PREFIX + family.module_to_hf(name): module
-        for name, module in lora_modules(model).items()
+    adapter_dir = Path(adapter_dir)
+    stems = adapter_keys(model)
+    lora: LoraSection = getattr(model, "lora_config", LoraSection())
+    full = {
+        f"{PEFT_PREFIX}{hf}.weight": model.get_submodule(name).weight
+        for name, hf in full_modules(model, lora.modules_to_save).items()
     }
     seen = set()
-    with safe_open(str(adapter_dir / WEIGHTS_FILE), framework="pt") as handle:
+    file = adapter_dir / WEIGHTS_FILE
+    with safe_open(str(file), framework="pt") as handle:
         for key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
             stem, _, kind = key.rpartition(".lora_")
-            module = modules.get(stem)
-            if module is None or kind not in ("A.weight", "B.weight"):
-                raise AdapterError(f"{adapter_dir / WEIGHTS_FILE}: unexpected tensor {key}")
-            target = module.lora_A if kind == "A.weight" else module.lora_B
             tensor = handle.get_tensor(key)
-            if tensor.shape != target.shape:
+            if key in full:
+                target, value = full[key], tensor
+            elif stem in stems and kind in ("A.weight", "B.weight"):
+                adapter = stems[stem]
+                target = adapter.lora_A if kind == "A.weight" else adapter.lora_B
+                try:
+                    value = from_peft(adapter, kind[0], tensor)
+                except AdapterError as error:
+                    raise AdapterError(f"{file}: {key}: {error}") from None
+            else:
+                raise AdapterError(f"{file}: tensor {key} has no place in this model")
+            if value.shape != target.shape:
                 raise AdapterError(
-                    f"{key}: shape {tuple(tensor.shape)} does not fit {tuple(target.shape)}"
+                    f"{file}: {key}: shape {tuple(value.shape)} does not fit {tuple(target.shape)}"
                 )
             with torch.no_grad():
-                target.copy_(tensor)
+                target.copy_(value)
             seen.add(key)
-    missing = [stem for stem in modules if f"{stem}.lora_A.weight" not in seen]
+    expected = [f"{stem}.lora_{kind}.weight" for stem in stems for kind in "AB"] + list(full)
+    missing = [key for key in expected if key not in seen]
     if missing:
-        raise AdapterError(f"{adapter_dir}: no weights for {missing[:3]}")
+        raise AdapterError(f"{file}: no weights for {', '.join(missing[:3])}")

@@ -7,10 +7,9 @@ import torch
 from tuneforge.config import load_config
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import CheckpointError, load_hf_model
-from tuneforge.peft.adapter_io import AdapterError, load_adapter_weights, read_adapter_config
-from tuneforge.peft.lora import apply_lora
+from tuneforge.peft.adapter_io import AdapterError, load_adapter, read_adapter_config
+from tuneforge.peft.targets import LoraTargetError
 from tuneforge.train.checkpoint import ADAPTER_DIR, FINAL_DIR
 from tuneforge.train.loop import CONFIG_FILE
 
@@ -29,14 +28,7 @@ def load_trained(run_dir: Path, device: torch.device) -> tuple[Decoder, object]:
             adapter_config = read_adapter_config(adapter_dir)
             base = Path(adapter_config["base_model_name_or_path"])
             model = load_hf_model(base, dtype, "sdpa")
-            apply_lora(
-                model,
-                adapter_config["target_modules"],
-                adapter_config["r"],
-                adapter_config["lora_alpha"],
-                dtype=torch.float32,
-            )
-            load_adapter_weights(model, adapter_dir, adapter_for(model.args.family))
+            load_adapter(model, adapter_dir, dtype=torch.float32)
             tokenizer_dir = adapter_dir
         elif (run_dir / FINAL_DIR).is_dir():
             model = load_hf_model(run_dir / FINAL_DIR, dtype, "sdpa")
@@ -45,7 +37,7 @@ def load_trained(run_dir: Path, device: torch.device) -> tuple[Decoder, object]:
             raise TuneforgeError(
                 f"{run_dir} holds no trained weights ({FINAL_DIR}/ or {ADAPTER_DIR}/): did it finish?"
             )
-    except (CheckpointError, AdapterError) as error:
+    except (CheckpointError, AdapterError, LoraTargetError) as error:
         raise TuneforgeError(str(error)) from None
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     return model.to(device).eval(), tokenizer

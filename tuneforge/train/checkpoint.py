@@ -9,10 +9,9 @@ import torch
 from safetensors.torch import save_file
 
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import save_hf_model
 from tuneforge.peft.adapter_io import save_adapter
-from tuneforge.peft.lora import lora_modules
+from tuneforge.peft.apply import lora_modules
 
 CHECKPOINTS = "checkpoints"
 FINAL_DIR = "final"
@@ -51,7 +50,7 @@ def save_final(run_dir: Path, model: Decoder, tokenizer, base_model: str) -> Pat
     """The adapter (PEFT layout) for LoRA runs, else the full model (HF layout with tokenizer)."""
     if lora_modules(model):
         out = run_dir / ADAPTER_DIR
-        save_adapter(model, out, adapter_for(model.args.family), base_model)
+        save_adapter(model, out, base_model)
     else:
         out = run_dir / FINAL_DIR
         save_hf_model(model, out)

@@ -19,7 +19,8 @@ from tuneforge.data.records import DataError
 from tuneforge.data.training_data import load_training_data
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.decoder import Decoder
-from tuneforge.peft.lora import LoraReport, LoraTargetError, apply_lora
+from tuneforge.peft.apply import LoraReport, apply_lora
+from tuneforge.peft.targets import LoraTargetError
 from tuneforge.train.build import build_model, load_tokenizer, pick_device
 from tuneforge.train.checkpoint import save_base, save_final, save_step_checkpoint
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
@@ -119,30 +120,27 @@ class Trainer:
         self.eval_conversations = data.eval_conversations
         return data.stats
 
-    def _apply_lora(self) -> LoraReport | None:
+    def _apply_lora(self) -> LoraReport:
         lora = self.config.lora
-        if not lora.enabled:
-            return None
-        if self.config.model.path is None:
+        if lora.enabled and self.config.model.path is None:
             self.base_model = str(save_base(self.run_dir, self.model, self.tokenizer))
         generator = torch.Generator(device=self.device).manual_seed(self.config.train.seed + 1)
         try:
-            report = apply_lora(
-                self.model,
-                lora.target_modules,
-                lora.rank,
-                lora.alpha,
-                lora.dropout,
-                generator,
-                torch.float32,
-            )
+            apply_lora(self.model, lora, generator, torch.float32)
         except LoraTargetError as error:
             raise TuneforgeError(str(error)) from None
+        report: LoraReport = self.model.lora_report
+        for pattern, names in report.matched.items():
+            log.info("LoRA %s: %d module(s), e.g. %s", pattern, len(names), names[0])
+        if report.saved_modules:
+            log.info(
+                "trained in full and saved with the adapter: %s", ", ".join(report.saved_modules)
+            )
         log.info(
-            "LoRA: %d trainable parameters (%.2f%% of %d)",
+            "trainable parameters: %d of %d (%.2f%%)",
             report.trainable_params,
-            100 * report.trainable_share,
             report.total_params,
+            100 * report.trainable_share,
         )
         return report
 

@@ -1,0 +1,183 @@
+"""Put adapters on a model as a LoRA configuration says, freeze the rest, and take them off
+again by merging."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuneforge.config.schema import LoraSection
+from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.models.moe import ExpertBank
+from tuneforge.peft.expert_lora import ExpertLoRA
+from tuneforge.peft.lora import LoRALinear
+from tuneforge.peft.targets import Candidate, LoraTargetError, candidates, matches, pattern_value
+from tuneforge.peft.targets import select as select_targets
+
+
+@dataclass
+class LoraReport:
+    """What `apply_lora` did: modules adapted per pattern, modules trained in full, and the
+    trainable share."""
+
+    matched: dict[str, list[str]] = field(default_factory=dict)
+    saved_modules: list[str] = field(default_factory=list)
+    trainable_params: int = 0
+    total_params: int = 0
+
+    @property
+    def trainable_share(self) -> float:
+        return self.trainable_params / max(self.total_params, 1)
+
+
+def as_lora_config(config: LoraSection | dict[str, Any]) -> LoraSection:
+    return config if isinstance(config, LoraSection) else LoraSection.model_validate(config)
+
+
+def full_modules(model: nn.Module, patterns: list[str]) -> dict[str, str]:
+    """{our module name: HF name} of the modules `lora.modules_to_save` selects."""
+    family = adapter_for(model.args.family)
+    named = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (LoRALinear, ExpertBank)) or "weight" not in dict(
+            module.named_parameters(recurse=False)
+        ):
+            continue
+        hf_name = family.to_hf(f"{name}.weight")
+        if hf_name is not None:
+            named[name] = hf_name.removesuffix(".weight")
+    chosen: dict[str, str] = {}
+    for pattern in patterns:
+        hits = {n: h for n, h in named.items() if matches(pattern, Candidate(n, h))}
+        if not hits:
+            raise LoraTargetError(
+                f"lora.modules_to_save {pattern!r} matches no module; modules with weights: "
+                f"{', '.join(sorted({h.rsplit('.', 1)[-1] for h in named.values()}))}"
+            )
+        chosen |= hits
+    return chosen
+
+
+def apply_lora(
+    model: nn.Module,
+    config: LoraSection | dict[str, Any],
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Adapt what `config` (a LoRA section, or a dict of its fields) selects, freeze everything
+    else except `modules_to_save`, and return the model; what was done is in `model.lora_report`.
+    Adapters live in `dtype` (default: the base weight's), e.g. fp32 adapters on a bf16 base.
+    With `enabled: false` nothing is wrapped and every parameter trains."""
+    lora = as_lora_config(config)
+    if lora_modules(model):
+        raise LoraTargetError("the model already carries LoRA adapters")
+    total = sum(p.numel() for p in model.parameters())
+    if not lora.enabled:
+        for param in model.parameters():
+            param.requires_grad_(True)
+        model.lora_report = LoraReport(trainable_params=total, total_params=total)
+        return model
+    found = candidates(model, adapter_for(model.args.family))
+    selected = select_targets(found, lora.target_modules, lora.exclude_modules)
+    chosen = {c for hits in selected.values() for c in hits}
+    for key, patterns in (
+        ("rank_pattern", lora.rank_pattern),
+        ("alpha_pattern", lora.alpha_pattern),
+    ):
+        for pattern in patterns:
+            if not any(matches(pattern, c) for c in chosen):
+                raise LoraTargetError(f"lora.{key} {pattern!r} matches none of the adapted modules")
+    saved = full_modules(model, lora.modules_to_save)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for candidate in sorted(chosen, key=lambda c: c.hf_name):
+        _attach(model, candidate, lora, generator, dtype)
+    for name in saved:
+        for param in model.get_submodule(name).parameters():
+            param.requires_grad_(True)
+    model.lora_config = lora
+    model.lora_report = LoraReport(
+        matched={p: sorted(c.hf_name for c in hits) for p, hits in selected.items()},
+        saved_modules=sorted(saved.values()),
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        total_params=sum(p.numel() for p in model.parameters()),
+    )
+    return model
+
+
+def _attach(
+    model: nn.Module,
+    candidate: Candidate,
+    lora: LoraSection,
+    generator: torch.Generator | None,
+    dtype: torch.dtype | None,
+) -> None:
+    rank = pattern_value(lora.rank_pattern, candidate, lora.rank)
+    alpha = pattern_value(lora.alpha_pattern, candidate, lora.alpha)
+    options = {
+        "dropout_position": lora.dropout_position,
+        "use_rslora": lora.use_rslora,
+        "init": lora.init,
+    }
+    module = model.get_submodule(candidate.module)
+    if candidate.projection is None:
+        adapter = LoRALinear(module, rank, alpha, lora.dropout, dtype, **options)
+        adapter.reset_lora_parameters(generator)
+        parent_name, _, leaf = candidate.module.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, leaf, adapter)
+        return
+    assert isinstance(module, ExpertBank)
+    if candidate.projection == "gate_up_proj":
+        out_features, in_features = 2 * module.gate_proj.shape[1], module.gate_proj.shape[2]
+    else:
+        out_features, in_features = module.down_proj.shape[1], module.down_proj.shape[2]
+    bank_adapter = ExpertLoRA(
+        module.num_experts,
+        in_features,
+        out_features,
+        rank,
+        alpha,
+        shared=lora.share_expert_adapters,
+        dropout=lora.dropout,
+        dtype=dtype or module.gate_proj.dtype,
+        device=module.gate_proj.device,
+        **options,
+    )
+    bank_adapter.reset_lora_parameters(generator)
+    module.adapters[candidate.projection] = bank_adapter
+
+
+def lora_modules(model: nn.Module) -> dict[str, LoRALinear | ExpertLoRA]:
+    """Every adapter by our module name (`layers.0.mlp.experts.adapters.down_proj` for banks)."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, (LoRALinear, ExpertLoRA))
+    }
+
+
+def _add_in_fp32(weight: torch.Tensor, delta: torch.Tensor) -> None:
+    weight.copy_((weight.float() + delta).to(weight.dtype))
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base weight and take the adapters off; returns the model."""
+    for name, module in lora_modules(model).items():
+        if isinstance(module, LoRALinear):
+            module.base.weight.copy_(module.merged_weight())
+            parent_name, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, leaf, module.base)
+            continue
+        bank_name, _, projection = name.rpartition(".adapters.")
+        bank = model.get_submodule(bank_name)
+        delta = module.delta_weight()
+        if projection == "gate_up_proj":
+            gate_delta, up_delta = delta.chunk(2, dim=1)
+            _add_in_fp32(bank.gate_proj, gate_delta)
+            _add_in_fp32(bank.up_proj, up_delta)
+        else:
+            _add_in_fp32(bank.down_proj, delta)
+        del bank.adapters[projection]
+    return model
