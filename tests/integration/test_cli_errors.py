@@ -77,3 +77,15 @@ def test_data_inspect_json_and_preview():
     assert json.loads(result.stdout)["kept"] == 20000
     preview = run_cli("data", "preview", "examples/demo.yaml", "-n", "2")
     assert preview.returncode == 0 and preview.stdout.count("⟦") == 2
+
+
+def test_export_errors_are_clean(tmp_path):
+    assert_clean_failure(
+        run_cli("export", "merge", str(tmp_path), "--out", str(tmp_path / "m")),
+        "neither a finished run",
+    )
+    assert_clean_failure(
+        run_cli("export", "gguf", "--base", str(tmp_path / "nope"), "--out", str(tmp_path / "x")),
+        "no config.json",
+    )
+    assert not (tmp_path / "m").exists() and not (tmp_path / "x").exists()

@@ -109,6 +109,27 @@ def test_lora_run_trains_only_adapters_and_saves_a_peft_adapter(tmp_path):
     assert (run / "adapter" / "adapter_config.json").is_file()
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
     assert (run / "base" / "model.safetensors").is_file()
+    # the run directory exports as it is: merged (through the CLI) and to GGUF
+    merged = subprocess.run(
+        [sys.executable, "-m", "tuneforge", "export", "merge", str(run), "--out", str(run / "m")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert merged.returncode == 0, merged.stderr
+    from transformers import AutoModelForCausalLM
+
+    tokens = torch.arange(3, 40)[None]
+    hf = AutoModelForCausalLM.from_pretrained(run / "m").eval()
+    model = trainer.model.eval().cpu()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            hf(tokens).logits.float(), model(tokens).float(), atol=1e-4, rtol=1e-4
+        )
+    from tuneforge.export.gguf_file import export_gguf
+    from tuneforge.export.sources import resolve_source
+
+    assert export_gguf(resolve_source(run), run / "model.gguf", "q8_0").stat().st_size > 0
 
 
 def test_an_existing_run_directory_is_never_overwritten_silently(tmp_path):

@@ -1,0 +1,196 @@
+"""`tuneforge export gguf`: a GGUF file llama.cpp runs, written with the `gguf` package.
+
+Tensor names come from gguf's own HF-to-GGUF name map; metadata keys are llama.cpp's for the
+`llama`, `qwen2`, `qwen3` and `qwen3moe` architectures. As llama.cpp's converter does, Llama's
+q/k projections are permuted from Hugging Face's rotate-half rotary layout to the interleaved
+one its `llama` kernels expect, and Llama 3 rope scaling becomes a `rope_freqs` tensor. The
+tokenizer is embedded: tokens, token types, merges, special ids, the end-of-turn id and the chat
+template.
+"""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tuneforge.export.generation import end_of_turn_id
+from tuneforge.export.merge import load_merged, load_tokenizer
+from tuneforge.export.output import write_atomically
+from tuneforge.export.sources import ExportError, ExportSource
+from tuneforge.models.args import ModelArgs
+from tuneforge.models.decoder import Decoder
+from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.models.rope import inverse_frequencies
+
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
+PRE_TOKENIZERS = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3_moe": "qwen2"}
+TYPES = ("f16", "q8_0")
+
+
+def permute_for_llama(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of each head from rotate-half order (pairs i, i + d/2) to interleaved (2i, 2i + 1)."""
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def hf_tensors(model: Decoder) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) of every weight; stacked experts keep their [E, out, in] stack under
+    the bank's name (`...mlp.experts.gate_proj.weight`), as gguf's name map expects."""
+    args = model.args
+    family = adapter_for(args.family)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and args.tie_embeddings:
+            continue
+        if ".mlp.experts." in name:
+            hf_name = family.to_hf(name, 0)
+            assert hf_name is not None
+            yield hf_name.replace(".experts.0.", ".experts."), tensor
+            continue
+        hf_name = family.to_hf(name)
+        if hf_name is None:
+            raise ExportError(f"no Hugging Face name for {name}")
+        if args.family == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+            tensor = permute_for_llama(tensor, args.num_heads)
+        elif args.family == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+            tensor = permute_for_llama(tensor, args.num_kv_heads)
+        yield hf_name, tensor
+
+
+def rope_factors(args: ModelArgs) -> np.ndarray | None:
+    """Llama 3 rope scaling as llama.cpp reads it: the divisor of each rotary frequency."""
+    if args.rope_scaling is None:
+        return None
+    plain = inverse_frequencies(args.head_dim, args.rope_theta, None)
+    scaled = inverse_frequencies(args.head_dim, args.rope_theta, args.rope_scaling)
+    return (plain / scaled).numpy().astype(np.float32)
+
+
+def encode(array: np.ndarray, kind: str):
+    """(data, raw dtype or None) in the GGUF type: vectors stay F32, matrices F16 or Q8_0
+    (F16 where a row does not split into Q8_0 blocks)."""
+    import gguf
+
+    if array.ndim < 2:
+        return array.astype(np.float32), None
+    if kind == "q8_0":
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
+        if array.shape[-1] % block == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            return gguf.quants.quantize(array.astype(np.float32), q8), q8
+    return array.astype(np.float16), None
+
+
+def add_architecture(writer, args: ModelArgs, name: str, kind: str) -> None:
+    import gguf
+
+    writer.add_name(name)
+    writer.add_context_length(args.max_position_embeddings)
+    writer.add_embedding_length(args.dim)
+    writer.add_block_count(args.num_layers)
+    writer.add_feed_forward_length(args.ffn_dim)
+    writer.add_head_count(args.num_heads)
+    writer.add_head_count_kv(args.num_kv_heads)
+    writer.add_key_length(args.head_dim)
+    writer.add_value_length(args.head_dim)
+    writer.add_rope_dimension_count(args.head_dim)
+    writer.add_rope_freq_base(args.rope_theta)
+    writer.add_layer_norm_rms_eps(args.norm_eps)
+    writer.add_vocab_size(args.vocab_size)
+    if args.moe is not None:
+        writer.add_expert_count(args.moe.num_experts)
+        writer.add_expert_used_count(args.moe.top_k)
+        writer.add_expert_feed_forward_length(args.moe.expert_ffn_dim)
+    file_type = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    writer.add_file_type(file_type[kind])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def vocabulary(tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
+    """Tokens by id and their GGUF types, as llama.cpp's converter lists a BPE vocabulary."""
+    import gguf
+
+    by_id = {index: token for token, index in tokenizer.get_vocab().items()}
+    added = tokenizer.added_tokens_decoder
+    tokens, types = [], []
+    for index in range(vocab_size):
+        if index not in by_id:
+            tokens.append(f"[PAD{index}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif index in added:
+            tokens.append(by_id[index])
+            types.append(
+                gguf.TokenType.CONTROL if added[index].special else gguf.TokenType.USER_DEFINED
+            )
+        else:
+            tokens.append(by_id[index])
+            types.append(gguf.TokenType.NORMAL)
+    return tokens, types
+
+
+def add_tokenizer(writer, tokenizer, tokenizer_dir: Path, family: str, vocab_size: int) -> None:
+    import gguf
+
+    file = tokenizer_dir / "tokenizer.json"
+    model_type = json.loads(file.read_text())["model"]["type"] if file.is_file() else None
+    if model_type != "BPE":
+        raise ExportError(
+            f"{tokenizer_dir}: GGUF export embeds byte-level BPE tokenizers (Llama 3, Qwen); "
+            f"this tokenizer is {model_type or 'not a tokenizer.json'}"
+        )
+    tokens, types = vocabulary(tokenizer, vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(PRE_TOKENIZERS[family])
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    special = gguf.SpecialVocab(tokenizer_dir, load_merges=True, n_vocab=vocab_size)
+    special.add_to_gguf(writer, quiet=True)
+    if tokenizer.chat_template and special.chat_template is None:
+        writer.add_chat_template(tokenizer.chat_template)
+    end_of_turn = end_of_turn_id(tokenizer)
+    if end_of_turn is not None:
+        writer.add_eot_token_id(end_of_turn)
+
+
+def export_gguf(
+    source: ExportSource, out: Path, kind: str = "f16", overwrite: bool = False
+) -> Path:
+    try:
+        import gguf
+    except ImportError:
+        raise ExportError(
+            'GGUF export needs the gguf package: pip install "tuneforge[gguf]"'
+        ) from None
+    if kind not in TYPES:
+        raise ExportError(f"--type {kind}: use one of {', '.join(TYPES)}")
+    model = load_merged(source)
+    args = model.args
+    if args.family not in ARCHITECTURES:
+        raise ExportError(f"GGUF export does not know the {args.family} architecture")
+    tokenizer = load_tokenizer(source)
+    arch = ARCHITECTURES[args.family]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], args.num_layers)
+
+    def write(partial: Path) -> None:
+        writer = gguf.GGUFWriter(str(partial), arch)
+        add_architecture(writer, args, source.base.name, kind)
+        add_tokenizer(writer, tokenizer, source.tokenizer_dir, args.family, args.vocab_size)
+        factors = rope_factors(args)
+        if factors is not None:
+            writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors)
+        for hf_name, tensor in hf_tensors(model):
+            gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            if gguf_name is None:
+                raise ExportError(f"gguf has no name for {hf_name} in the {arch} architecture")
+            data, raw_dtype = encode(tensor.float().numpy(), kind)
+            writer.add_tensor(gguf_name, data, raw_dtype=raw_dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    return write_atomically(out, write, overwrite)

@@ -1,0 +1,67 @@
+"""`tuneforge export merge`: fold an adapter into its base and write a Hugging Face checkpoint
+(sharded safetensors, the base's config.json, the tokenizer with its chat template, and a
+generation config that stops at every end token)."""
+
+import json
+from pathlib import Path
+
+import torch
+
+from tuneforge.export.generation import generation_config
+from tuneforge.export.output import write_atomically
+from tuneforge.export.sources import ExportError, ExportSource
+from tuneforge.models.api import load_model
+from tuneforge.models.decoder import Decoder
+from tuneforge.models.hf.checkpoint import CheckpointError, read_hf_config, save_hf_model
+from tuneforge.peft.adapter_io import AdapterError, load_adapter
+from tuneforge.peft.apply import merge_lora
+from tuneforge.peft.targets import LoraTargetError
+
+DEFAULT_SHARD_BYTES = 5 * 2**30
+
+
+def load_merged(source: ExportSource, dtype: str | None = None) -> Decoder:
+    """The base with the adapter folded in (in fp32, then cast to the weights' dtype)."""
+    try:
+        model = load_model(source.base, dtype=dtype)
+        if source.adapter is not None:
+            load_adapter(model, source.adapter, dtype=torch.float32)
+            merge_lora(model)
+    except (CheckpointError, AdapterError, LoraTargetError, ValueError) as error:
+        raise ExportError(str(error)) from None
+    return model
+
+
+def load_tokenizer(source: ExportSource):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(source.tokenizer_dir), local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise ExportError(f"cannot load the tokenizer in {source.tokenizer_dir}: {error}") from None
+
+
+def export_merged(
+    source: ExportSource,
+    out: Path,
+    dtype: str | None = None,
+    overwrite: bool = False,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> Path:
+    model = load_merged(source, dtype)
+    tokenizer = load_tokenizer(source)
+    base_config = read_hf_config(source.base)
+
+    def write(partial: Path) -> None:
+        save_hf_model(model, partial, dtype, max_shard_bytes)
+        # the base's own config, so that bos/eos ids and every other field survive
+        written = json.loads((partial / "config.json").read_text())
+        config = base_config | {"torch_dtype": written["torch_dtype"]}
+        if "dtype" in base_config:
+            config["dtype"] = written["torch_dtype"]
+        (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        tokenizer.save_pretrained(str(partial))
+        generation = generation_config(source.base, tokenizer, base_config)
+        (partial / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+    return write_atomically(out, write, overwrite)

@@ -1,0 +1,69 @@
+"""What to export: a model directory, a base plus an adapter, or a `tuneforge train` run."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuneforge.errors import TuneforgeError
+
+ADAPTER_DIR = "adapter"
+FINAL_DIR = "final"
+
+
+class ExportError(TuneforgeError):
+    """Export inputs or outputs that cannot be used as they are."""
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    base: Path
+    """A Hugging Face model directory (the merged result when `adapter` is None)."""
+    adapter: Path | None = None
+    """A PEFT-layout adapter directory to merge into `base`."""
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """Where the tokenizer comes from: the adapter's directory when it holds one (a run saves
+        the tokenizer it trained with there), else the base's."""
+        if self.adapter is not None and (self.adapter / "tokenizer_config.json").is_file():
+            return self.adapter
+        return self.base
+
+
+def resolve_source(
+    path: Path | None = None, base: Path | None = None, adapter: Path | None = None
+) -> ExportSource:
+    """`path` is a run directory or a model directory; or give `base` (and `adapter`)."""
+    if path is not None and (base is not None or adapter is not None):
+        raise ExportError("give a run or model directory, or --base (with --adapter), not both")
+    if path is not None:
+        if (path / ADAPTER_DIR / "adapter_config.json").is_file():
+            return _from_adapter(path / ADAPTER_DIR)
+        if (path / FINAL_DIR / "config.json").is_file():
+            return ExportSource(path / FINAL_DIR)
+        if (path / "adapter_config.json").is_file():
+            return _from_adapter(path)
+        if (path / "config.json").is_file():
+            return ExportSource(path)
+        raise ExportError(
+            f"{path} is neither a finished run (with {ADAPTER_DIR}/ or {FINAL_DIR}/), "
+            "an adapter directory, nor a model directory (config.json)"
+        )
+    if base is None:
+        raise ExportError("give a run or model directory, or --base DIR (with --adapter DIR)")
+    if not (base / "config.json").is_file():
+        raise ExportError(f"--base {base}: no config.json; is it a Hugging Face model directory?")
+    if adapter is not None and not (adapter / "adapter_config.json").is_file():
+        raise ExportError(f"--adapter {adapter}: no adapter_config.json")
+    return ExportSource(base, adapter)
+
+
+def _from_adapter(adapter: Path) -> ExportSource:
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    base = Path(config.get("base_model_name_or_path") or "")
+    if not (base / "config.json").is_file():
+        raise ExportError(
+            f"{adapter}: its base model {str(base)!r} (base_model_name_or_path) is not a local "
+            "model directory; pass --base DIR --adapter DIR"
+        )
+    return ExportSource(base, adapter)
