@@ -85,3 +85,38 @@ def test_whole_model_varlen_matches_cpu_fp32(tmp_path, family):
         expected = reference(tokens, cu_seqlens=cu)
         got = on_gpu(tokens.cuda(), cu_seqlens=cu.cuda()).float().cpu()
     torch.testing.assert_close(got, expected, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("rank", [16, 4])
+def test_expert_lora_grouped_equals_the_loop_on_a_bf16_bank(rank):
+    from tuneforge.peft.expert_lora import ExpertLoRA
+
+    def build(implementation):
+        torch.manual_seed(0)
+        moe = MoE(256, MoEArgs(num_experts=16, top_k=4, expert_ffn_dim=128), implementation)
+        for param in moe.parameters():
+            torch.nn.init.normal_(param, std=0.05)
+        for projection, (out, inp) in {"gate_up_proj": (256, 256), "down_proj": (256, 128)}.items():
+            adapter = ExpertLoRA(16, inp, out, rank, 2.0 * rank, dtype=torch.float32)
+            torch.nn.init.normal_(adapter.lora_B, std=0.05)
+            moe.experts.adapters[projection] = adapter
+        moe.to(CUDA)
+        moe.router.to(torch.bfloat16)
+        moe.experts.gate_proj.data = moe.experts.gate_proj.data.bfloat16()
+        moe.experts.up_proj.data = moe.experts.up_proj.data.bfloat16()
+        moe.experts.down_proj.data = moe.experts.down_proj.data.bfloat16()
+        return moe
+
+    grouped, loop = build("grouped"), build("loop")
+    x = torch.randn(512, 256, device=CUDA, dtype=torch.bfloat16)
+    out_grouped, out_loop = grouped(x), loop(x)
+    torch.testing.assert_close(out_grouped, out_loop, atol=2e-2, rtol=2e-2)
+    out_grouped.float().square().sum().backward()
+    out_loop.float().square().sum().backward()
+    for (name, a), (_, b) in zip(
+        grouped.experts.adapters.named_parameters(),
+        loop.experts.adapters.named_parameters(),
+        strict=True,
+    ):
+        assert a.grad.dtype == torch.float32 and torch.isfinite(a.grad).all()
+        torch.testing.assert_close(a.grad, b.grad, atol=5e-2, rtol=5e-2, msg=name)
