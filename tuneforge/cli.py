@@ -17,6 +17,7 @@ from tuneforge.config import ConfigError, dump_config, load_config
 from tuneforge.errors import TuneforgeError
 
 EXIT_USAGE = 2
+EXIT_NONFINITE = 3
 
 app = typer.Typer(
     help="Fine-tune large language models, and know before launch whether the run fits.",
@@ -110,18 +111,47 @@ def train(
     config: ConfigArg,
     overrides: OverridesArg = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing run directory.")] = False,
+    resume: Annotated[
+        str,
+        typer.Option(
+            help="never, auto (from the newest complete checkpoint, if any) or a checkpoint directory."
+        ),
+    ] = "never",
+    force: Annotated[
+        bool, typer.Option(help="Resume even if memory-critical settings changed.")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
-    """Fine-tune a model as the configuration says."""
-    from tuneforge.train.loop import Trainer
+    """Fine-tune a model as the configuration says. Exit code 0: finished; 75: stopped before a
+    time limit or on a signal after saving (run the same command with --resume auto); 3: stopped
+    on non-finite losses."""
+    from tuneforge.train.loop import Trainer, is_finished
 
     _setup_logging(verbose)
     run_config = load_config(config, overrides or [])
-    trainer = Trainer(run_config, overwrite=overwrite)
+    if resume != "never" and is_finished(run_config.run.directory):
+        console.print(f"{run_config.run.directory} already finished: nothing to do")
+        return
+    trainer = Trainer(run_config, overwrite=overwrite, resume=resume, force=force)
+    try:
+        code = _train(trainer, run_config)
+    finally:
+        trainer.close()
+    if code:
+        raise typer.Exit(code)
+
+
+def _train(trainer, run_config) -> int:
+    from tuneforge.train.time_budget import EXIT_RESUME
+
     trainer.setup()
-    console.print(
-        f"run directory: {trainer.run_dir}  ({trainer.total_steps} steps on {trainer.device})"
-    )
+    main = trainer.world.is_main
+    if main:
+        start = f"from step {trainer.resumed_from} " if trainer.resumed_from else ""
+        console.print(
+            f"run directory: {trainer.run_dir}  ({trainer.total_steps} steps {start}on "
+            f"{trainer.world.world_size} x {trainer.device.type}, {trainer.strategy})"
+        )
     progress = Progress(
         TextColumn("[bold]train"),
         BarColumn(),
@@ -131,19 +161,33 @@ def train(
         ),
         TimeRemainingColumn(),
         console=console,
-        disable=not run_config.logging.progress,
+        disable=not (run_config.logging.progress and main and console.is_terminal),
     )
+    plain_lines = main and run_config.logging.progress and not console.is_terminal
+    log_steps = run_config.logging.log_steps
     with progress:
         task = progress.add_task(
-            "train", total=trainer.total_steps, loss=float("nan"), lr=0.0, tps=0.0
+            "train",
+            total=trainer.total_steps,
+            completed=trainer.resumed_from,
+            loss=float("nan"),
+            lr=0.0,
+            tps=0.0,
         )
 
         def on_step(record: dict) -> None:
             progress.update(
                 task, advance=1, loss=record["loss"], lr=record["lr"], tps=record["tokens_per_s"]
             )
+            step = record["step"]
+            if plain_lines and (step % log_steps == 0 or step == trainer.total_steps):
+                console.print(
+                    _plain_line(record, trainer.total_steps), markup=False, highlight=False
+                )
 
         def on_eval(evaluation) -> None:
+            if not main:
+                return
             parts = [f"step {evaluation.step}"]
             if evaluation.loss is not None:
                 parts.append(f"held-out loss {evaluation.loss.loss:.4f}")
@@ -152,8 +196,42 @@ def train(
             progress.console.print("eval: " + ", ".join(parts))
 
         summary = trainer.train(on_step=on_step, on_eval=on_eval)
+    if summary.stopped in ("time limit", "signal"):
+        if main:
+            console.print(
+                f"stopped at step {summary.steps} ({summary.stopped}) after saving a checkpoint: "
+                "run the same command with --resume auto to continue"
+            )
+        return EXIT_RESUME
+    if summary.stopped == "non-finite":
+        if main:
+            console.print(
+                f"[red]stopped at step {summary.steps}: {summary.skipped_steps} step(s) with "
+                "non-finite loss or gradients (train.on_nonfinite, train.max_nonfinite_steps)[/red]"
+            )
+        return EXIT_NONFINITE
     saved = trainer.save()
-    _print_summary(summary, saved)
+    if main:
+        _print_summary(summary, saved)
+    return 0
+
+
+def _plain_line(record: dict, total_steps: int) -> str:
+    """One step's numbers for logs that are not a terminal."""
+    parts = [
+        f"step {record['step']}/{total_steps}",
+        f"loss {record['loss']:.4f}",
+        f"lr {record['lr']:.2e}",
+        f"grad_norm {record['grad_norm']:.3f}",
+        f"{record['tokens_per_s']:,.0f} tok/s",
+    ]
+    if record.get("mfu") is not None:
+        parts.append(f"MFU {record['mfu']:.1%}")
+    if record.get("mem_reserved_gib") is not None:
+        parts.append(f"{record['mem_reserved_gib']:.1f} GiB reserved")
+    if record.get("eta_s") is not None:
+        parts.append(f"ETA {record['eta_s']:.0f} s")
+    return "  ".join(parts)
 
 
 def _print_summary(summary, saved: Path | None) -> None:

@@ -1,5 +1,6 @@
 """A shortened demo run end to end: the loss falls, weights change, the run directory is complete."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -56,10 +57,13 @@ def test_full_fine_tuning_learns_and_leaves_a_complete_run_directory(tmp_path):
     run = tmp_path / "run"
     assert (run / "config.yaml").is_file()
     assert load_config(run / "config.yaml").train.max_steps == 24
-    assert (run / "checkpoints" / "step_20" / "trainable.safetensors").is_file()
-    assert not (
-        run / "checkpoints" / "step_10"
-    ).exists()  # keep_last=2 keeps 10 and 20... see below
+    assert (run / "checkpoints" / "step_20" / "dcp" / ".metadata").is_file()
+    assert json.loads((run / "checkpoints" / "latest").read_text())["step"] == 20
+    assert not (run / "checkpoints" / "step_10").exists()  # keep_last=1
+    assert (run / "finished").is_file()
+    record = metrics[-1]
+    assert {"tokens_per_s", "tflops", "eta_s", "grad_norm", "lr", "elapsed_s"} <= set(record)
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert saved == run / "final"
     final = load_file(run / "final" / "model.safetensors")
     torch.testing.assert_close(

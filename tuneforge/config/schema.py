@@ -9,7 +9,9 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tuneforge.config.durations import parse_duration
 
 
 class RelativeToConfigFile:
@@ -160,10 +162,27 @@ class TrainSection(Section):
     """Clip the global gradient norm to this value; null disables clipping."""
     seed: int = 0
     """Seed for weights, adapters, data order and dropout."""
-    activation_checkpointing: Literal["none", "full"] = "none"
-    """Recompute each block's activations in backward (`full`) to save memory."""
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    """Recompute block activations in backward to save memory: every block (`full`) or every k-th (`selective`)."""
+    checkpoint_every: int = Field(2, ge=1)
+    """With activation_checkpointing: selective, recompute every k-th block."""
+    compile: bool = False
+    """Compile each block with torch.compile."""
     eval_steps: int | None = Field(None, ge=1)
     """Evaluate held-out loss every N steps (and at the start and the end)."""
+    on_nonfinite: Literal["skip", "stop"] = "skip"
+    """A step with NaN/Inf loss or gradients: skip its update (`skip`) or stop the run (`stop`)."""
+    max_nonfinite_steps: int = Field(10, ge=1)
+    """Stop anyway after this many non-finite steps in a row."""
+    time_limit: str | None = None
+    """Wall-clock budget of this job (`90m`, `4h`, `01:30:00`, `2-00:00:00`); under SLURM the job's end time is used when sooner. The run saves and exits before it."""
+
+    @field_validator("time_limit")
+    @classmethod
+    def _parse_time_limit(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_duration(value)
+        return value
 
 
 class PrecisionSection(Section):
@@ -186,6 +205,8 @@ class CheckpointSection(Section):
     """How many step checkpoints to keep."""
     save_final: bool = True
     """Save the trained weights (or the adapter) when the run ends."""
+    exit_margin_s: float = Field(60.0, ge=0)
+    """Least time kept before a time limit to save and exit; the loop adds its measured step and checkpoint times."""
 
 
 class LoggingSection(Section):
@@ -193,6 +214,12 @@ class LoggingSection(Section):
     """Write a metrics line every N steps."""
     progress: bool = True
     """Show a progress bar on the terminal."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to <run dir>/tensorboard."""
+    peak_tflops: float | None = Field(None, gt=0)
+    """Peak dense bf16 TFLOP/s of one device for MFU (default: from the GPU's name)."""
+    projection_step: int = Field(25, ge=2)
+    """Step at which the projected total time (and jobs needed under a time limit) is printed."""
 
 
 class EvalSection(Section):

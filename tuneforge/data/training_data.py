@@ -60,9 +60,15 @@ def training_conversations(
 
 
 def load_training_data(
-    data: DataSection, tokenizer, tokens_per_micro_batch: int, seed: int
+    data: DataSection,
+    tokenizer,
+    tokens_per_micro_batch: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> TrainingData:
-    """Read, validate, split, weight, tokenise (through the cache) and pack; raises `DataError`."""
+    """Read, validate, split, weight, tokenise (through the cache) and pack; raises `DataError`.
+    The loader serves data-parallel rank `rank` of `world_size`."""
     split = training_conversations(data, seed) if data.eval_fraction is not None else None
     if data.eval and split is None:
         check_disjoint_files([s.path for s in data.train], [s.path for s in data.eval])
@@ -97,7 +103,8 @@ def load_training_data(
         lambda: tokenise((split or training_conversations(data, seed))[0]),
     )
     held_out = split[1] if split is not None else []
-    result = TrainingData(PackedLoader(examples, tokens_per_micro_batch, seed, data.packing), stats)
+    loader = PackedLoader(examples, tokens_per_micro_batch, seed, data.packing, rank, world_size)
+    result = TrainingData(loader, stats)
     if data.eval or held_out:
         result.eval_conversations = held_out or [
             c for found in read_sources(data.eval, data.on_bad_record) for c in found

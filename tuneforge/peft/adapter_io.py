@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from tuneforge.config.schema import LoraSection
 from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.models.hf.checkpoint import gathered
 from tuneforge.peft.apply import apply_lora, full_modules, lora_modules
 from tuneforge.peft.expert_lora import ExpertLoRA
 from tuneforge.peft.lora import LoRALinear
@@ -57,11 +58,11 @@ def adapter_keys(model: torch.nn.Module) -> dict[str, Adapter]:
 
 
 def to_peft(adapter: Adapter, kind: str) -> torch.Tensor:
-    weight = adapter.lora_A if kind == "A" else adapter.lora_B
+    weight = gathered((adapter.lora_A if kind == "A" else adapter.lora_B).detach())
     if isinstance(adapter, LoRALinear):
-        return weight.detach()
+        return weight
     experts = adapter.num_experts
-    weight = weight.detach().expand(experts, -1, -1)
+    weight = weight.expand(experts, -1, -1)
     if kind == "A":  # [E, r, in] -> [E*r, in]
         return weight.reshape(-1, weight.shape[-1])
     return weight.permute(1, 2, 0).reshape(weight.shape[1], -1)  # [E, out, r] -> [out, r*E]
@@ -121,8 +122,11 @@ def _patterns(stems: dict[str, Adapter], attribute: str, default: float) -> dict
     return found
 
 
-def save_adapter(model: torch.nn.Module, out_dir: Path, base_model: str = "") -> None:
-    """Write the model's adapters (and `modules_to_save`) in the PEFT layout."""
+def save_adapter(
+    model: torch.nn.Module, out_dir: Path, base_model: str = "", write: bool = True
+) -> None:
+    """Write the model's adapters (and `modules_to_save`) in the PEFT layout. Under FSDP every
+    rank calls it (to gather the shards) and one writes (`write`)."""
     stems = adapter_keys(model)
     if not stems:
         raise AdapterError("the model has no LoRA modules to save")
@@ -133,8 +137,10 @@ def save_adapter(model: torch.nn.Module, out_dir: Path, base_model: str = "") ->
             tensors[f"{stem}.lora_{kind}.weight"] = to_peft(adapter, kind).cpu().contiguous()
     saved = full_modules(model, lora.modules_to_save)
     for name, hf_name in saved.items():
-        weight = model.get_submodule(name).weight
-        tensors[f"{PEFT_PREFIX}{hf_name}.weight"] = weight.detach().cpu().contiguous()
+        weight = gathered(model.get_submodule(name).weight.detach())
+        tensors[f"{PEFT_PREFIX}{hf_name}.weight"] = weight.cpu().contiguous()
+    if not write:
+        return
     target_modules, target_parameters = _target_names(stems, model)
     ranks = _patterns(stems, "rank", lora.rank)
     alphas = _patterns(stems, "alpha", lora.alpha)

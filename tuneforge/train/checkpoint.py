@@ -1,66 +1,170 @@
-"""What a run leaves on disk: step checkpoints (atomic), the final weights or adapter."""
+"""Step checkpoints for exact resume: model (or adapter) and optimizer state through
+`torch.distributed.checkpoint` (sharded, reshards on load), the loop state as JSON, and the RNG
+state of every rank.
 
+A checkpoint is written to `checkpoints/.step_N.partial` and renamed to `checkpoints/step_N`
+only when every rank has finished, then `checkpoints/latest` is pointed at it and older ones
+beyond `keep_last` are removed; a process killed while writing leaves the previous checkpoint
+as it was.
+"""
+
+import base64
+import contextlib
 import json
+import os
+import random
 import shutil
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from safetensors.torch import save_file
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
-from tuneforge.models.decoder import Decoder
-from tuneforge.models.hf.checkpoint import save_hf_model
-from tuneforge.peft.adapter_io import save_adapter
-from tuneforge.peft.apply import lora_modules
+from tuneforge.train.distributed import Dist, barrier
 
 CHECKPOINTS = "checkpoints"
-FINAL_DIR = "final"
-ADAPTER_DIR = "adapter"
-BASE_DIR = "base"
-TRAINABLE_FILE = "trainable.safetensors"
+LATEST = "latest"
 STATE_FILE = "state.json"
+WEIGHTS_DIR = "dcp"
+OPTIONS = StateDictOptions(ignore_frozen_params=True)
+"""Only what trains is saved: adapters (and modules_to_save) for LoRA, everything otherwise."""
 
 
-def save_step_checkpoint(
-    run_dir: Path, model: torch.nn.Module, step: int, state: dict[str, Any], keep_last: int
-) -> Path:
-    """Trainable tensors and loop state of `step`, written to a temporary directory then renamed."""
-    root = run_dir / CHECKPOINTS
-    final = root / f"step_{step}"
-    partial = root / f".step_{step}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    tensors = {
-        name: param.detach().cpu().contiguous()
-        for name, param in model.named_parameters()
-        if param.requires_grad
+@dataclass
+class LoopState:
+    step: int
+    tokens_seen: int
+    loader: dict[str, int]
+    elapsed_s: float
+    world_size: int
+    settings: dict[str, Any]
+    """Memory-critical settings the run was started with (checked on resume)."""
+    nonfinite_steps: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
     }
-    save_file(tensors, str(partial / TRAINABLE_FILE))
-    (partial / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=2))
-    shutil.rmtree(final, ignore_errors=True)
-    partial.rename(final)
-    (root / "latest").write_text(final.name + "\n")
-    steps = sorted((int(p.name.split("_")[1]), p) for p in root.glob("step_*") if p.is_dir())
-    for _, old in steps[:-keep_last]:
-        shutil.rmtree(old)
-    return final
+    if torch.cuda.is_available():
+        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
+    return state
 
 
-def save_final(run_dir: Path, model: Decoder, tokenizer, base_model: str) -> Path:
-    """The adapter (PEFT layout) for LoRA runs, else the full model (HF layout with tokenizer)."""
-    if lora_modules(model):
-        out = run_dir / ADAPTER_DIR
-        save_adapter(model, out, base_model)
-    else:
-        out = run_dir / FINAL_DIR
-        save_hf_model(model, out)
-    tokenizer.save_pretrained(str(out))
-    return out
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+
+    def decode(text: str) -> torch.Tensor:
+        return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
+
+    torch.set_rng_state(decode(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(decode(state["cuda"]))
 
 
-def save_base(run_dir: Path, model: Decoder, tokenizer) -> Path:
-    """A random-init base saved next to its adapter, so the adapter can be used later."""
-    out = run_dir / BASE_DIR
-    save_hf_model(model, out)
-    tokenizer.save_pretrained(str(out))
-    return out
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns that it assumes one process when there is no process group; that is intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _write_json(file: Path, data: Any) -> None:
+    partial = file.with_name(f".{file.name}.partial")
+    partial.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(partial, file)
+
+
+def save_checkpoint(
+    run_dir: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: LoopState,
+    world: Dist,
+    keep_last: int,
+) -> tuple[Path, float]:
+    """Write the checkpoint of `state.step` on every rank; returns its path and the seconds taken."""
+    start = time.perf_counter()
+    root = run_dir / CHECKPOINTS
+    final = root / f"step_{state.step}"
+    partial = root / f".step_{state.step}.partial"
+    if world.is_main:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
+    with _single_process_quiet():
+        dcp.save(
+            {"model": model_state, "optim": optimizer_state}, checkpoint_id=partial / WEIGHTS_DIR
+        )
+    (partial / f"rng_rank{world.rank}.json").write_text(json.dumps(rng_state()))
+    barrier()
+    if world.is_main:
+        _write_json(partial / STATE_FILE, asdict(state))
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        _write_json(root / LATEST, {"step": state.step, "path": final.name})
+        steps = sorted((int(p.name.split("_")[1]), p) for p in root.glob("step_*") if p.is_dir())
+        for _, old in steps[:-keep_last]:
+            shutil.rmtree(old)
+    barrier()
+    return final, time.perf_counter() - start
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint: the `latest` pointer, else the highest complete step."""
+    root = run_dir / CHECKPOINTS
+    pointer = root / LATEST
+    if pointer.is_file():
+        try:
+            candidate = root / json.loads(pointer.read_text())["path"]
+        except (json.JSONDecodeError, KeyError):
+            candidate = None
+        if candidate is not None and (candidate / STATE_FILE).is_file():
+            return candidate
+    complete = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file()]
+    return max(complete, key=lambda p: int(p.name.split("_")[1]), default=None)
+
+
+def read_loop_state(checkpoint: Path) -> LoopState:
+    return LoopState(**json.loads((checkpoint / STATE_FILE).read_text()))
+
+
+def load_checkpoint(
+    checkpoint: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, world: Dist
+) -> LoopState:
+    """Restore weights, optimizer and this rank's RNG (when the checkpoint has this rank)."""
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
+    state = {"model": model_state, "optim": optimizer_state}
+    with _single_process_quiet():
+        dcp.load(state, checkpoint_id=checkpoint / WEIGHTS_DIR)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=OPTIONS,
+    )
+    rng_file = checkpoint / f"rng_rank{world.rank}.json"
+    if rng_file.is_file():
+        set_rng_state(json.loads(rng_file.read_text()))
+    return read_loop_state(checkpoint)

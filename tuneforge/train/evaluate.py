@@ -9,7 +9,6 @@ from tuneforge.data.packing import PackedBatch
 from tuneforge.data.records import Conversation
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import generate
-from tuneforge.train.loss import chunked_cross_entropy
 
 
 @dataclass
@@ -23,17 +22,20 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate_loss(model: Decoder, batches: list[PackedBatch], device: torch.device) -> EvalResult:
-    was_training = model.training
-    model.eval()
+def evaluate_loss(
+    objective: torch.nn.Module, batches: list[PackedBatch], device: torch.device
+) -> EvalResult:
+    """Mean token loss over `batches`, run through the training objective (so that under DDP or
+    FSDP every rank takes part)."""
+    was_training = objective.training
+    objective.eval()
     total, count = 0.0, 0
     for batch in batches:
         batch = batch.to(device)
-        hidden = model.hidden_states(batch.tokens, batch.packed)
-        loss_sum, num_tokens = chunked_cross_entropy(hidden, model.lm_head.weight, batch.labels)
+        loss_sum, _ = objective(batch.tokens, batch.labels, batch.packed)
         total += float(loss_sum)
-        count += num_tokens
-    model.train(was_training)
+        count += batch.num_loss_tokens
+    objective.train(was_training)
     return EvalResult(total / max(count, 1), count)
 
 

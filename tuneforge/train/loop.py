@@ -1,8 +1,8 @@
 """The training loop: `setup`, `train`, `save` — one readable recipe, no framework trainer."""
 
-import functools
 import logging
 import math
+import random
 import shutil
 import time
 from collections.abc import Callable
@@ -10,28 +10,73 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.checkpoint import checkpoint
+import torch.distributed as dist
 
 from tuneforge.config import RunConfig, dump_config
 from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.records import DataError
 from tuneforge.data.training_data import load_training_data
 from tuneforge.errors import TuneforgeError
-from tuneforge.models.decoder import Decoder
+from tuneforge.models.cost import LoraShape, training_flops_per_token
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.targets import LoraTargetError
-from tuneforge.train.build import build_model, load_tokenizer, pick_device
-from tuneforge.train.checkpoint import save_base, save_final, save_step_checkpoint
+from tuneforge.train.block_wrappers import apply_activation_checkpointing, compile_blocks
+from tuneforge.train.build import build_model, load_tokenizer
+from tuneforge.train.checkpoint import (
+    STATE_FILE,
+    LoopState,
+    latest_checkpoint,
+    load_checkpoint,
+    read_loop_state,
+    save_checkpoint,
+)
+from tuneforge.train.distributed import (
+    all_reduce_sum,
+    barrier,
+    gradient_sync,
+    init_distributed,
+    parallelize,
+    strategy_of,
+    unwrap,
+)
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
-from tuneforge.train.loss import chunked_cross_entropy
-from tuneforge.train.metrics import MetricsLog
+from tuneforge.train.hardware import memory_stats, peak_tflops
+from tuneforge.train.metrics import MetricsLog, Pace
+from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer, learning_rate
+from tuneforge.train.outputs import save_base, save_final
+from tuneforge.train.projection import project
+from tuneforge.train.time_budget import Deadline, StopSignals, find_deadline, time_needed_to_stop
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
+FINISHED_FILE = "finished"
+TENSORBOARD_DIR = "tensorboard"
+MEMORY_SETTINGS = (
+    ("train", "activation_checkpointing"),
+    ("train", "checkpoint_every"),
+    ("train", "tokens_per_micro_batch"),
+    ("data", "max_seq_len"),
+    ("model", "dtype"),
+    ("precision", "fp8"),
+    ("precision", "fp4"),
+)
+"""Settings the memory of a run depends on: a resume may not change them silently."""
+
+
+def memory_settings(config: RunConfig) -> dict[str, Any]:
+    return {
+        f"{section}.{name}": getattr(getattr(config, section), name)
+        for section, name in MEMORY_SETTINGS
+    }
+
+
+def is_finished(run_dir: Path) -> bool:
+    return (run_dir / FINISHED_FILE).is_file()
 
 
 @dataclass
@@ -49,81 +94,151 @@ class TrainSummary:
     evaluations: list[Evaluation] = field(default_factory=list)
     saved: Path | None = None
     skipped_steps: int = 0
-
-
-def apply_activation_checkpointing(model: Decoder) -> None:
-    """Recompute every block in backward; module names (and so checkpoints) stay unchanged."""
-    for layer in model.layers:
-        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+    stopped: str | None = None
+    """Why the run stopped before its last step: `time limit`, `signal` or `non-finite`."""
+    resumed_from: int = 0
 
 
 class Trainer:
-    def __init__(self, config: RunConfig, overwrite: bool = False) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        overwrite: bool = False,
+        resume: str = "never",
+        force: bool = False,
+    ) -> None:
+        """`resume`: `never`, `auto` (the newest complete checkpoint, if any) or a checkpoint
+        directory. `force` lets a resume change memory-critical settings."""
+        if overwrite and resume != "never":
+            raise TuneforgeError("--overwrite and --resume exclude each other")
         self.config = config
         self.run_dir = Path(config.run.directory)
         self.overwrite = overwrite
+        self.resume = resume
+        self.force = force
 
     def setup(self) -> None:
         config = self.config
         self._refuse_unsupported()
-        self._prepare_run_dir()
-        self.device = pick_device()
-        torch.manual_seed(config.train.seed)
+        self.world = init_distributed()
+        self.device = self.world.device
+        self.strategy = strategy_of(config.parallel, self.world)
+        checkpoint = self._prepare_run_dir()
+        seed = config.train.seed
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
         self.tokenizer = load_tokenizer(config)
         self.train_stats = self._load_data()
-        self.model = build_model(config.model, self.device, config.train.seed)
+        self.model = build_model(config.model, self.device, seed)
         if len(self.tokenizer) > self.model.args.vocab_size:
             raise TuneforgeError(
                 f"the tokenizer has {len(self.tokenizer)} tokens but the model's vocabulary holds "
                 f"{self.model.args.vocab_size}: use the model's own tokenizer"
             )
         self.base_model = str(config.model.path) if config.model.path else ""
-        self.lora_report = self._apply_lora()
-        if config.train.activation_checkpointing == "full":
-            apply_activation_checkpointing(self.model)
-        self.optimizer = build_optimizer(self.model, config.train, self.device)
+        self.lora_report = self._apply_lora(fresh=checkpoint is None)
+        train = config.train
+        apply_activation_checkpointing(
+            self.model, train.activation_checkpointing, train.checkpoint_every
+        )
+        if train.compile:
+            compile_blocks(self.model)
+        self.objective = parallelize(
+            NextTokenObjective(self.model),
+            self.model.layers,
+            self.strategy,
+            config.parallel,
+            self.world,
+        )
+        self.optimizer = build_optimizer(self.model, train, self.device)
         self.total_steps = self._total_steps()
-        self.metrics = MetricsLog(self.run_dir / METRICS_FILE)
-        (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
+        tensorboard = self.run_dir / TENSORBOARD_DIR if config.logging.tensorboard else None
+        self.metrics = (
+            MetricsLog(self.run_dir / METRICS_FILE, tensorboard) if self.world.is_main else None
+        )
+        self.step, self.tokens_seen, self.nonfinite_steps, self.elapsed_before = 0, 0, 0, 0.0
+        self.resumed_from = 0
+        if checkpoint is not None:
+            self._resume(checkpoint)
+        elif self.world.is_main:
+            (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
+        self.peak_tflops = peak_tflops(self.device, config.logging.peak_tflops)
 
     def _refuse_unsupported(self) -> None:
-        precision, parallel = self.config.precision, self.config.parallel
+        precision = self.config.precision
         if precision.fp8 or precision.fp4:
             raise TuneforgeError(
                 "precision.fp8 / precision.fp4 training is not available in this version"
             )
-        if parallel.strategy in ("ddp", "fsdp"):
-            raise TuneforgeError(
-                f"parallel.strategy={parallel.strategy} is not available in this version: use single"
-            )
 
-    def _prepare_run_dir(self) -> None:
-        if (self.run_dir / CONFIG_FILE).exists():
-            if not self.overwrite:
-                raise TuneforgeError(
-                    f"{self.run_dir} already holds a run: pick another run.name or run.output_dir, "
-                    "or pass --overwrite to replace it"
-                )
-            shutil.rmtree(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+    def _prepare_run_dir(self) -> Path | None:
+        """The checkpoint to resume from, if any; refuses to touch another run's directory."""
+        exists = (self.run_dir / CONFIG_FILE).exists()
+        checkpoint = None
+        if self.resume == "auto":
+            checkpoint = latest_checkpoint(self.run_dir)
+        elif self.resume != "never":
+            checkpoint = Path(self.resume)
+            if not (checkpoint / STATE_FILE).is_file():
+                raise TuneforgeError(f"--resume {checkpoint}: not a complete checkpoint directory")
+        elif exists and not self.overwrite:
+            raise TuneforgeError(
+                f"{self.run_dir} already holds a run: pass --resume auto to continue it, "
+                "--overwrite to replace it, or pick another run.name or run.output_dir"
+            )
+        barrier()
+        if self.world.is_main:
+            if exists and self.overwrite:
+                shutil.rmtree(self.run_dir)
+            if checkpoint is None and exists and self.resume == "auto":
+                log.info("%s has no complete checkpoint: starting from step 0", self.run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            for partial in (self.run_dir / "checkpoints").glob(".step_*.partial"):
+                shutil.rmtree(partial, ignore_errors=True)  # left by a killed save
+        barrier()
+        return checkpoint
 
     def _load_data(self) -> DatasetStats:
         train = self.config.train
-        try:
-            data = load_training_data(
-                self.config.data, self.tokenizer, train.tokens_per_micro_batch, train.seed
+
+        def load():
+            return load_training_data(
+                self.config.data,
+                self.tokenizer,
+                train.tokens_per_micro_batch,
+                train.seed,
+                rank=self.world.rank,
+                world_size=self.world.world_size,
             )
-        except DataError as error:
-            raise TuneforgeError(str(error)) from None
+
+        # the first rank tokenises into the cache; the others then read it
+        data, problem = None, None
+        if self.world.is_main:
+            try:
+                data = load()
+            except (DataError, ValueError) as error:
+                problem = error
+        barrier()
+        if data is None and problem is None:
+            try:
+                data = load()
+            except (DataError, ValueError) as error:
+                problem = error
+        if problem is not None or data is None:
+            raise TuneforgeError(str(problem)) from None
         self.loader = data.loader
         self.eval_batches = data.eval_batches
         self.eval_conversations = data.eval_conversations
         return data.stats
 
-    def _apply_lora(self) -> LoraReport:
+    def _apply_lora(self, fresh: bool) -> LoraReport:
         lora = self.config.lora
         if lora.enabled and self.config.model.path is None:
-            self.base_model = str(save_base(self.run_dir, self.model, self.tokenizer))
+            base = self.run_dir / "base"
+            if fresh and self.world.is_main:
+                save_base(self.run_dir, self.model, self.tokenizer)
+            self.base_model = str(base)
         generator = torch.Generator(device=self.device).manual_seed(self.config.train.seed + 1)
         try:
             apply_lora(self.model, lora, generator, torch.float32)
@@ -144,6 +259,33 @@ class Trainer:
         )
         return report
 
+    def _resume(self, checkpoint: Path) -> None:
+        saved = read_loop_state(checkpoint)
+        current = memory_settings(self.config)
+        changed = [
+            f"{key}: {saved.settings.get(key)!r} -> {value!r}"
+            for key, value in current.items()
+            if saved.settings.get(key) != value
+        ]
+        if changed and not self.force:
+            raise TuneforgeError(
+                f"resuming {checkpoint} would change settings the run's memory depends on "
+                f"({'; '.join(changed)}): restore them, or pass --force to resume anyway"
+            )
+        state = load_checkpoint(checkpoint, self.objective, self.optimizer, self.world)
+        loader_state = dict(state.loader)
+        if state.world_size != self.world.world_size:  # same share of the epoch, new rank split
+            loader_state["position"] = (
+                loader_state["position"] * state.world_size // self.world.world_size
+            )
+        self.loader.load_state_dict(loader_state)
+        self.step, self.tokens_seen = state.step, state.tokens_seen
+        self.nonfinite_steps, self.elapsed_before = state.nonfinite_steps, state.elapsed_s
+        self.resumed_from = state.step
+        if self.metrics is not None:
+            self.metrics.truncate_after(state.step)
+        log.info("resumed from %s (step %d)", checkpoint, state.step)
+
     def _total_steps(self) -> int:
         train = self.config.train
         if train.max_steps is not None:
@@ -151,15 +293,25 @@ class Trainer:
         assert train.epochs is not None
         return max(1, math.ceil(train.epochs * len(self.loader) / train.grad_accum_steps))
 
+    def _lora_shape(self) -> LoraShape | None:
+        if not self.config.lora.enabled:
+            return None
+        leaves = {
+            name.rsplit(".", 1)[-1] for names in self.lora_report.matched.values() for name in names
+        }
+        return LoraShape(self.config.lora.rank, tuple(sorted(leaves)))
+
     def evaluate(self, step: int) -> Evaluation:
         loss = (
-            evaluate_loss(self.model, self.eval_batches, self.device) if self.eval_batches else None
+            evaluate_loss(self.objective, self.eval_batches, self.device)
+            if self.eval_batches
+            else None
         )
         accuracy = None
         samples = self.config.eval.num_samples
-        if samples and self.eval_conversations:
+        if samples and self.eval_conversations and self.strategy != "fsdp":
             accuracy = exact_match(
-                self.model,
+                unwrap(self.objective).model,
                 self.tokenizer,
                 self.eval_conversations[:samples],
                 self.config.eval.max_new_tokens,
@@ -169,8 +321,67 @@ class Trainer:
             record |= {"eval_loss": loss.loss, "eval_ppl": loss.perplexity}
         if accuracy is not None:
             record["eval_accuracy"] = accuracy.accuracy
-        self.metrics.write(record)
+        if self.metrics is not None:
+            self.metrics.write(record)
         return Evaluation(step, loss, accuracy)
+
+    def _loop_state(self, elapsed: float) -> LoopState:
+        return LoopState(
+            step=self.step,
+            tokens_seen=self.tokens_seen,
+            loader=self.loader.state_dict(),
+            elapsed_s=elapsed,
+            world_size=self.world.world_size,
+            settings=memory_settings(self.config),
+            nonfinite_steps=self.nonfinite_steps,
+        )
+
+    def _step(self, batches) -> dict[str, Any]:
+        """One optimizer step over `grad_accum_steps` micro-batches; its metrics."""
+        train = self.config.train
+        world_size = self.world.world_size
+        lr = learning_rate(self.step, self.total_steps, train)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro_batches = [next(batches).to(self.device) for _ in range(train.grad_accum_steps)]
+        # Normalise by the supervised tokens of the whole step on every rank: any split of the
+        # same tokens over micro-batches and ranks gives the same update. DDP and FSDP average
+        # gradients over ranks, hence the factor world_size.
+        local_tokens = sum(batch.num_loss_tokens for batch in micro_batches)
+        step_tokens = all_reduce_sum(local_tokens, self.device)
+        scale = world_size / max(step_tokens, 1)
+        moe = self.model.args.moe
+        local_loss = 0.0
+        for index, batch in enumerate(micro_batches):
+            with gradient_sync(self.objective, index == len(micro_batches) - 1):
+                loss_sum, aux = self.objective(batch.tokens, batch.labels, batch.packed)
+                objective = loss_sum * scale
+                if moe is not None:  # load balancing, averaged over micro-batches (and ranks)
+                    objective = objective + moe.router_aux_loss_coef * aux / len(micro_batches)
+                objective.backward()
+            local_loss += float(loss_sum.detach())
+        loss = all_reduce_sum(local_loss, self.device) / max(step_tokens, 1)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        real = all_reduce_sum(sum(b.num_real_tokens for b in micro_batches), self.device)
+        documents = all_reduce_sum(
+            sum(b.packed.cu_seqlens.numel() - 1 for b in micro_batches), self.device
+        )
+        return {
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "finite": finite,
+            "tokens": int(real),
+            "loss_tokens": int(step_tokens),
+            "mean_doc_len": real / max(documents, 1),
+        }
 
     def train(
         self,
@@ -179,85 +390,165 @@ class Trainer:
     ) -> TrainSummary:
         config = self.config
         train = config.train
-        summary = TrainSummary(self.run_dir, 0, float("nan"))
-        if self.eval_batches:
-            summary.evaluations.append(self.evaluate(0))
+        summary = TrainSummary(
+            self.run_dir, self.step, float("nan"), resumed_from=self.resumed_from
+        )
+        summary.skipped_steps = self.nonfinite_steps
+
+        def evaluate(step: int) -> None:
+            summary.evaluations.append(self.evaluate(step))
             if on_eval:
                 on_eval(summary.evaluations[-1])
+
+        if self.eval_batches and self.step == 0:
+            evaluate(0)
+        started = time.time()
+        deadline = find_deadline(train.time_limit, started)
+        if deadline.at is not None and self.world.is_main:
+            log.info("time limit: %s, %.0f s from now", deadline.source, deadline.remaining())
+        pace = Pace()
+        checkpoint_s: float | None = None
+        nonfinite_in_row = 0
+        lora_shape = self._lora_shape()
         batches = iter(self.loader)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.model.train()
-        start = time.perf_counter()
-        for step in range(self.total_steps):
-            step_start = time.perf_counter()
-            lr = learning_rate(step, self.total_steps, train)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            micro_batches = [next(batches).to(self.device) for _ in range(train.grad_accum_steps)]
-            # Normalise by the supervised tokens of the whole step: any split equals one big batch.
-            step_loss_tokens = sum(batch.num_loss_tokens for batch in micro_batches)
-            loss_total = 0.0
-            for batch in micro_batches:
-                hidden = self.model.hidden_states(batch.tokens, batch.packed)
-                loss_sum, _ = chunked_cross_entropy(hidden, self.model.lm_head.weight, batch.labels)
-                objective = loss_sum / step_loss_tokens
-                aux = self.model.aux_loss()
-                if aux is not None:  # MoE load balancing, averaged over the step's micro-batches
-                    assert self.model.args.moe is not None
-                    objective = objective + self.model.args.moe.router_aux_loss_coef * aux / len(
-                        micro_batches
+        self.objective.train()
+        with StopSignals() as signals:
+            while self.step < self.total_steps:
+                step_start = time.perf_counter()
+                result = self._step(batches)
+                self.step += 1
+                step_s = time.perf_counter() - step_start
+                pace.add(step_s)
+                self.tokens_seen += result["tokens"]
+                if not result["finite"]:
+                    self.nonfinite_steps += 1
+                    nonfinite_in_row += 1
+                    log.warning(
+                        "step %d: non-finite loss or gradient norm; update skipped", self.step
                     )
-                objective.backward()
-                loss_total += float(loss_sum.detach())
-            loss = loss_total / max(step_loss_tokens, 1)
-            max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-            if math.isfinite(loss) and math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:
-                summary.skipped_steps += 1
-                log.warning("step %d: non-finite loss or gradient norm; update skipped", step + 1)
-            self.optimizer.zero_grad(set_to_none=True)
-            num_tokens = sum(batch.num_real_tokens for batch in micro_batches)
-            elapsed = time.perf_counter() - step_start
-            record = {
-                "step": step + 1,
-                "loss": loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens": num_tokens,
-                "loss_tokens": step_loss_tokens,
-                "tokens_per_s": num_tokens / elapsed,
-                "elapsed_s": time.perf_counter() - start,
-            }
-            summary.steps, summary.final_loss = step + 1, loss
-            if (step + 1) % config.logging.log_steps == 0 or step + 1 == self.total_steps:
-                self.metrics.write(record)
-            if on_step:
-                on_step(record)
-            save_steps = config.checkpoint.save_steps
-            if save_steps and (step + 1) % save_steps == 0 and step + 1 < self.total_steps:
-                state = {"tokens_seen": record["tokens"], "epoch": self.loader.epoch}
-                save_step_checkpoint(
-                    self.run_dir, self.model, step + 1, state, config.checkpoint.keep_last
-                )
-            eval_steps = train.eval_steps
-            if (
-                self.eval_batches
-                and eval_steps
-                and (step + 1) % eval_steps == 0
-                and step + 1 < self.total_steps
-            ):
-                summary.evaluations.append(self.evaluate(step + 1))
-                if on_eval:
-                    on_eval(summary.evaluations[-1])
+                else:
+                    nonfinite_in_row = 0
+                elapsed = self.elapsed_before + time.time() - started
+                record = self._record(result, step_s, elapsed, pace, checkpoint_s, lora_shape)
+                summary.steps, summary.final_loss = self.step, result["loss"]
+                summary.skipped_steps = self.nonfinite_steps
+                if self.metrics is not None and (
+                    self.step % config.logging.log_steps == 0 or self.step == self.total_steps
+                ):
+                    self.metrics.write(record)
+                if on_step:
+                    on_step(record)
+                if self.step == config.logging.projection_step and self.world.is_main:
+                    for level, line in project(
+                        self.step, self.total_steps, elapsed, pace, deadline, started, config
+                    ):
+                        log.log(level, line)
+                if (
+                    self.eval_batches
+                    and train.eval_steps
+                    and self.step % train.eval_steps == 0
+                    and self.step < self.total_steps
+                ):
+                    evaluate(self.step)
+                stop = self._stop_reason(signals, deadline, pace, checkpoint_s, nonfinite_in_row)
+                save_steps = config.checkpoint.save_steps
+                periodic = save_steps is not None and self.step % save_steps == 0
+                if self.step < self.total_steps and (periodic or stop in ("time limit", "signal")):
+                    _, seconds = save_checkpoint(
+                        self.run_dir,
+                        self.objective,
+                        self.optimizer,
+                        self._loop_state(self.elapsed_before + time.time() - started),
+                        self.world,
+                        config.checkpoint.keep_last,
+                    )
+                    checkpoint_s = max(checkpoint_s or 0.0, seconds)
+                    log.info("checkpoint of step %d written in %.1f s", self.step, seconds)
+                if stop is not None and self.step < self.total_steps:
+                    summary.stopped = stop
+                    log.warning("stopping at step %d (%s)", self.step, stop)
+                    return summary
         if self.eval_batches:
-            summary.evaluations.append(self.evaluate(self.total_steps))
-            if on_eval:
-                on_eval(summary.evaluations[-1])
+            evaluate(self.total_steps)
         return summary
 
+    def _record(
+        self,
+        result: dict[str, Any],
+        step_s: float,
+        elapsed: float,
+        pace: Pace,
+        checkpoint_s: float | None,
+        lora_shape: LoraShape | None,
+    ) -> dict[str, Any]:
+        tokens_per_s = result["tokens"] / step_s
+        flops = training_flops_per_token(self.model.args, round(result["mean_doc_len"]), lora_shape)
+        tflops = tokens_per_s * flops / self.world.world_size / 1e12
+        eta = pace.eta_s(self.total_steps - self.step)
+        record = {
+            "step": self.step,
+            "loss": result["loss"],
+            "lr": result["lr"],
+            "grad_norm": result["grad_norm"],
+            "tokens": result["tokens"],
+            "loss_tokens": result["loss_tokens"],
+            "tokens_per_s": tokens_per_s,
+            "loss_tokens_per_s": result["loss_tokens"] / step_s,
+            "tflops": tflops,
+            "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
+            "step_s": step_s,
+            "elapsed_s": elapsed,
+            "eta_s": eta,
+            "checkpoint_s": checkpoint_s,
+            "nonfinite_steps": self.nonfinite_steps,
+        }
+        return record | memory_stats(self.device)
+
+    def _stop_reason(
+        self,
+        signals: StopSignals,
+        deadline: Deadline,
+        pace: Pace,
+        checkpoint_s: float | None,
+        nonfinite_in_row: int,
+    ) -> str | None:
+        """Why to stop after this step, agreed by every rank (the most urgent reason wins)."""
+        train = self.config.train
+        code = 0
+        if nonfinite_in_row and (
+            train.on_nonfinite == "stop" or nonfinite_in_row >= train.max_nonfinite_steps
+        ):
+            code = 3
+        elif signals.received is not None:
+            code = 2
+        elif deadline.at is not None:
+            step_s = pace.steady_step_s or 0.0
+            needed = time_needed_to_stop(step_s, checkpoint_s, self.config.checkpoint.exit_margin_s)
+            remaining = deadline.remaining()
+            if remaining is not None and remaining < needed:
+                code = 1
+        if dist.is_initialized():
+            flag = torch.tensor([code], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            code = int(flag.item())
+        return {0: None, 1: "time limit", 2: "signal", 3: "non-finite"}[code]
+
     def save(self) -> Path | None:
-        if not self.config.checkpoint.save_final:
-            return None
-        return save_final(self.run_dir, self.model, self.tokenizer, self.base_model)
+        """The final weights (or adapter); marks the run finished."""
+        out = None
+        if self.config.checkpoint.save_final:
+            out = save_final(
+                self.run_dir, self.model, self.tokenizer, self.base_model, write=self.world.is_main
+            )
+        if self.world.is_main:
+            (self.run_dir / FINISHED_FILE).write_text(f"{self.step}\n")
+            if self.metrics is not None:
+                self.metrics.close()
+        barrier()
+        return out
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -129,24 +129,39 @@ def load_hf_model(
     return model
 
 
+def gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a sharded (FSDP2 DTensor) one; every rank must call it."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def save_hf_model(
-    model: Decoder, out_dir: Path, dtype: str | None = None, max_shard_bytes: int = 5 * 2**30
+    model: Decoder,
+    out_dir: Path,
+    dtype: str | None = None,
+    max_shard_bytes: int = 5 * 2**30,
+    write: bool = True,
 ) -> None:
-    """Write config.json and safetensors shards (with an index when there is more than one)."""
+    """Write config.json and safetensors shards (with an index when there is more than one).
+    Under FSDP every rank calls it (to gather the shards) and one writes (`write`)."""
     args = model.args
     adapter = adapter_for(args.family)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and args.tie_embeddings:
             continue
-        tensor = tensor.detach().to(DTYPES[dtype] if dtype else tensor.dtype).cpu()
+        tensor = gathered(tensor.detach())
+        if not write:
+            continue
+        tensor = tensor.to(DTYPES[dtype] if dtype else tensor.dtype).cpu()
         stacked = ".mlp.experts." in name
         for expert, part in enumerate(tensor.unbind(0) if stacked else [tensor]):
             hf_name = adapter.to_hf(name, expert if stacked else None)
             if hf_name is None:
                 raise KeyError(f"no Hugging Face name for {name}")
             tensors[hf_name] = part.contiguous()
+    if not write:
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
     dtype_name = dtype or str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     shards = _shard(tensors, max_shard_bytes)
     if len(shards) == 1:

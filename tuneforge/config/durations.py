@@ -1,0 +1,25 @@
+"""Durations as users and SLURM write them: `90s`, `45m`, `4h`, `1d`, `01:30:00`, `2-00:00:00`."""
+
+import re
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `text`; ValueError with the accepted forms otherwise."""
+    value = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", value)
+    if match:
+        return float(match.group(1)) * UNITS[match.group(2) or "s"]
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
+    if match and ":" in value:
+        days, first, second, third = match.groups()
+        parts = [int(first), int(second or 0), int(third or 0)]
+        if third is None:  # MM:SS, as SLURM reads two fields
+            parts = [0, parts[0], parts[1]]
+        hours, minutes, seconds = parts
+        return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+    if match and "-" in value:  # D-HH
+        days, hours = match.group(1), match.group(2)
+        return int(days) * 86400 + int(hours) * 3600
+    raise ValueError(f"cannot read {text!r} as a duration: use 90m, 4h, 1d, HH:MM:SS or D-HH:MM:SS")

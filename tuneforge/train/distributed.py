@@ -1,0 +1,119 @@
+"""One process or many: the process group under `torchrun`, the device of each rank, and the
+parallel wrapping (DDP, or FSDP2 `fully_shard` per block) applied from outside the model."""
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tuneforge.config.schema import ParallelSection
+from tuneforge.errors import TuneforgeError
+
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = CPU
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def initialized(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed() -> Dist:
+    """Join the process group `torchrun` describes (NCCL on GPUs, gloo on CPU); one process
+    without it."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return Dist(rank, world_size, local_rank, device)
+
+
+def all_reduce_sum(value: float, device: torch.device) -> float:
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def strategy_of(parallel: ParallelSection, world: Dist) -> str:
+    if parallel.strategy == "auto":
+        return "fsdp" if world.world_size > 1 else "single"
+    if parallel.strategy == "single" and world.world_size > 1:
+        raise TuneforgeError(
+            f"parallel.strategy=single with {world.world_size} processes: use ddp or fsdp (or auto)"
+        )
+    return parallel.strategy
+
+
+def reshard_after_forward(parallel: ParallelSection) -> bool:
+    """ZeRO-3 (True) unless zero_stage 2 or reshard_after_forward False asks for ZeRO-2."""
+    if parallel.reshard_after_forward is not None:
+        return parallel.reshard_after_forward
+    return parallel.zero_stage != 2
+
+
+def parallelize(
+    root: nn.Module,
+    blocks: nn.ModuleList,
+    strategy: str,
+    parallel: ParallelSection,
+    world: Dist,
+) -> nn.Module:
+    """Wrap `root` (which runs `blocks`) for the strategy; the returned module is what forward
+    and backward run through. FSDP2 shards each block and then the root (embedding, final norm,
+    output layer), with parameters and compute in the model's dtype and reductions in fp32."""
+    if strategy == "single":
+        return root
+    if strategy == "ddp":
+        ids = [world.device.index] if world.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(root, device_ids=ids)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dtype = next(root.parameters()).dtype
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    reshard = reshard_after_forward(parallel)
+    for block in blocks:
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(root, mp_policy=policy, reshard_after_forward=reshard)
+    return root
+
+
+@contextlib.contextmanager
+def gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
+    """Reduce gradients only on the last micro-batch of a step (DDP and FSDP2)."""
+    if isinstance(module, nn.parallel.DistributedDataParallel) and not enabled:
+        with module.no_sync():
+            yield
+        return
+    if hasattr(module, "set_requires_gradient_sync"):
+        module.set_requires_gradient_sync(enabled)
+    yield
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module

@@ -1,0 +1,85 @@
+"""At a set step, from the measured pace: how long the whole run takes, whether it finishes in
+this job, how many jobs it needs, and whether periodic checkpoints will happen at all."""
+
+import logging
+import math
+
+from tuneforge.config import RunConfig
+from tuneforge.config.durations import parse_duration
+from tuneforge.train.metrics import Pace
+from tuneforge.train.time_budget import Deadline
+
+MANY_JOBS = 20
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def project(
+    step: int,
+    total_steps: int,
+    elapsed: float,
+    pace: Pace,
+    deadline: Deadline,
+    job_started: float,
+    config: RunConfig,
+) -> list[tuple[int, str]]:
+    """(log level, message) lines."""
+    step_s = pace.steady_step_s
+    if step_s is None:
+        return []
+    remaining_steps = total_steps - step
+    lines = [
+        (
+            logging.INFO,
+            f"projected: {duration(elapsed + remaining_steps * step_s)} for {total_steps} steps "
+            f"({step_s:.2f} s/step), {duration(remaining_steps * step_s)} to go",
+        )
+    ]
+    margin = config.checkpoint.exit_margin_s
+    left = deadline.remaining()
+    save_steps = config.checkpoint.save_steps
+    if left is not None and deadline.at is not None:
+        steps_here = max(0, int((left - margin) / step_s))
+        if steps_here >= remaining_steps:
+            lines.append((logging.INFO, f"finishes within this job ({duration(left)} left)"))
+        else:
+            job_s = (
+                parse_duration(config.train.time_limit)
+                if config.train.time_limit is not None
+                else deadline.at - job_started
+            )
+            per_job = max(1, int((job_s - margin) / step_s))
+            jobs = 1 + math.ceil((remaining_steps - steps_here) / per_job)
+            message = (
+                f"this job reaches about step {step + steps_here} before {deadline.source}; "
+                f"the run needs {jobs} jobs in all: chain them with `tuneforge train ... --resume auto`"
+            )
+            if jobs > MANY_JOBS:
+                message += (
+                    f" — {jobs} jobs is a lot: consider cancelling and reconfiguring "
+                    "(fewer steps, a larger micro-batch, less checkpointing, more GPUs)"
+                )
+            lines.append((logging.WARNING, message))
+        if save_steps is not None and save_steps * step_s > left - margin:
+            lines.append(
+                (
+                    logging.WARNING,
+                    f"checkpoint.save_steps={save_steps} is {duration(save_steps * step_s)} of "
+                    f"training but this job has {duration(left)} left: no periodic checkpoint will "
+                    "be written in it (the save before the time limit still will)",
+                )
+            )
+    elif save_steps is not None:
+        lines.append(
+            (
+                logging.WARNING if save_steps * step_s > 3600 else logging.INFO,
+                f"no time limit known (train.time_limit, SLURM): checkpoint.save_steps={save_steps} "
+                f"means {duration(save_steps * step_s)} between checkpoints",
+            )
+        )
+    return lines
