@@ -38,6 +38,9 @@ STATE_FILE = "state.json"
 WEIGHTS_DIR = "dcp"
 OPTIONS = StateDictOptions(ignore_frozen_params=True)
 """Only what trains is saved: adapters (and modules_to_save) for LoRA, everything otherwise."""
+LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
+"""Frozen weights are absent from the checkpoint; `dcp.load` already fails on a missing
+trainable one."""
 
 
 @dataclass
@@ -162,7 +165,7 @@ def load_checkpoint(
         optimizer,
         model_state_dict=state["model"],
         optim_state_dict=state["optim"],
-        options=OPTIONS,
+        options=LOAD_OPTIONS,
     )
     rng_file = checkpoint / f"rng_rank{world.rank}.json"
     if rng_file.is_file():

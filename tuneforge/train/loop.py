@@ -35,7 +35,6 @@ from tuneforge.train.checkpoint import (
 from tuneforge.train.distributed import (
     all_reduce_sum,
     barrier,
-    gradient_sync,
     init_distributed,
     parallelize,
     strategy_of,
@@ -44,7 +43,7 @@ from tuneforge.train.distributed import (
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.hardware import memory_stats, peak_tflops
 from tuneforge.train.metrics import MetricsLog, Pace
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.objective import NextTokenObjective, backward_micro_batches
 from tuneforge.train.optim import build_optimizer, learning_rate
 from tuneforge.train.outputs import save_base, save_final
 from tuneforge.train.projection import project
@@ -349,17 +348,13 @@ class Trainer:
         # gradients over ranks, hence the factor world_size.
         local_tokens = sum(batch.num_loss_tokens for batch in micro_batches)
         step_tokens = all_reduce_sum(local_tokens, self.device)
-        scale = world_size / max(step_tokens, 1)
         moe = self.model.args.moe
-        local_loss = 0.0
-        for index, batch in enumerate(micro_batches):
-            with gradient_sync(self.objective, index == len(micro_batches) - 1):
-                loss_sum, aux = self.objective(batch.tokens, batch.labels, batch.packed)
-                objective = loss_sum * scale
-                if moe is not None:  # load balancing, averaged over micro-batches (and ranks)
-                    objective = objective + moe.router_aux_loss_coef * aux / len(micro_batches)
-                objective.backward()
-            local_loss += float(loss_sum.detach())
+        local_loss = backward_micro_batches(
+            self.objective,
+            micro_batches,
+            world_size / max(step_tokens, 1),
+            moe.router_aux_loss_coef if moe is not None else 0.0,
+        )
         loss = all_reduce_sum(local_loss, self.device) / max(step_tokens, 1)
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")

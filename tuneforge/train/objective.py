@@ -4,8 +4,10 @@ loss, so that DDP and FSDP2 wrap the whole computation (the output layer's weigh
 import torch
 from torch import nn
 
+from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.packed import PackedSequences
+from tuneforge.train.distributed import gradient_sync
 from tuneforge.train.loss import chunked_cross_entropy
 
 
@@ -22,3 +24,21 @@ class NextTokenObjective(nn.Module):
         loss_sum, _ = chunked_cross_entropy(hidden, self.model.lm_head.weight, labels)
         aux = self.model.aux_loss()
         return loss_sum, aux if aux is not None else loss_sum.new_zeros(())
+
+
+def backward_micro_batches(
+    objective: nn.Module, micro_batches: list[PackedBatch], scale: float, aux_weight: float
+) -> float:
+    """Backward of `scale x (sum of token losses)` over the micro-batches, plus the load-balancing
+    loss weighted by `aux_weight` and averaged over them; gradients are reduced across ranks on
+    the last one only. Returns this rank's sum of token losses."""
+    total = 0.0
+    for index, batch in enumerate(micro_batches):
+        with gradient_sync(objective, index == len(micro_batches) - 1):
+            loss_sum, aux = objective(batch.tokens, batch.labels, batch.packed)
+            loss = loss_sum * scale
+            if aux_weight:
+                loss = loss + aux_weight * aux / len(micro_batches)
+            loss.backward()
+        total += float(loss_sum.detach())
+    return total

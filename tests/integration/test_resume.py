@@ -1,0 +1,189 @@
+"""Exact resume: a run interrupted (kill -9, SIGTERM, a time limit) and resumed gives the losses
+of the run that was never interrupted, bit for bit, for full fine-tuning and LoRA; a resume that
+would change memory-critical settings is refused; non-finite steps follow the policy."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tuneforge.config import load_config
+from tuneforge.errors import TuneforgeError
+from tuneforge.train.loop import Trainer
+from tuneforge.train.metrics import read_metrics
+from tuneforge.train.time_budget import EXIT_RESUME
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "examples" / "demo.yaml"
+STEPS = 12
+MODES = {
+    "full": [],
+    "lora": ["lora.enabled=true", "lora.rank=4", "lora.dropout=0.1", "train.lr=1e-2"],
+}
+
+pytestmark = pytest.mark.integration
+
+
+def overrides(run_dir: Path, *extra: str) -> list[str]:
+    return [
+        f"run.output_dir={run_dir}",
+        f"data.cache_dir={run_dir.parent / 'cache'}",
+        f"train.max_steps={STEPS}",
+        "train.warmup_steps=2",
+        "train.tokens_per_micro_batch=512",
+        "train.grad_accum_steps=2",
+        "data.eval=[]",
+        "eval.num_samples=0",
+        "checkpoint.save_steps=3",
+        "checkpoint.keep_last=2",
+        "logging.log_steps=1",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        *extra,
+    ]
+
+
+def cli(run_dir: Path, *extra: str, resume: bool = False) -> subprocess.Popen:
+    args = [sys.executable, "-m", "tuneforge", "train", str(DEMO), *overrides(run_dir, *extra)]
+    args += ["--resume", "auto"] if resume else ["--overwrite"]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+
+
+def finish(process: subprocess.Popen, expected: int = 0) -> None:
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == expected, out + err
+
+
+def wait_for_step(run_dir: Path, step: int, process: subprocess.Popen) -> None:
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if (run_dir / "metrics.jsonl").is_file() and len(losses(run_dir)) >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the run never reached step {step}")
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """The losses of each mode run straight through."""
+    found = {}
+    for mode, extra in MODES.items():
+        run = tmp_path_factory.mktemp(f"straight-{mode}") / "run"
+        finish(cli(run, *extra))
+        found[mode] = losses(run)
+        assert len(found[mode]) == STEPS
+    return found
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_kill_9_then_resume_gives_identical_losses(tmp_path, references, mode):
+    run = tmp_path / "run"
+    process = cli(run, *MODES[mode])
+    wait_for_step(run, 7, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert json.loads((run / "checkpoints" / "latest").read_text())["step"] == 6
+    finish(cli(run, *MODES[mode], resume=True))
+    assert losses(run) == references[mode]
+
+
+def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path, references):
+    run = tmp_path / "run"
+    process = cli(run, *MODES["lora"])
+    wait_for_step(run, 4, process)
+    process.send_signal(signal.SIGTERM)
+    finish(process, EXIT_RESUME)
+    stopped_at = json.loads((run / "checkpoints" / "latest").read_text())["step"]
+    assert 4 <= stopped_at < STEPS and len(losses(run)) == stopped_at
+    finish(cli(run, *MODES["lora"], resume=True))
+    assert losses(run) == references["lora"]
+    finish(cli(run, *MODES["lora"], resume=True))  # finished: nothing to do
+
+
+def test_time_limit_saves_exits_75_and_resumes_exactly(tmp_path, references):
+    run = tmp_path / "run"
+    limit = ["train.time_limit=1s", "checkpoint.exit_margin_s=0"]
+    finish(cli(run, *MODES["full"], *limit), EXIT_RESUME)
+    assert len(losses(run)) < STEPS
+    for _ in range(STEPS):  # each job gets a few steps; chain them until the run finishes
+        process = cli(
+            run, *MODES["full"], "train.time_limit=4s", "checkpoint.exit_margin_s=0", resume=True
+        )
+        process.communicate(timeout=600)
+        if process.returncode == 0:
+            break
+        assert process.returncode == EXIT_RESUME
+    assert losses(run) == references["full"]
+
+
+def test_a_checkpoint_killed_while_written_leaves_the_previous_one(tmp_path, references):
+    run = tmp_path / "run"
+    process = cli(run, *MODES["full"])
+    wait_for_step(run, 7, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    partial = run / "checkpoints" / ".step_9.partial"  # as a kill in the middle of a save leaves it
+    (partial / "dcp").mkdir(parents=True)
+    (partial / "dcp" / "__0_0.distcp").write_bytes(b"half a checkpoint")
+    finish(cli(run, *MODES["full"], resume=True))
+    assert losses(run) == references["full"] and not partial.exists()
+
+
+def test_resume_refuses_changed_memory_settings_unless_forced(tmp_path):
+    run = tmp_path / "run"
+    finish(cli(run, "train.max_steps=4"))
+    (run / "finished").unlink()  # pretend it stopped after its last checkpoint
+    config = load_config(DEMO, overrides(run, "train.activation_checkpointing=full"))
+    trainer = Trainer(config, resume="auto")
+    with pytest.raises(TuneforgeError, match=r"train.activation_checkpointing: 'none' -> 'full'"):
+        trainer.setup()
+    forced = Trainer(config, resume="auto", force=True)
+    forced.setup()
+    assert forced.step == 3
+
+
+def test_a_run_directory_is_not_reused_without_resume_or_overwrite(tmp_path):
+    run = tmp_path / "run"
+    finish(cli(run, "train.max_steps=2"))
+    with pytest.raises(TuneforgeError, match="--resume auto to continue it"):
+        Trainer(load_config(DEMO, overrides(run))).setup()
+
+
+@pytest.mark.parametrize("policy", ["skip", "stop"])
+def test_non_finite_steps_follow_the_policy(tmp_path, policy):
+    config = load_config(
+        DEMO, overrides(tmp_path / "run", "train.max_steps=5", f"train.on_nonfinite={policy}")
+    )
+    trainer = Trainer(config)
+    trainer.setup()
+    forward = trainer.objective.forward
+    calls = {"n": 0}
+
+    def poisoned(*args):
+        calls["n"] += 1
+        loss_sum, aux = forward(*args)
+        return (loss_sum * float("nan"), aux) if calls["n"] in (5, 6) else (loss_sum, aux)
+
+    trainer.objective.forward = poisoned  # step 3's two micro-batches
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    summary = trainer.train()
+    assert summary.skipped_steps == 1
+    if policy == "stop":
+        assert summary.stopped == "non-finite" and summary.steps == 3
+    else:
+        assert summary.stopped is None and summary.steps == 5
+        assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert records[2]["nonfinite_steps"] == 1 and records[1]["nonfinite_steps"] == 0
+    trainer.close()
+    os.environ.pop("WORLD_SIZE", None)
