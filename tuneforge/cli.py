@@ -1,6 +1,7 @@
 """The `tuneforge` command line: parses arguments, calls the library, prints for humans."""
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -40,8 +41,11 @@ OverridesArg = Annotated[
 
 
 def _setup_logging(verbose: bool) -> None:
+    level = logging.DEBUG if verbose else logging.INFO
+    if os.environ.get("RANK", "0") != "0":  # under torchrun the first rank speaks for all
+        level = logging.WARNING
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=level,
         format="%(message)s",
         handlers=[RichHandler(console=error_console, show_path=False, show_time=False)],
     )
@@ -214,6 +218,17 @@ def _train(trainer, run_config) -> int:
     if main:
         _print_summary(summary, saved)
     return 0
+
+
+@app.command()
+def plot(
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run directories.")],
+    out: Annotated[Path, typer.Option(help="Image file to write (.png, .svg, .pdf).")],
+) -> None:
+    """Loss, throughput and memory curves of runs side by side."""
+    from tuneforge.train.plot import plot_runs
+
+    console.print(f"written {plot_runs(run_dirs, out)}", markup=False, highlight=False)
 
 
 def _plain_line(record: dict, total_steps: int) -> str:

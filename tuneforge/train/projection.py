@@ -27,6 +27,7 @@ def project(
     deadline: Deadline,
     job_started: float,
     config: RunConfig,
+    now: float | None = None,
 ) -> list[tuple[int, str]]:
     """(log level, message) lines."""
     step_s = pace.steady_step_s
@@ -41,7 +42,7 @@ def project(
         )
     ]
     margin = config.checkpoint.exit_margin_s
-    left = deadline.remaining()
+    left = deadline.remaining(now)
     save_steps = config.checkpoint.save_steps
     if left is not None and deadline.at is not None:
         steps_here = max(0, int((left - margin) / step_s))

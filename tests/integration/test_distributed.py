@@ -1,0 +1,65 @@
+"""Two processes on CPU (gloo) through torchrun: the same global batch gives the losses of one
+process, for DDP and FSDP2; a two-rank run killed and resumed gives its own losses exactly, and
+a checkpoint written by two ranks resumes on one."""
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_resume import DEMO, finish, losses, overrides, wait_for_step
+
+pytestmark = pytest.mark.integration
+STEPS = 8
+
+
+def launch(run_dir: Path, ranks: int, *extra: str, resume: bool = False) -> subprocess.Popen:
+    train = ["-m", "tuneforge", "train", str(DEMO), *overrides(run_dir, *extra)]
+    train += [f"train.max_steps={STEPS}", "checkpoint.save_steps=2"]
+    train += ["--resume", "auto"] if resume else ["--overwrite"]
+    if ranks > 1:
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+        args = [sys.executable, *launcher, *train]
+    else:
+        args = [sys.executable, *train]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """Two micro-batches per step on one process: the global batch of two ranks with one each."""
+    run = tmp_path_factory.mktemp("one") / "run"
+    finish(launch(run, 1))
+    return losses(run)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_give_the_losses_of_one(tmp_path, one_process, strategy):
+    run = tmp_path / "run"
+    finish(launch(run, 2, "train.grad_accum_steps=1", f"parallel.strategy={strategy}"))
+    assert losses(run) == pytest.approx(one_process, rel=1e-5, abs=1e-6)
+
+
+def test_two_ranks_resume_exactly_and_on_one_rank(tmp_path):
+    reference = tmp_path / "straight"
+    finish(launch(reference, 2, "train.grad_accum_steps=1", "parallel.strategy=fsdp"))
+    run = tmp_path / "run"
+    process = launch(run, 2, "train.grad_accum_steps=1", "parallel.strategy=fsdp")
+    wait_for_step(run, 5, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    subprocess.run(["pkill", "-9", "-f", str(run)], check=False)  # the ranks torchrun started
+    assert json.loads((run / "checkpoints" / "latest").read_text())["step"] == 4
+    finish(launch(run, 2, "train.grad_accum_steps=1", "parallel.strategy=fsdp", resume=True))
+    assert losses(run) == losses(reference)
+    # a checkpoint of two FSDP ranks reshards onto one process (two micro-batches per step)
+    (run / "finished").unlink()
+    for step_dir in (run / "checkpoints").glob("step_*"):
+        if step_dir.name != "step_6":
+            continue
+        (run / "checkpoints" / "latest").write_text(json.dumps({"step": 6, "path": "step_6"}))
+    finish(launch(run, 1, "train.max_steps=8", resume=True))
+    assert losses(run)[6:] == pytest.approx(losses(reference)[6:], rel=1e-4)

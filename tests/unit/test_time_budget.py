@@ -1,0 +1,90 @@
+"""Durations, deadlines (time_limit and SLURM's end time), the stop margin, the projection at
+step 25, and the plot of several runs."""
+
+import json
+import logging
+
+import pytest
+
+from tuneforge.config import ConfigError, load_config
+from tuneforge.config.durations import parse_duration
+from tuneforge.train.metrics import Pace
+from tuneforge.train.projection import project
+from tuneforge.train.time_budget import Deadline, find_deadline, time_needed_to_stop
+
+DEMO = "examples/demo.yaml"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90s", 90),
+        ("45m", 2700),
+        ("4h", 14400),
+        ("1d", 86400),
+        ("01:30:00", 5400),
+        ("30:00", 1800),
+        ("2-00:00:00", 172800),
+        ("2-12", 216000),
+        ("600", 600),
+    ],
+)
+def test_durations_in_user_and_slurm_forms(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_a_bad_time_limit_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"train\.time_limit.*cannot read 'soon'"):
+        load_config(DEMO, ["train.time_limit=soon"])
+
+
+def test_the_sooner_of_time_limit_and_slurm_end_wins(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_END_TIME", raising=False)
+    assert find_deadline(None, 1000.0).at is None
+    assert find_deadline("10m", 1000.0) == Deadline(1600.0, "train.time_limit")
+    monkeypatch.setenv("SLURM_JOB_END_TIME", "1300")
+    assert find_deadline("10m", 1000.0) == Deadline(1300.0, "the SLURM job's end time")
+    assert find_deadline("1m", 1000.0).source == "train.time_limit"
+
+
+def test_the_margin_grows_with_measured_times():
+    assert time_needed_to_stop(2.0, None, 60.0) == 2.0 + 4.0 + 60.0
+    assert time_needed_to_stop(2.0, 10.0, 60.0) == 2.0 + 15.0 + 60.0
+
+
+def pace(step_s: float, steps: int = 25) -> Pace:
+    result = Pace()
+    for _ in range(steps):
+        result.add(step_s)
+    return result
+
+
+def test_projection_counts_jobs_and_flags_unreachable_checkpoints():
+    config = load_config(
+        DEMO, ["train.max_steps=10000", "train.time_limit=1h", "checkpoint.save_steps=2000"]
+    )
+    started = 0.0
+    deadline = Deadline(3600.0, "train.time_limit")
+    # 2 s/step: 1770 steps per 1-hour job (60 s margin), 9975 steps left after step 25
+    lines = project(25, 10000, 50.0, pace(2.0), deadline, started, config, now=50.0)
+    text = " ".join(message for _, message in lines)
+    assert "the run needs 6 jobs" in text
+    assert "save_steps=2000" in text and "no periodic checkpoint" in text
+    assert any(level == logging.WARNING for level, _ in lines)
+    finishing = project(25, 100, 50.0, pace(2.0), deadline, started, config, now=50.0)
+    assert "finishes within this job" in " ".join(m for _, m in finishing)
+
+
+def test_plot_draws_several_runs(tmp_path):
+    from tuneforge.train.plot import plot_runs
+
+    for name, scale in (("a", 1.0), ("b", 2.0)):
+        run = tmp_path / name
+        run.mkdir()
+        records = [
+            {"step": s, "loss": scale / s, "tokens_per_s": 100.0 * s, "mem_reserved_gib": 1.5}
+            for s in range(1, 6)
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = plot_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "curves.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
