@@ -7,7 +7,7 @@ OUT=${1:-bench-out}
 mkdir -p "$OUT"
 COMMON="logging.progress=false logging.tensorboard=false logging.log_steps=5 data.eval=[] eval.num_samples=0"
 MOE="examples/qwen3-moe-proxy.yaml train.max_steps=40 $COMMON"
-DENSE="examples/demo.yaml model.name=llama-3.2-1b model.dtype=bfloat16 data.max_seq_len=64 train.tokens_per_micro_batch=8192 train.max_steps=40 train.lr=1e-4 train.warmup_steps=5 $COMMON"
+DENSE="examples/demo.yaml model.name=llama-3.2-1b model.dtype=bfloat16 data.max_seq_len=64 train.tokens_per_micro_batch=8192 train.max_steps=40 train.lr=1e-4 train.min_lr=1e-5 train.warmup_steps=5 $COMMON"
 run() {  # name, launcher..., config + overrides
   local name=$1; shift
   local start=$(date +%s)
@@ -17,9 +17,13 @@ run() {  # name, launcher..., config + overrides
 }
 T2="torchrun --standalone --nproc_per_node=2 -m tuneforge train"
 T1="python3 -m tuneforge train"
+ONLY=${ONLY:-all}
+if [ "$ONLY" = all ] || [ "$ONLY" = moe ]; then
 run moe-1gpu $T1 $MOE train.grad_accum_steps=2
 run moe-fsdp2 $T2 $MOE parallel.strategy=fsdp
 run moe-ddp2 $T2 $MOE parallel.strategy=ddp
+fi
+if [ "$ONLY" = all ] || [ "$ONLY" = dense ]; then
 run dense-full-1gpu $T1 $DENSE train.grad_accum_steps=2 lora.enabled=false
 run dense-full-fsdp2-zero3 $T2 $DENSE lora.enabled=false parallel.zero_stage=3
 run dense-full-fsdp2-zero2 $T2 $DENSE lora.enabled=false parallel.zero_stage=2
@@ -27,6 +31,7 @@ run dense-full-fsdp2-zero2 $T2 $DENSE lora.enabled=false parallel.zero_stage=2
 run dense-limit $T2 $DENSE lora.enabled=false train.time_limit=40s checkpoint.exit_margin_s=5
 $T2 $DENSE lora.enabled=false run.output_dir="$OUT/dense-limit" --resume auto > "$OUT/dense-limit-resume.log" 2>&1
 echo "dense-limit resume rc=$?"
+fi
 python3 - "$OUT" <<'PY'
 import json, statistics, sys
 from pathlib import Path
