@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_resume import DEMO, finish, losses, overrides, wait_for_step
+from tests.integration.test_resume import DEMO, MODES, finish, losses, overrides, wait_for_step
 
 pytestmark = pytest.mark.integration
 STEPS = 8
@@ -41,6 +41,20 @@ def test_two_ranks_give_the_losses_of_one(tmp_path, one_process, strategy):
     run = tmp_path / "run"
     finish(launch(run, 2, "train.grad_accum_steps=1", f"parallel.strategy={strategy}"))
     assert losses(run) == pytest.approx(one_process, rel=1e-5, abs=1e-6)
+
+
+def test_two_lora_ranks_resume_exactly(tmp_path):
+    lora = ["train.grad_accum_steps=1", "parallel.strategy=ddp", *MODES["lora"]]
+    reference = tmp_path / "straight"
+    finish(launch(reference, 2, *lora))
+    run = tmp_path / "run"
+    process = launch(run, 2, *lora)
+    wait_for_step(run, 5, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    subprocess.run(["pkill", "-9", "-f", str(run)], check=False)
+    finish(launch(run, 2, *lora, resume=True))
+    assert losses(run) == losses(reference)
 
 
 def test_two_ranks_resume_exactly_and_on_one_rank(tmp_path):
