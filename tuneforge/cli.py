@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuneforge.cli_data import data_app
+from tuneforge.cli_doctor import doctor_app
 from tuneforge.cli_export import export_app
 from tuneforge.config import ConfigError, dump_config, load_config
 from tuneforge.errors import TuneforgeError
@@ -30,6 +31,7 @@ config_app = typer.Typer(help="Inspect and check configurations.", no_args_is_he
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 app.add_typer(export_app, name="export")
+app.add_typer(doctor_app, name="doctor")
 
 console = Console()
 error_console = Console(stderr=True)

@@ -89,3 +89,18 @@ def test_export_errors_are_clean(tmp_path):
         "no config.json",
     )
     assert not (tmp_path / "m").exists() and not (tmp_path / "x").exists()
+
+
+def test_doctor_reads_stdin_and_names_missing_files(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "tuneforge", "doctor", "oom", "-", "--json"],
+        input="torch.OutOfMemoryError: HIP out of memory. Tried to allocate 1.00 GiB. GPU 0 has a "
+        "total capacity of 63.98 GiB of which 0.50 GiB is free. Of the allocated memory 55.00 GiB "
+        "is allocated by PyTorch, and 7.00 GiB is reserved by PyTorch but unallocated.",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert '"kind": "fragmentation"' in result.stdout
+    assert_clean_failure(run_cli("doctor", "log", str(tmp_path / "absent.log")), "no such file")

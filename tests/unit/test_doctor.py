@@ -1,0 +1,140 @@
+"""`doctor oom` and `doctor log` on the message and log formats they meet in practice."""
+
+import pytest
+
+from tuneforge.doctor.log_scan import scan_log
+from tuneforge.doctor.oom import allocator_variable, diagnose
+
+CUDA_FRAGMENTED = """Traceback (most recent call last):
+  File "train.py", line 12, in <module>
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total \
+capacity of 79.15 GiB of which 1.23 GiB is free. Including non-PyTorch memory, this process has \
+77.90 GiB memory in use. Of the allocated memory 70.50 GiB is allocated by PyTorch, and 6.20 GiB \
+is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting \
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for \
+Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"""
+
+HIP_PRESSURE = """torch.OutOfMemoryError: HIP out of memory. Tried to allocate 1.95 GiB. GPU 0 has \
+a total capacity of 63.98 GiB of which 1.16 GiB is free. Of the allocated memory 61.34 GiB is \
+allocated by PyTorch, and 820.00 MiB is reserved by PyTorch but unallocated. If reserved but \
+unallocated memory is large try setting PYTORCH_HIP_ALLOC_CONF=expandable_segments:True to avoid \
+fragmentation."""
+
+CUDA_OLD = """RuntimeError: CUDA out of memory. Tried to allocate 256.00 MiB (GPU 0; 15.78 GiB total \
+capacity; 14.56 GiB already allocated; 3.44 MiB free; 14.75 GiB reserved in total by PyTorch) If \
+reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation."""
+
+CUDA_OLD_FRAGMENTED = """RuntimeError: CUDA out of memory. Tried to allocate 1.50 GiB (GPU 0; \
+39.59 GiB total capacity; 30.10 GiB already allocated; 1.02 GiB free; 37.20 GiB reserved in total \
+by PyTorch)"""
+
+OTHER_PROCESSES = """torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 \
+has a total capacity of 79.15 GiB of which 300.00 MiB is free. Process 4242 has 40.00 GiB memory \
+in use. Process 4343 has 38.80 GiB memory in use. Including non-PyTorch memory, this process has \
+38.80 GiB memory in use. Of the allocated memory 37.50 GiB is allocated by PyTorch, and 600.00 MiB \
+is reserved by PyTorch but unallocated."""
+
+
+def test_current_cuda_message_with_much_reserved_is_fragmentation():
+    report = diagnose(CUDA_FRAGMENTED, "2.5.1")
+    assert report.kind == "fragmentation" and report.platform == "cuda"
+    assert report.requested_gib == 2.0 and report.total_gib == 79.15 and report.free_gib == 1.23
+    assert report.allocated_gib == 70.5 and report.reserved_unallocated_gib == 6.2
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in report.actions[0]
+    assert (
+        "PYTORCH_ALLOC_CONF=expandable_segments" in diagnose(CUDA_FRAGMENTED, "2.10.0").actions[0]
+    )
+
+
+def test_hip_message_with_little_reserved_is_pressure():
+    report = diagnose(HIP_PRESSURE, "2.5.1")
+    assert report.kind == "pressure" and report.platform == "hip"
+    assert report.reserved_unallocated_gib == pytest.approx(820 / 1024)
+    assert any("activation checkpointing" in action for action in report.actions)
+
+
+def test_pre_2023_messages_are_read():
+    old = diagnose(CUDA_OLD)
+    assert old.kind == "pressure"
+    assert old.requested_gib == pytest.approx(0.25) and old.total_gib == 15.78
+    assert old.reserved_unallocated_gib == pytest.approx(14.75 - 14.56)
+    fragmented = diagnose(CUDA_OLD_FRAGMENTED, "1.13.1")
+    assert fragmented.kind == "fragmentation"
+    assert fragmented.reserved_unallocated_gib == pytest.approx(7.1)
+
+
+def test_memory_of_other_processes_is_named():
+    report = diagnose(OTHER_PROCESSES)
+    assert report.kind == "other_processes" and report.other_processes_gib == pytest.approx(40.0)
+
+
+def test_an_oom_while_resuming_says_so_and_no_message_is_unknown():
+    report = diagnose("loading checkpoint via dcp.load\n" + HIP_PRESSURE)
+    assert report.during_resume and "checkpoint" in report.actions[-1]
+    assert diagnose("Segmentation fault").kind == "unknown"
+
+
+def test_allocator_variable_follows_platform_and_version():
+    assert allocator_variable("hip", "2.4.0") == "PYTORCH_HIP_ALLOC_CONF"
+    assert allocator_variable("cuda", "2.8.0+cu128") == "PYTORCH_CUDA_ALLOC_CONF"
+    assert allocator_variable("hip", "2.9.0+rocm6.4") == "PYTORCH_ALLOC_CONF"
+
+
+LUMI_LOG = """[rank0]:[W801 10:00:01] Warning: expandable_segments not supported on this platform
+[rank1]:[W801 10:00:01] Warning: expandable_segments not supported on this platform
+[rank2]:[W801 10:00:01] Warning: expandable_segments not supported on this platform
+[W801 10:00:02] Warning: PYTORCH_HIP_ALLOC_CONF is deprecated, use PYTORCH_ALLOC_CONF instead
+  0%|          | 1/6060 [02:05<210:22:00, 125.00s/it]
+  0%|          | 2/6060 [04:10<210:20:00, 125.00s/it]
+{'loss': nan, 'grad_norm': nan, 'learning_rate': 2e-05, 'epoch': 0.0}
+  0%|          | 3/6060 [06:15<210:18:00, 125.10s/it]
+[rank3]:[E801 12:00:00] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=99, OpType=ALLREDUCE)
+"""
+
+RESTARTED_CHAIN = """step 100/600  loss 1.2  lr 1e-4  grad_norm 0.5  900 tok/s
+step 200/600  loss 1.1  lr 1e-4  grad_norm 0.5  900 tok/s
+step 1/600  loss 3.2  lr 1e-6  grad_norm 2.0  900 tok/s
+step 2/600  loss 3.1  lr 2e-6  grad_norm 2.0  900 tok/s
+"""
+
+MEGATRON = """ iteration      100/    6060 | consumed samples: 800 | elapsed time per iteration (ms): 2400.0 |
+ iteration      200/    6060 | consumed samples: 1600 | elapsed time per iteration (ms): 2500.0 |
+ skipped iterations:   2 | number of nan iterations:   0 |
+"""
+
+
+def codes(report):
+    return {finding.code: finding for finding in report.findings}
+
+
+def test_a_lumi_style_log_shows_every_problem():
+    report = scan_log(LUMI_LOG, time_limit_s=38 * 3600)
+    found = codes(report)
+    assert found["expandable_segments_inactive"].count == 3
+    assert "ranks: 0, 1, 2" in found["expandable_segments_inactive"].message
+    assert found["allocator_env_deprecated"].count == 1
+    assert found["nan_or_skipped_iterations"].count == 1
+    assert found["collective_error"].count == 1
+    assert report.step_time_s == pytest.approx(125.0) and report.total_steps == 6060
+    # 6060 steps at 125 s is about 210 h: six jobs of 38 h
+    assert (
+        "210 h" in found["eta_exceeds_limit"].message
+        and "about 6 jobs" in found["eta_exceeds_limit"].advice
+    )
+
+
+def test_a_chain_that_restarted_from_step_zero_is_caught():
+    found = codes(scan_log(RESTARTED_CHAIN))
+    assert "after reaching step 200" in found["restart_from_step_zero"].message
+
+
+def test_megatron_iterations_and_skips():
+    report = scan_log(MEGATRON, time_limit_s=4 * 3600)
+    assert report.steps_seen == 200 and report.step_time_s == pytest.approx(2.45)
+    found = codes(report)
+    assert "nan_or_skipped_iterations" in found and "eta_exceeds_limit" in found
+    assert "restart_from_step_zero" not in found
+
+
+def test_a_clean_log_has_no_findings():
+    assert scan_log("step 1/10  loss 2.0\nstep 2/10  loss 1.9\n").findings == []

@@ -1,0 +1,133 @@
+"""`tuneforge doctor ...`: explain an out-of-memory error, scan a training log, check the machine."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tuneforge.errors import TuneforgeError
+
+doctor_app = typer.Typer(
+    help="Diagnose OOMs, training logs and the environment.", no_args_is_help=True
+)
+console = Console()
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _read(source: str) -> str:
+    if source == "-":
+        return sys.stdin.read()
+    path = Path(source)
+    if not path.is_file():
+        raise TuneforgeError(f"{path}: no such file")
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _print(data: dict) -> None:
+    console.print(json.dumps(data, indent=2), markup=False, highlight=False, soft_wrap=True)
+
+
+@doctor_app.command("oom")
+def oom(
+    source: Annotated[str, typer.Argument(help="File with the error message, or - for stdin.")],
+    torch_version: Annotated[
+        str | None, typer.Option(help="torch version of the failed run (default: this one's).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fragmentation, memory pressure or other processes, and what to do."""
+    import torch
+
+    from tuneforge.doctor.oom import diagnose
+
+    report = diagnose(_read(source), torch_version or torch.__version__)
+    if as_json:
+        _print(report.as_dict())
+        return
+    figures = [
+        f"{label} {value:.2f} GiB"
+        for label, value in (
+            ("requested", report.requested_gib),
+            ("total", report.total_gib),
+            ("free", report.free_gib),
+            ("allocated", report.allocated_gib),
+            ("reserved but unallocated", report.reserved_unallocated_gib),
+            ("other processes", report.other_processes_gib),
+        )
+        if value is not None
+    ]
+    console.print(
+        f"[bold]{report.kind}[/bold]" + (f" ({report.platform})" if report.platform else "")
+    )
+    if figures:
+        console.print(", ".join(figures), markup=False)
+    for action in report.actions:
+        console.print(f"• {action}", markup=False, highlight=False)
+
+
+@doctor_app.command("log")
+def log(
+    source: Annotated[str, typer.Argument(help="Training log file, or - for stdin.")],
+    time_limit: Annotated[
+        str | None, typer.Option(help="The job's time limit (90m, 4h, HH:MM:SS, D-HH:MM:SS).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Allocator warnings, NaNs, restarts from step 0, ETA against the limit, collective errors."""
+    from tuneforge.config.durations import parse_duration
+    from tuneforge.doctor.log_scan import scan_log
+
+    try:
+        limit = parse_duration(time_limit) if time_limit is not None else None
+    except ValueError as error:
+        raise TuneforgeError(f"--time-limit: {error}") from None
+    report = scan_log(_read(source), limit)
+    if as_json:
+        _print(report.as_dict())
+        return
+    if report.step_time_s is not None:
+        console.print(
+            f"step {report.steps_seen}/{report.total_steps}, {report.step_time_s:.2f} s/step"
+            + (f", ETA {report.eta_s / 3600:.1f} h" if report.eta_s is not None else ""),
+            markup=False,
+        )
+    if not report.findings:
+        console.print("nothing wrong found")
+    for finding in report.findings:
+        console.print(f"[bold]{finding.code}[/bold] ×{finding.count}: {finding.message}")
+        console.print(f"  → {finding.advice}", markup=False, highlight=False)
+
+
+@doctor_app.command("env")
+def env(as_json: JsonOption = False) -> None:
+    """GPUs, versions, allocator setting in effect, attention kernels, NCCL/RCCL, HF cache."""
+    from tuneforge.doctor.env import inspect_environment
+
+    report = inspect_environment()
+    if as_json:
+        _print(report.as_dict())
+        return
+    console.print(
+        f"torch {report.torch} ({report.platform} {report.platform_version or ''})", markup=False
+    )
+    for gpu in report.gpus:
+        console.print(
+            f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_gib']:.0f} GiB", markup=False
+        )
+    console.print(
+        f"allocator env: {report.allocator_env or 'unset'}; expandable segments in effect: "
+        f"{report.expandable_segments_effective}",
+        markup=False,
+    )
+    console.print(
+        f"varlen attention: {report.varlen_attention}, flex attention: {report.flex_attention}"
+    )
+    console.print(f"NCCL/RCCL variables: {report.collective_env or 'none'}", markup=False)
+    console.print(
+        f"HF_HOME: {report.hf_home} ({report.hf_home_free_gib or 0:.0f} GiB free)", markup=False
+    )
+    for warning in report.warnings:
+        console.print(f"[yellow]• {warning}[/yellow]")

@@ -1,0 +1,1 @@
+"""Diagnosis: out-of-memory messages, training logs and the environment."""

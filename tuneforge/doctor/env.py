@@ -1,0 +1,98 @@
+"""`tuneforge doctor env`: what this machine offers a training run — GPUs, versions, the allocator
+setting actually in effect (probed, not read back from the environment), attention kernels,
+collective-library variables and where the Hugging Face cache lives."""
+
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+SMALL_CACHE_GIB = 50.0
+ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+
+
+@dataclass
+class EnvReport:
+    torch: str
+    platform: str
+    """`cuda`, `rocm` or `cpu`."""
+    platform_version: str | None
+    gpus: list[dict] = field(default_factory=list)
+    allocator_env: dict[str, str] = field(default_factory=dict)
+    expandable_segments_effective: bool | None = None
+    """From a probe allocation on the GPU; None without one."""
+    varlen_attention: bool = False
+    flex_attention: bool = False
+    collective_env: dict[str, str] = field(default_factory=dict)
+    hf_home: str = ""
+    hf_home_free_gib: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def probe_expandable_segments() -> bool | None:
+    """Allocate on the GPU and ask the allocator whether the segment is expandable."""
+    if not torch.cuda.is_available():
+        return None
+    probe = torch.empty(4 * 2**20, dtype=torch.uint8, device="cuda")
+    try:
+        segments = torch.cuda.memory_snapshot()
+        return any(segment.get("is_expandable", False) for segment in segments)
+    finally:
+        del probe
+
+
+def _module_has(module: str, name: str) -> bool:
+    try:
+        imported = __import__(module, fromlist=[name])
+    except ImportError:
+        return False
+    return hasattr(imported, name)
+
+
+def inspect_environment() -> EnvReport:
+    hip = getattr(torch.version, "hip", None)
+    platform = "rocm" if hip else ("cuda" if torch.cuda.is_available() else "cpu")
+    report = EnvReport(
+        torch=torch.__version__,
+        platform=platform,
+        platform_version=hip or torch.version.cuda,
+    )
+    for index in range(torch.cuda.device_count()):
+        properties = torch.cuda.get_device_properties(index)
+        report.gpus.append(
+            {"index": index, "name": properties.name, "memory_gib": properties.total_memory / 2**30}
+        )
+    report.allocator_env = {k: os.environ[k] for k in ALLOCATOR_VARIABLES if k in os.environ}
+    report.expandable_segments_effective = probe_expandable_segments()
+    asked = any("expandable_segments:true" in v.lower() for v in report.allocator_env.values())
+    if asked and report.expandable_segments_effective is False:
+        report.warnings.append(
+            "expandable_segments is set but the probe allocation is not expandable: this build "
+            "ignores it, so fragmentation protection is off"
+        )
+    if not asked and report.gpus:
+        report.warnings.append(
+            "expandable segments are off: export PYTORCH_ALLOC_CONF=expandable_segments:True "
+            "(PYTORCH_CUDA_ALLOC_CONF / PYTORCH_HIP_ALLOC_CONF before torch 2.9) against fragmentation"
+        )
+    report.varlen_attention = _module_has("torch.nn.attention.varlen", "varlen_attn")
+    report.flex_attention = _module_has("torch.nn.attention.flex_attention", "flex_attention")
+    report.collective_env = {
+        k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "RCCL_", "FI_", "GLOO_"))
+    }
+    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    report.hf_home = str(home)
+    existing = next((p for p in (home, *home.parents) if p.exists()), None)
+    if existing is not None:
+        report.hf_home_free_gib = shutil.disk_usage(existing).free / 2**30
+        if report.hf_home_free_gib < SMALL_CACHE_GIB:
+            report.warnings.append(
+                f"HF_HOME ({home}) has {report.hf_home_free_gib:.0f} GiB free: point it at scratch "
+                "storage (home quotas are small on clusters)"
+            )
+    return report
