@@ -15,6 +15,7 @@ from rich.table import Table
 from tuneforge.cli_data import data_app
 from tuneforge.cli_doctor import doctor_app
 from tuneforge.cli_export import export_app
+from tuneforge.cli_plan import plan_command
 from tuneforge.config import ConfigError, dump_config, load_config
 from tuneforge.errors import TuneforgeError
 
@@ -32,6 +33,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 app.add_typer(export_app, name="export")
 app.add_typer(doctor_app, name="doctor")
+app.command("plan")(plan_command)
 
 console = Console()
 error_console = Console(stderr=True)

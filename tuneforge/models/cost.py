@@ -72,6 +72,20 @@ def _norm_bytes(width: int, dtype_bytes: int) -> int:
     return 4 * width + 2 * width * dtype_bytes + 4
 
 
+def attention_activation_bytes_per_token(args: ModelArgs, dtype_bytes: int = 2) -> float:
+    """What one layer's attention keeps per token with flash-style kernels: q, k, v after rotary,
+    the attention output and o_proj's input, a log-sum-exp per head (and the q/k norms' inputs)."""
+    q_width, kv_width = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+    attention = (3 * q_width + 2 * kv_width) * dtype_bytes + args.num_heads * 4
+    if args.qk_norm:
+        # per-head norms: fp32 input copy, cast result, one fp32 rstd per head (the output feeds
+        # rotary, which keeps nothing of it)
+        attention += (4 + dtype_bytes) * (q_width + kv_width) + 4 * (
+            args.num_heads + args.num_kv_heads
+        )
+    return attention
+
+
 def activation_bytes_per_token(
     args: ModelArgs, layer: int, checkpointing: str, dtype_bytes: int = 2
 ) -> float:
@@ -82,16 +96,8 @@ def activation_bytes_per_token(
     """
     if checkpointing == "full":
         return args.dim * dtype_bytes
-    q_width, kv_width = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
     norms = 2 * _norm_bytes(args.dim, dtype_bytes)
-    # q, k, v after rotary, the attention output and o_proj's input; log-sum-exp per head
-    attention = (3 * q_width + 2 * kv_width) * dtype_bytes + args.num_heads * 4
-    if args.qk_norm:
-        # per-head norms: fp32 input copy, cast result, one fp32 rstd per head (the output feeds
-        # rotary, which keeps nothing of it)
-        attention += (4 + dtype_bytes) * (q_width + kv_width) + 4 * (
-            args.num_heads + args.num_kv_heads
-        )
+    attention = attention_activation_bytes_per_token(args, dtype_bytes)
     if args.is_sparse_layer(layer):
         moe = args.moe
         assert moe is not None

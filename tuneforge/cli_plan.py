@@ -1,0 +1,110 @@
+"""`tuneforge plan`: memory per GPU, step time, ETA and jobs, and what-if comparisons."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuneforge.errors import TuneforgeError
+
+console = Console()
+
+
+def _raw_lengths(config_file: Path, overrides: list[str]) -> list[int] | None:
+    """Tokenised lengths of the training data (through the cache), or None when unavailable."""
+    from tuneforge.config import load_config
+    from tuneforge.data.records import DataError
+    from tuneforge.data.training_data import load_training_data
+    from tuneforge.train.build import load_tokenizer
+
+    config = load_config(config_file, overrides)
+    try:
+        tokenizer = load_tokenizer(config)
+        data = load_training_data(
+            config.data, tokenizer, config.train.tokens_per_micro_batch, config.train.seed
+        )
+    except (TuneforgeError, DataError, ValueError) as error:
+        console.print(
+            f"[yellow]data not used ({error}); documents assumed max_seq_len long[/yellow]"
+        )
+        return None
+    return data.stats.raw_lengths
+
+
+def plan_command(
+    config: Annotated[Path, typer.Argument(help="Run configuration (YAML).")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides.")] = None,
+    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 1,
+    nodes: Annotated[int, typer.Option(help="Nodes.")] = 1,
+    gpu: Annotated[
+        str, typer.Option(help="GPU model: H100, H200, A100, B200, MI250X, MI300X, MI355X.")
+    ] = "H100",
+    gpu_mem: Annotated[
+        float | None, typer.Option(help="GPU memory in GiB (default: the model's).")
+    ] = None,
+    time_limit: Annotated[
+        str | None, typer.Option(help="Job time limit (HH:MM:SS, D-HH:MM:SS, 4h).")
+    ] = None,
+    what_if: Annotated[
+        list[str] | None, typer.Option(help="A changed setting, key=value (repeatable).")
+    ] = None,
+    calibrate: Annotated[
+        Path | None, typer.Option(help="A measured run directory: use its MFU.")
+    ] = None,
+    master_weights: Annotated[
+        bool, typer.Option(help="Count fp32 master weights and AdamW states (DeepSpeed-style).")
+    ] = False,
+    no_data: Annotated[
+        bool, typer.Option(help="Do not tokenise the data for its lengths.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Predict per-GPU memory, step time, ETA and jobs needed, before launching."""
+    from tuneforge.config.durations import parse_duration
+    from tuneforge.plan.planner import GPU_MEMORY_GIB, Hardware, measured_mfu, plan_config
+
+    if gpu not in GPU_MEMORY_GIB and gpu_mem is None:
+        raise TuneforgeError(
+            f"--gpu {gpu}: unknown; use one of {', '.join(GPU_MEMORY_GIB)} or give --gpu-mem"
+        )
+    try:
+        limit = parse_duration(time_limit) if time_limit else None
+        mfu = measured_mfu(calibrate) if calibrate is not None else None
+    except ValueError as error:
+        raise TuneforgeError(str(error)) from None
+    hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit, mfu, master_weights)
+    lengths = None if no_data else _raw_lengths(config, overrides or [])
+    plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
+    if as_json:
+        console.print(
+            json.dumps(plan.as_dict(), indent=2), markup=False, highlight=False, soft_wrap=True
+        )
+        return
+    table = Table(
+        f"per GPU ({hardware.data_parallel} x {gpu}, {plan.gpu_memory_gib:.0f} GiB)", "GiB"
+    )
+    for key, value in plan.memory.gib().items():
+        table.add_row(key, f"{value:.1f}")
+    console.print(table)
+    verdict = "fits" if plan.fits else "does NOT fit"
+    console.print(
+        f"{verdict}: {plan.gpu_memory_gib - plan.memory.total / 2**30:+.1f} GiB headroom; {plan.zero_stage_advice}"
+    )
+    console.print(
+        f"step {plan.step_time_s:.2f} s (MFU {hardware.mfu or 0.4:.0%}{' measured' if mfu else ' assumed'}), "
+        f"{plan.steps} steps, ETA {plan.eta_h:.1f} h"
+        + (f", {plan.jobs_needed} job(s) under the limit" if plan.jobs_needed else "")
+    )
+    for problem in plan.problems:
+        console.print(f"[red]• {problem}[/red]")
+    for line in plan.advice:
+        console.print(f"• {line}", markup=False, highlight=False)
+    for item in plan.what_if:
+        console.print(
+            f"what if {item['change']}: {item['speedup']:.2f}x speed, memory x{item['memory_ratio']:.2f} "
+            f"({item['memory_gib']:.1f} GiB, {'fits' if item['fits'] else 'does not fit'})",
+            markup=False,
+        )

@@ -1,0 +1,138 @@
+"""Per-GPU memory of a training setup, itemised.
+
+Static tensors: weights, gradients and optimizer states, sharded as the data-parallel stage
+says (0: DDP or one GPU; 1: optimizer states sharded; 2: gradients too; 3: weights too — FSDP2
+with `reshard_after_forward=False` peaks like 2, with True like 3). `pure` precision is what
+tuneforge's trainer does (gradients and AdamW states in the weights' dtype); `fp32-master` is the
+bf16 mixed precision of DeepSpeed and others (fp32 master weights, m and v). LoRA adapters are
+fp32 with their own gradients and optimizer; the frozen base has neither.
+
+Activations come from the model's per-layer cost formulas (by checkpointing mode) for one
+micro-batch, plus eager attention's score matrices, the chunked loss and the hidden states the
+loss reads. `other` is the runtime: context, collective buffers and allocator rounding.
+"""
+
+from dataclasses import dataclass
+
+from tuneforge.models.args import ModelArgs
+from tuneforge.models.cost import LoraShape, lora_params
+from tuneforge.train.block_wrappers import checkpointed_blocks
+
+GIB = 2**30
+LOSS_CHUNK = 1024
+CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
+COLLECTIVE_BUFFERS_GIB = 0.5
+ALLOCATOR_ROUNDING = 0.05
+"""Share of dynamic memory lost to block rounding in the caching allocator."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    args: ModelArgs
+    param_bytes: int
+    """2 for bf16/fp16 weights, 4 for fp32."""
+    tokens_per_micro_batch: int
+    lora: LoraShape | None = None
+    checkpointing: str = "none"
+    checkpoint_every: int = 2
+    attention: str = "flash"
+    """`flash` (sdpa/varlen: no score matrix) or `eager`."""
+    mean_doc_len: float = 1024.0
+    """Mean document length: eager attention keeps one score matrix per document."""
+    data_parallel: int = 1
+    zero_stage: int = 0
+    precision: str = "pure"
+    platform: str = "cuda"
+
+
+@dataclass(frozen=True)
+class Memory:
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def static(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.static + self.activations + self.other
+
+    def gib(self) -> dict[str, float]:
+        values = {
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "other": self.other,
+            "static": self.static,
+            "total": self.total,
+        }
+        return {key: value / GIB for key, value in values.items()}
+
+
+def _block_params(args: ModelArgs, layer: int) -> int:
+    return args.attention_params() + args.mlp_params(layer, False) + 2 * args.dim
+
+
+def static_bytes(setup: Setup) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per GPU."""
+    args, n, stage, b = setup.args, setup.data_parallel, setup.zero_stage, setup.param_bytes
+    total = args.num_params()
+    shard = n if n > 1 else 1
+    if setup.lora is not None:
+        adapters = lora_params(args, setup.lora)
+        base = total * b
+        weights = (base / shard if stage >= 3 else base) + adapters * 4
+        gradients = adapters * 4 / (shard if stage >= 2 else 1)
+        optimizer = adapters * 8 / (shard if stage >= 1 else 1)
+    else:
+        master = 12 if setup.precision == "fp32-master" else 2 * b  # (master +) m + v
+        weights = total * b / (shard if stage >= 3 else 1)
+        gradients = total * b / (shard if stage >= 2 else 1)
+        optimizer = total * master / (shard if stage >= 1 else 1)
+    if stage >= 3 and n > 1:  # the gathered working set: this block and the prefetched next
+        largest = max(_block_params(args, layer) for layer in range(args.num_layers))
+        weights += 2 * largest * b
+        if setup.lora is None:
+            gradients += largest * b  # one block's unsharded gradients before reduce-scatter
+    return weights, gradients, optimizer
+
+
+def activation_bytes(setup: Setup) -> float:
+    """What one micro-batch keeps for backward, at its peak."""
+    args, tokens, b = setup.args, setup.tokens_per_micro_batch, setup.param_bytes
+    checkpointed = set(
+        checkpointed_blocks(args.num_layers, setup.checkpointing, setup.checkpoint_every)
+    )
+    kept = 0.0
+    recompute = 0.0
+    for layer in range(args.num_layers):
+        full = args.activation_bytes_per_token(layer, "none", b)
+        if setup.attention == "eager":  # scores and softmax per head, over each document
+            full += args.num_heads * setup.mean_doc_len * (b + 4)
+        if layer in checkpointed:
+            kept += args.activation_bytes_per_token(layer, "full", b)
+            recompute = max(recompute, full)  # one block is rebuilt at a time in backward
+        else:
+            kept += full
+    per_token = kept + recompute
+    # the hidden states the loss reads, and one chunk of fp32 logits with its gradient
+    loss = tokens * args.dim * (b + 4) + min(tokens, LOSS_CHUNK) * args.vocab_size * 4 * 2
+    return per_token * tokens + loss
+
+
+def other_bytes(setup: Setup, dynamic: float) -> float:
+    context = CONTEXT_GIB.get(setup.platform, 0.6) * GIB
+    collective = COLLECTIVE_BUFFERS_GIB * GIB if setup.data_parallel > 1 else 0.0
+    return context + collective + ALLOCATOR_ROUNDING * dynamic
+
+
+def predict_memory(setup: Setup) -> Memory:
+    weights, gradients, optimizer = static_bytes(setup)
+    activations = activation_bytes(setup)
+    other = other_bytes(setup, activations + gradients)
+    return Memory(weights, gradients, optimizer, activations, other)

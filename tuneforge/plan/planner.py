@@ -1,0 +1,356 @@
+"""`tuneforge plan`: will this run fit, how long will it take, how many jobs does it need, and
+what would a change do — from the configuration, the model's cost formulas and the dataset's
+real lengths, before any GPU is used."""
+
+import logging
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tuneforge.config import RunConfig, load_config
+from tuneforge.config.durations import parse_duration
+from tuneforge.models.args import ModelArgs
+from tuneforge.models.catalog import CATALOG, catalog_shape
+from tuneforge.models.cost import LoraShape
+from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.models.hf.checkpoint import read_hf_config
+from tuneforge.plan.memory import GIB, Memory, Setup, predict_memory
+from tuneforge.plan.workload import Workload, epoch_workload, lengths_after_policy
+from tuneforge.train.distributed import reshard_after_forward
+from tuneforge.train.hardware import PEAK_TFLOPS
+from tuneforge.train.metrics import read_metrics
+
+log = logging.getLogger(__name__)
+
+GPU_MEMORY_GIB = {
+    "H200": 141.0,
+    "H100": 80.0,
+    "A100-40GB": 40.0,
+    "A100": 80.0,
+    "B200": 180.0,
+    "MI355X": 288.0,
+    "MI300X": 192.0,
+    "MI250X": 64.0,
+}
+DEFAULT_MFU = 0.40
+"""Share of peak FLOP/s assumed without a measured run (`--calibrate RUN_DIR` replaces it)."""
+LENGTH_ROUNDING = 64
+DENSE_ZERO2_MAX_PARAMS = 13e9
+MOE_ZERO2_MAX_PARAMS = 30e9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus: int = 1
+    nodes: int = 1
+    gpu: str = "H100"
+    memory_gib: float | None = None
+    time_limit_s: float | None = None
+    mfu: float | None = None
+    master_weights: bool = False
+    """Count fp32 master weights and AdamW states, as DeepSpeed's bf16 mixed precision keeps
+    them (tuneforge keeps states in the weights' dtype)."""
+
+    @property
+    def data_parallel(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def gpu_memory_gib(self) -> float:
+        return self.memory_gib or GPU_MEMORY_GIB.get(self.gpu, 80.0)
+
+    @property
+    def platform(self) -> str:
+        return "rocm" if self.gpu.startswith("MI") else "cuda"
+
+
+@dataclass
+class Plan:
+    memory: Memory
+    gpu_memory_gib: float
+    fits: bool
+    zero_stage: int
+    zero_stage_advice: str
+    gradient_checkpointing_needed: bool
+    largest_micro_batch_tokens: int
+    step_time_s: float
+    steps: int
+    eta_h: float
+    jobs_needed: int | None
+    epoch: Workload | None
+    suggested_max_seq_len: int | None = None
+    problems: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    what_if: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "memory_gib": self.memory.gib(),
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "fits": self.fits,
+            "headroom_gib": self.gpu_memory_gib - self.memory.total / GIB,
+            "zero_stage": self.zero_stage,
+            "zero_stage_advice": self.zero_stage_advice,
+            "gradient_checkpointing_needed": self.gradient_checkpointing_needed,
+            "largest_micro_batch_tokens": self.largest_micro_batch_tokens,
+            "suggested_max_seq_len": self.suggested_max_seq_len,
+            "step_time_s": self.step_time_s,
+            "steps": self.steps,
+            "eta_h": self.eta_h,
+            "jobs_needed": self.jobs_needed,
+            "problems": self.problems,
+            "advice": self.advice,
+            "what_if": self.what_if,
+        }
+
+
+def model_args(config: RunConfig) -> ModelArgs:
+    section = config.model
+    if section.path is not None:
+        hf = read_hf_config(section.path)
+        args = adapter_for(hf["model_type"]).args_from_config(hf)
+    else:
+        assert section.name is not None and section.name in CATALOG
+        args = catalog_shape(section.name)
+    return args.with_layers(section.num_layers)
+
+
+def zero_stage_of(config: RunConfig, hardware: Hardware) -> int:
+    """The stage the run uses: 0 on one GPU or with DDP; FSDP2 is 2 or 3."""
+    strategy = config.parallel.strategy
+    if hardware.data_parallel == 1 or strategy in ("single", "ddp"):
+        return 0
+    return 3 if reshard_after_forward(config.parallel) else 2
+
+
+def zero_stage_advice(args: ModelArgs, data_parallel: int) -> tuple[int, str]:
+    """The LUMI-G report's table: dense up to 13B and MoE up to 30B total on ZeRO-2, larger on 3."""
+    if data_parallel == 1:
+        return 0, "one GPU: nothing to shard"
+    total = args.num_params()
+    if args.moe is not None:
+        stage = 3 if total > MOE_ZERO2_MAX_PARAMS else 2
+        kind = f"sparse MoE with {total / 1e9:.1f} B parameters in total"
+    else:
+        stage = 3 if total > DENSE_ZERO2_MAX_PARAMS else 2
+        kind = f"dense model of {total / 1e9:.1f} B parameters"
+    return stage, f"ZeRO-{stage} (parallel.zero_stage: {stage}): {kind}"
+
+
+def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_len: float) -> Setup:
+    lora = None
+    if config.lora.enabled:
+        lora = LoraShape(config.lora.rank, tuple(_lora_leaves(config.lora.target_modules)))
+    attention = "eager" if config.model.attention == "eager" else "flash"
+    return Setup(
+        args=args,
+        param_bytes=4 if config.model.dtype == "float32" else 2,
+        tokens_per_micro_batch=config.train.tokens_per_micro_batch,
+        lora=lora,
+        checkpointing=config.train.activation_checkpointing,
+        checkpoint_every=config.train.checkpoint_every,
+        attention=attention,
+        mean_doc_len=mean_doc_len,
+        data_parallel=hardware.data_parallel,
+        zero_stage=zero_stage_of(config, hardware),
+        precision="fp32-master" if hardware.master_weights else "pure",
+        platform=hardware.platform,
+    )
+
+
+def _lora_leaves(targets: list[str]) -> list[str]:
+    from tuneforge.models.cost import LINEAR_NAMES
+    from tuneforge.peft.targets import ALIASES
+
+    leaves = set()
+    for target in targets:
+        if target == "all-linear":
+            leaves |= set(LINEAR_NAMES)
+        for name in ALIASES.get(target, [target]):
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in LINEAR_NAMES and "experts" not in name:
+                leaves.add(leaf)
+    return sorted(leaves)
+
+
+def largest_budget(setup: Setup, capacity_gib: float) -> int:
+    """The largest micro-batch token budget whose memory fits (memory is affine in tokens)."""
+    from dataclasses import replace
+
+    low = predict_memory(replace(setup, tokens_per_micro_batch=1024)).total
+    high = predict_memory(replace(setup, tokens_per_micro_batch=2048)).total
+    per_token = (high - low) / 1024
+    tokens = (capacity_gib * GIB - (low - 1024 * per_token)) / per_token
+    return max(0, int(tokens) // 256 * 256)
+
+
+def measured_mfu(run_dir: Path) -> float:
+    file = run_dir / "metrics.jsonl"
+    records = [r for r in read_metrics(file) if r.get("mfu")] if file.is_file() else []
+    if not records:
+        raise ValueError(f"{file} has no MFU figures (a GPU run of tuneforge writes them)")
+    steady = records[len(records) // 4 :] or records
+    return statistics.median(r["mfu"] for r in steady)
+
+
+def jobs_needed(eta_s: float, time_limit_s: float, margin_s: float) -> int:
+    return max(1, math.ceil(eta_s / max(time_limit_s - margin_s, 1.0)))
+
+
+def plan_run(
+    config: RunConfig,
+    hardware: Hardware,
+    raw_lengths: list[int] | None = None,
+) -> Plan:
+    args = model_args(config)
+    data, train = config.data, config.train
+    epoch = None
+    if raw_lengths:
+        lengths = lengths_after_policy(
+            raw_lengths, data.max_seq_len, data.on_too_long, data.split_long
+        )
+        lora = LoraShape(config.lora.rank, tuple(_lora_leaves(config.lora.target_modules)))
+        epoch = epoch_workload(
+            args,
+            lengths,
+            train.tokens_per_micro_batch,
+            data.packing,
+            lora if config.lora.enabled else None,
+        )
+        mean_doc_len = epoch.mean_doc_len
+    else:
+        mean_doc_len = float(data.max_seq_len)
+    setup = setup_of(config, args, hardware, mean_doc_len)
+    memory = predict_memory(setup)
+    capacity = hardware.gpu_memory_gib
+    stage, stage_advice = zero_stage_advice(args, hardware.data_parallel)
+    from dataclasses import replace
+
+    without = predict_memory(replace(setup, checkpointing="none")).total / GIB
+    with_full = predict_memory(replace(setup, checkpointing="full")).total / GIB
+    needs_checkpointing = without > capacity >= with_full
+    peak = PEAK_TFLOPS.get(hardware.gpu, PEAK_TFLOPS["H100"]) * 1e12
+    mfu = hardware.mfu or DEFAULT_MFU
+    if epoch is not None:
+        flops_per_micro_batch = epoch.flops / max(epoch.micro_batches, 1)
+        micro_batches_per_epoch = epoch.micro_batches
+    else:
+        flops_per_micro_batch = train.tokens_per_micro_batch * args.training_flops_per_token(
+            data.max_seq_len, setup.lora
+        )
+        micro_batches_per_epoch = None
+    if setup.checkpointing != "none":  # recomputation: another forward of the checkpointed blocks
+        share = len([i for i in range(args.num_layers) if i in _checkpointed(setup)]) / max(
+            args.num_layers, 1
+        )
+        flops_per_micro_batch *= 1 + share / 3
+    step_time = flops_per_micro_batch * train.grad_accum_steps / (peak * mfu)
+    if train.max_steps is not None:
+        steps = train.max_steps
+    elif micro_batches_per_epoch is not None:
+        per_step = train.grad_accum_steps * hardware.data_parallel
+        steps = max(1, math.ceil((train.epochs or 1) * micro_batches_per_epoch / per_step))
+    else:
+        steps = 0
+    eta_s = steps * step_time
+    plan = Plan(
+        memory=memory,
+        gpu_memory_gib=capacity,
+        fits=memory.total / GIB <= capacity,
+        zero_stage=setup.zero_stage,
+        zero_stage_advice=stage_advice,
+        gradient_checkpointing_needed=needs_checkpointing,
+        largest_micro_batch_tokens=largest_budget(setup, capacity),
+        step_time_s=step_time,
+        steps=steps,
+        eta_h=eta_s / 3600,
+        jobs_needed=None,
+        epoch=epoch,
+    )
+    if raw_lengths:
+        p99 = float(np.percentile(raw_lengths, 99))
+        plan.suggested_max_seq_len = max(
+            LENGTH_ROUNDING, math.ceil(p99 / LENGTH_ROUNDING) * LENGTH_ROUNDING
+        )
+    margin = config.checkpoint.exit_margin_s
+    limit = hardware.time_limit_s or (
+        parse_duration(train.time_limit) if train.time_limit else None
+    )
+    if limit is not None:
+        plan.jobs_needed = jobs_needed(eta_s, limit, margin)
+        steps_per_job = int((limit - margin) / step_time) if step_time > 0 else steps
+        save_steps = config.checkpoint.save_steps
+        if save_steps is not None and save_steps > steps_per_job:
+            plan.problems.append(
+                f"checkpoint.save_steps={save_steps} exceeds the ~{steps_per_job} steps one job "
+                f"can do: set it to at most {max(1, steps_per_job // 2)}"
+            )
+    _advise(plan, config, hardware, stage, without, with_full)
+    return plan
+
+
+def _checkpointed(setup: Setup) -> set[int]:
+    from tuneforge.train.block_wrappers import checkpointed_blocks
+
+    return set(
+        checkpointed_blocks(setup.args.num_layers, setup.checkpointing, setup.checkpoint_every)
+    )
+
+
+def _advise(
+    plan: Plan, config: RunConfig, hardware: Hardware, stage: int, without: float, with_full: float
+) -> None:
+    capacity = plan.gpu_memory_gib
+    total = plan.memory.total / GIB
+    if not plan.fits:
+        plan.problems.append(
+            f"predicted {total:.1f} GiB per GPU exceeds the {capacity:.0f} GiB of a {hardware.gpu}"
+        )
+    if plan.gradient_checkpointing_needed and config.train.activation_checkpointing == "none":
+        plan.advice.append(
+            f"activation checkpointing is needed: {without:.1f} GiB without it, {with_full:.1f} GiB "
+            "with train.activation_checkpointing: full"
+        )
+    if hardware.data_parallel > 1 and plan.zero_stage not in (0, stage):
+        plan.advice.append(f"the report's choice here is {plan.zero_stage_advice}")
+    if plan.largest_micro_batch_tokens < config.train.tokens_per_micro_batch:
+        plan.advice.append(
+            f"the largest micro-batch that fits is about {plan.largest_micro_batch_tokens} tokens "
+            "(train.tokens_per_micro_batch); keep the global batch with grad_accum_steps"
+        )
+    if (
+        plan.suggested_max_seq_len is not None
+        and plan.suggested_max_seq_len < config.data.max_seq_len
+    ):
+        plan.advice.append(
+            f"99% of the records fit in {plan.suggested_max_seq_len} tokens: "
+            f"data.max_seq_len={plan.suggested_max_seq_len} is enough"
+        )
+
+
+def plan_config(
+    config_file: Path,
+    overrides: list[str],
+    hardware: Hardware,
+    raw_lengths: list[int] | None,
+    what_if: list[str],
+) -> Plan:
+    """The plan of a configuration, and of each `what_if` change relative to it."""
+    base = plan_run(load_config(config_file, overrides), hardware, raw_lengths)
+    for change in what_if:
+        changed = plan_run(load_config(config_file, [*overrides, change]), hardware, raw_lengths)
+        old = base.epoch.flops if base.epoch and changed.epoch else base.step_time_s
+        new = changed.epoch.flops if base.epoch and changed.epoch else changed.step_time_s
+        base.what_if.append(
+            {
+                "change": change,
+                "speedup": old / new if new else None,
+                "memory_ratio": changed.memory.total / base.memory.total,
+                "memory_gib": changed.memory.total / GIB,
+                "fits": changed.fits,
+            }
+        )
+    return base
