@@ -2,6 +2,7 @@
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -16,6 +17,7 @@ from tuneforge.cli_data import data_app
 from tuneforge.cli_doctor import doctor_app
 from tuneforge.cli_export import export_app
 from tuneforge.cli_plan import plan_command
+from tuneforge.cli_slurm import slurm_command
 from tuneforge.config import ConfigError, dump_config, load_config
 from tuneforge.errors import TuneforgeError
 
@@ -34,6 +36,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(export_app, name="export")
 app.add_typer(doctor_app, name="doctor")
 app.command("plan")(plan_command)
+app.command("slurm")(slurm_command)
 
 console = Console()
 error_console = Console(stderr=True)
@@ -136,6 +139,9 @@ def train(
     from tuneforge.train.loop import Trainer, is_finished
 
     _setup_logging(verbose)
+    # SLURM's USR1 means "save and stop": the loop handles it; outside the loop (setup, the final
+    # save) it must not kill the process
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     run_config = load_config(config, overrides or [])
     if resume != "never" and is_finished(run_config.run.directory):
         console.print(f"{run_config.run.directory} already finished: nothing to do")

@@ -1,0 +1,123 @@
+"""`tuneforge slurm CONFIG ...` writes a job chain; `slurm submit DIR` queues it; `slurm status
+RUN_DIR` reports on it."""
+
+import subprocess
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from tuneforge.errors import TuneforgeError
+
+console = Console()
+
+
+def slurm_command(
+    args: Annotated[
+        list[str],
+        typer.Argument(help="CONFIG [key=value ...] to write a chain; submit DIR; status RUN_DIR."),
+    ],
+    jobs: Annotated[int, typer.Option(help="Jobs in the chain.")] = 1,
+    time: Annotated[str | None, typer.Option(help="Time limit of each job (HH:MM:SS).")] = None,
+    nodes: Annotated[int, typer.Option(help="Nodes per job.")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (0: CPU).")] = 0,
+    partition: Annotated[str | None, typer.Option(help="SLURM partition.")] = None,
+    account: Annotated[str | None, typer.Option(help="SLURM account.")] = None,
+    env: Annotated[
+        list[str] | None, typer.Option(help="KEY=VALUE exported by the job (repeatable).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Where to write the scripts (default: RUN_DIR/slurm).")
+    ] = None,
+) -> None:
+    """Write (and submit, and follow) a chain of SLURM jobs that resume one run."""
+    if args[0] == "submit":
+        _submit(_one(args, "submit DIR"))
+    elif args[0] == "status":
+        _status(_one(args, "status RUN_DIR"))
+    else:
+        _write(
+            Path(args[0]),
+            args[1:],
+            jobs,
+            time,
+            nodes,
+            gpus_per_node,
+            partition,
+            account,
+            env or [],
+            out,
+        )
+
+
+def _one(args: list[str], usage: str) -> Path:
+    if len(args) != 2:
+        raise TuneforgeError(f"usage: tuneforge slurm {usage}")
+    return Path(args[1])
+
+
+def _write(
+    config_file, overrides, jobs, time, nodes, gpus_per_node, partition, account, env, out
+) -> None:
+    from tuneforge.config import load_config
+    from tuneforge.config.durations import parse_duration
+    from tuneforge.slurm.chain import ChainSpec, write_chain
+
+    if time is None:
+        raise TuneforgeError("--time is required: the time limit of each job (e.g. 38:00:00)")
+    try:
+        parse_duration(time)
+    except ValueError as error:
+        raise TuneforgeError(f"--time: {error}") from None
+    if jobs < 1:
+        raise TuneforgeError("--jobs must be at least 1")
+    pairs = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise TuneforgeError(f"--env {item!r}: use KEY=VALUE")
+        pairs[key] = value
+    config = load_config(config_file, overrides)
+    spec = ChainSpec(
+        config_file, overrides, jobs, time, nodes, gpus_per_node, partition, account, pairs
+    )
+    script, submit = write_chain(spec, config, out or Path(config.run.directory) / "slurm")
+    console.print(
+        f"wrote {script} and {submit}; queue the chain with: tuneforge slurm submit {submit.parent}",
+        markup=False,
+    )
+
+
+def _submit(directory: Path) -> None:
+    from tuneforge.slurm.chain import SUBMIT
+
+    if not (directory / SUBMIT).is_file():
+        raise TuneforgeError(
+            f"{directory} has no {SUBMIT}: write the chain first (tuneforge slurm CONFIG ...)"
+        )
+    result = subprocess.run(["bash", str(directory / SUBMIT)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise TuneforgeError(f"sbatch failed: {result.stderr.strip()}")
+    ids = result.stdout.split()
+    console.print(f"queued {len(ids)} job(s): {' '.join(ids)}", markup=False)
+
+
+def _status(run_dir: Path) -> None:
+    from tuneforge.slurm.status import chain_status
+
+    status = chain_status(run_dir)
+    total = f"/{status.total_steps}" if status.total_steps else ""
+    state = "finished" if status.finished else "in progress"
+    console.print(
+        f"{run_dir}: step {status.steps_done}{total}, {state}, {len(status.jobs)} job(s) used",
+        markup=False,
+    )
+    for job in status.jobs:
+        console.print(
+            f"  job {job['job']}: steps {job['first_step']} -> {job['last_step']} (exit {job['exit']})",
+            markup=False,
+        )
+    if status.tokens_per_s is not None:
+        eta = f", ETA {status.eta_s / 3600:.1f} h" if status.eta_s else ""
+        console.print(f"  {status.tokens_per_s:,.0f} tokens/s{eta}", markup=False)

@@ -1,0 +1,1 @@
+"""SLURM job chains that resume exactly: sbatch scripts, submission and status."""
