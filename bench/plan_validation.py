@@ -1,0 +1,202 @@
+"""Planner validation: run short trainings of several configurations on the GPU machine, record
+peak memory and step time, then compare with `tuneforge plan`'s prediction.
+
+On the GPU machine (2 GPUs):   python bench/plan_validation.py measure OUT_DIR
+Anywhere afterwards:           python bench/plan_validation.py predict OUT_DIR/measured.jsonl
+"""
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "examples" / "demo.yaml"
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda sigma tau omega".split()
+STEPS = 12
+
+# name: (GPUs, overrides)
+CASES = {
+    "1b-full-none-1k": (1, ["model.name=llama-3.2-1b", "lora.enabled=false", "seq=1024"]),
+    "1b-full-full-4k": (
+        1,
+        [
+            "model.name=llama-3.2-1b",
+            "lora.enabled=false",
+            "train.activation_checkpointing=full",
+            "seq=4096",
+        ],
+    ),
+    "1b-lora-none-4k": (1, ["model.name=llama-3.2-1b", "lora.enabled=true", "seq=4096"]),
+    "1b-lora-full-8k": (
+        1,
+        [
+            "model.name=llama-3.2-1b",
+            "lora.enabled=true",
+            "train.activation_checkpointing=full",
+            "seq=8192",
+        ],
+    ),
+    "qwen3-4b-8l-lora-none-2k": (
+        1,
+        ["model.name=qwen3-4b", "model.num_layers=8", "lora.enabled=true", "seq=2048"],
+    ),
+    "qwen3-4b-8l-lora-full-8k": (
+        1,
+        [
+            "model.name=qwen3-4b",
+            "model.num_layers=8",
+            "lora.enabled=true",
+            "train.activation_checkpointing=full",
+            "seq=8192",
+        ],
+    ),
+    "8b-4l-lora-none-4k": (
+        1,
+        ["model.name=llama-3-8b", "model.num_layers=4", "lora.enabled=true", "seq=4096"],
+    ),
+    "8b-4l-full-none-2k": (
+        1,
+        ["model.name=llama-3-8b", "model.num_layers=4", "lora.enabled=false", "seq=2048"],
+    ),
+    "moe-2l-lora-attn-4k": (
+        1,
+        ["model.name=qwen3-30b-a3b", "model.num_layers=2", "lora.enabled=true", "seq=4096"],
+    ),
+    "moe-4l-lora-experts-full-8k": (
+        1,
+        [
+            "model.name=qwen3-30b-a3b",
+            "model.num_layers=4",
+            "lora.enabled=true",
+            "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj]",
+            "train.activation_checkpointing=full",
+            "seq=8192",
+        ],
+    ),
+    "1b-full-fsdp2-2gpu-4k": (
+        2,
+        ["model.name=llama-3.2-1b", "lora.enabled=false", "parallel.strategy=fsdp", "seq=4096"],
+    ),
+    "qwen3-8b-4l-full-fsdp2-2gpu-2k": (
+        2,
+        [
+            "model.name=qwen3-8b",
+            "model.num_layers=4",
+            "lora.enabled=false",
+            "parallel.strategy=fsdp",
+            "parallel.zero_stage=3",
+            "seq=2048",
+        ],
+    ),
+}
+
+
+def synthetic_data(file: Path, records: int = 400) -> None:
+    """Raw text of about 8k tokens per record with the demo tokenizer (one word, about one token)."""
+    rng = random.Random(0)
+    with file.open("w") as handle:
+        for _ in range(records):
+            handle.write(
+                json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(3000, 6000)))}) + "\n"
+            )
+
+
+def overrides_of(name: str, data: Path, out: Path) -> tuple[int, list[str]]:
+    gpus, items = CASES[name]
+    seq = next(int(i.split("=")[1]) for i in items if i.startswith("seq="))
+    return gpus, [
+        *(i for i in items if not i.startswith("seq=")),
+        "model.dtype=bfloat16",
+        f"data.train=[{{path: {data}, format: text}}]",
+        "data.eval=[]",
+        "data.on_too_long=truncate",
+        f"data.max_seq_len={seq}",
+        f"train.tokens_per_micro_batch={seq}",
+        f"train.max_steps={STEPS}",
+        "train.lr=1e-4",
+        "train.min_lr=1e-5",
+        "train.warmup_steps=2",
+        "eval.num_samples=0",
+        "logging.log_steps=1",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "checkpoint.save_final=false",
+        f"run.output_dir={out / name}",
+    ]
+
+
+def measure(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "long.jsonl"
+    synthetic_data(data)
+    results = out / "measured.jsonl"
+    for name in CASES:
+        gpus, overrides = overrides_of(name, data, out)
+        launcher = (
+            ["torchrun", "--standalone", f"--nproc_per_node={gpus}"]
+            if gpus > 1
+            else [sys.executable]
+        )
+        env = os.environ | ({"CUDA_VISIBLE_DEVICES": "0"} if gpus == 1 else {})
+        run = subprocess.run(
+            [*launcher, "-m", "tuneforge", "train", str(DEMO), *overrides, "--overwrite"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        metrics = out / name / "metrics.jsonl"
+        if run.returncode != 0 or not metrics.is_file():
+            print(f"{name}: failed\n{run.stderr[-2000:]}")
+            continue
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if '"loss"' in line]
+        steady = [r for r in rows if r["step"] > 3]
+        record = {
+            "name": name,
+            "gpus": gpus,
+            "peak_gib": max(r["mem_peak_gib"] for r in rows),
+            "reserved_gib": max(r["mem_reserved_gib"] for r in rows),
+            "step_s": statistics.median(r["step_s"] for r in steady),
+            "mfu": statistics.median(r["mfu"] for r in steady if r.get("mfu") is not None),
+        }
+        print(json.dumps(record))
+        with results.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def predict(measured_file: Path) -> None:
+    from tuneforge.config import load_config
+    from tuneforge.data.training_data import load_training_data
+    from tuneforge.plan.memory import GIB
+    from tuneforge.plan.planner import Hardware, plan_run
+    from tuneforge.train.build import load_tokenizer
+
+    data = measured_file.parent / "long.jsonl"
+    if not data.is_file():
+        synthetic_data(data)
+    print(
+        "| case | GPUs | peak measured GiB | predicted GiB | error | step s measured | predicted (40% MFU) | measured MFU |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for line in measured_file.read_text().splitlines():
+        measured = json.loads(line)
+        gpus, overrides = overrides_of(measured["name"], data, measured_file.parent)
+        config = load_config(DEMO, overrides)
+        lengths = load_training_data(
+            config.data, load_tokenizer(config), config.train.tokens_per_micro_batch, 0
+        ).stats.raw_lengths
+        plan = plan_run(config, Hardware(gpus=gpus, gpu="H200"), lengths)
+        # the planner's total includes the CUDA context, which max_memory_allocated does not see
+        predicted = (plan.memory.total - 0.6 * GIB) / GIB
+        error = predicted / measured["peak_gib"] - 1
+        print(
+            f"| {measured['name']} | {gpus} | {measured['peak_gib']:.2f} | {predicted:.2f} | "
+            f"{error:+.0%} | {measured['step_s']:.3f} | {plan.step_time_s:.3f} | {measured['mfu']:.0%} |"
+        )
+
+
+if __name__ == "__main__":
+    {"measure": measure, "predict": predict}[sys.argv[1]](Path(sys.argv[2]))
