@@ -119,10 +119,31 @@ def activation_bytes(setup: Setup) -> float:
             recompute = max(recompute, full)  # one block is rebuilt at a time in backward
         else:
             kept += full
-    per_token = kept + recompute
-    # the hidden states the loss reads, and one chunk of fp32 logits with its gradient
-    loss = tokens * args.dim * (b + 4) + min(tokens, LOSS_CHUNK) * args.vocab_size * 4 * 2
+    per_token = kept + recompute + lora_activation_bytes_per_token(setup, checkpointed)
+    # the hidden states the loss reads, and one chunk of fp32 logits (recomputed in backward)
+    loss = tokens * args.dim * (b + 4) + min(tokens, LOSS_CHUNK) * args.vocab_size * 4
     return per_token * tokens + loss
+
+
+def lora_activation_bytes_per_token(setup: Setup, checkpointed: set[int]) -> float:
+    """fp32 adapters keep, per adapted linear and token, the fp32 copy of its input (A's
+    gradient) and A's output (B's gradient); a checkpointed block keeps them only while it is
+    rebuilt."""
+    if setup.lora is None:
+        return 0.0
+    from tuneforge.models.cost import linear_shapes
+
+    per_layer = [
+        sum(
+            4 * (fan_in + setup.lora.rank)
+            for name, (fan_in, _) in linear_shapes(setup.args, layer).items()
+            if name in setup.lora.targets
+        )
+        for layer in range(setup.args.num_layers)
+    ]
+    kept = sum(size for layer, size in enumerate(per_layer) if layer not in checkpointed)
+    rebuilt = max((per_layer[layer] for layer in checkpointed), default=0)
+    return kept + rebuilt
 
 
 def other_bytes(setup: Setup, dynamic: float) -> float:

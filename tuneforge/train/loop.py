@@ -543,7 +543,9 @@ class Trainer:
         return out
 
     def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
+        """Release what setup took (it may have stopped half-way)."""
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.close()
         if dist.is_initialized():
             dist.destroy_process_group()
