@@ -136,7 +136,8 @@ def train(
     """Fine-tune a model as the configuration says. Exit code 0: finished; 75: stopped before a
     time limit or on a signal after saving (run the same command with --resume auto); 3: stopped
     on non-finite losses."""
-    from tuneforge.train.loop import Trainer, is_finished
+    from tuneforge.train.loop import Trainer
+    from tuneforge.train.run_dir import is_finished
 
     _setup_logging(verbose)
     # SLURM's USR1 means "save and stop": the loop handles it; outside the loop (setup, the final

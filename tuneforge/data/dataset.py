@@ -3,6 +3,7 @@
 import logging
 from dataclasses import dataclass, field
 
+from tuneforge.config.schema import DataSection
 from tuneforge.data.parallel import tokenize_all, worker_count
 from tuneforge.data.records import Conversation, DataError
 from tuneforge.data.token_store import IGNORE_INDEX, Example, make_example
@@ -107,3 +108,16 @@ def build_examples(
             ", ".join(stats.dropped_examples),
         )
     return examples, stats
+
+
+def examples_for(conversations: list[Conversation], tokenizer, data: DataSection):
+    """`build_examples` with the length, masking and worker settings of a data section."""
+    return build_examples(
+        conversations,
+        tokenizer,
+        data.max_seq_len,
+        data.on_too_long,
+        data.train_on,
+        split_long=data.split_long,
+        workers=data.tokenize_workers,
+    )

@@ -110,7 +110,7 @@ def build_report(
 
 def inspect_data(data: DataSection, tokenizer, tokens_per_micro_batch: int) -> DataReport:
     """Read, validate and tokenise the training sources of `data` and report on them."""
-    from tuneforge.data.dataset import build_examples
+    from tuneforge.data.dataset import examples_for
     from tuneforge.data.reading import read_source
 
     conversations, bad = [], 0
@@ -118,15 +118,7 @@ def inspect_data(data: DataSection, tokenizer, tokens_per_micro_batch: int) -> D
         found, skipped = read_source(source, data.on_bad_record)
         conversations += found
         bad += skipped.count
-    examples, stats = build_examples(
-        conversations,
-        tokenizer,
-        data.max_seq_len,
-        data.on_too_long,
-        data.train_on,
-        split_long=data.split_long,
-        workers=data.tokenize_workers,
-    )
+    examples, stats = examples_for(conversations, tokenizer, data)
     return build_report(examples, stats, data.max_seq_len, tokens_per_micro_batch, bad)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from tuneforge.config.schema import DataSection, DataSource
 from tuneforge.data.cache import cached_examples, default_cache_dir
-from tuneforge.data.dataset import DatasetStats, build_examples
+from tuneforge.data.dataset import DatasetStats, examples_for
 from tuneforge.data.packing import PackedBatch, PackedLoader
 from tuneforge.data.reading import read_source
 from tuneforge.data.records import Conversation
@@ -74,15 +74,7 @@ def load_training_data(
         check_disjoint_files([s.path for s in data.train], [s.path for s in data.eval])
 
     def tokenise(conversations: list[Conversation]):
-        return build_examples(
-            conversations,
-            tokenizer,
-            data.max_seq_len,
-            data.on_too_long,
-            data.train_on,
-            split_long=data.split_long,
-            workers=data.tokenize_workers,
-        )
+        return examples_for(conversations, tokenizer, data)
 
     options = {
         "max_seq_len": data.max_seq_len,

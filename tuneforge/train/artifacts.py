@@ -10,8 +10,8 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.checkpoint import CheckpointError, load_hf_model
 from tuneforge.peft.adapter_io import AdapterError, load_adapter, read_adapter_config
 from tuneforge.peft.targets import LoraTargetError
-from tuneforge.train.loop import CONFIG_FILE
 from tuneforge.train.outputs import ADAPTER_DIR, FINAL_DIR
+from tuneforge.train.run_dir import CONFIG_FILE
 
 
 def load_trained(run_dir: Path, device: torch.device) -> tuple[Decoder, object]:

@@ -3,7 +3,6 @@
 import logging
 import math
 import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,15 +24,12 @@ from tuneforge.peft.targets import LoraTargetError
 from tuneforge.train.block_wrappers import apply_activation_checkpointing, compile_blocks
 from tuneforge.train.build import build_model, load_tokenizer
 from tuneforge.train.checkpoint import (
-    STATE_FILE,
     LoopState,
-    latest_checkpoint,
     load_checkpoint,
     read_loop_state,
     save_checkpoint,
 )
 from tuneforge.train.distributed import (
-    all_reduce_sum,
     barrier,
     init_distributed,
     parallelize,
@@ -43,39 +39,23 @@ from tuneforge.train.distributed import (
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.hardware import memory_stats, peak_tflops
 from tuneforge.train.metrics import MetricsLog, Pace
-from tuneforge.train.objective import NextTokenObjective, backward_micro_batches
+from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer, learning_rate
 from tuneforge.train.outputs import save_base, save_final
 from tuneforge.train.projection import project
+from tuneforge.train.run_dir import (
+    CONFIG_FILE,
+    FINISHED_FILE,
+    METRICS_FILE,
+    TENSORBOARD_DIR,
+    changed_settings,
+    memory_settings,
+    prepare_run_dir,
+)
+from tuneforge.train.step import optimizer_step
 from tuneforge.train.time_budget import Deadline, StopSignals, find_deadline, time_needed_to_stop
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-FINISHED_FILE = "finished"
-TENSORBOARD_DIR = "tensorboard"
-MEMORY_SETTINGS = (
-    ("train", "activation_checkpointing"),
-    ("train", "checkpoint_every"),
-    ("train", "tokens_per_micro_batch"),
-    ("data", "max_seq_len"),
-    ("model", "dtype"),
-    ("precision", "fp8"),
-    ("precision", "fp4"),
-)
-"""Settings the memory of a run depends on: a resume may not change them silently."""
-
-
-def memory_settings(config: RunConfig) -> dict[str, Any]:
-    return {
-        f"{section}.{name}": getattr(getattr(config, section), name)
-        for section, name in MEMORY_SETTINGS
-    }
-
-
-def is_finished(run_dir: Path) -> bool:
-    return (run_dir / FINISHED_FILE).is_file()
 
 
 @dataclass
@@ -172,31 +152,7 @@ class Trainer:
             )
 
     def _prepare_run_dir(self) -> Path | None:
-        """The checkpoint to resume from, if any; refuses to touch another run's directory."""
-        exists = (self.run_dir / CONFIG_FILE).exists()
-        checkpoint = None
-        if self.resume == "auto":
-            checkpoint = latest_checkpoint(self.run_dir)
-        elif self.resume != "never":
-            checkpoint = Path(self.resume)
-            if not (checkpoint / STATE_FILE).is_file():
-                raise TuneforgeError(f"--resume {checkpoint}: not a complete checkpoint directory")
-        elif exists and not self.overwrite:
-            raise TuneforgeError(
-                f"{self.run_dir} already holds a run: pass --resume auto to continue it, "
-                "--overwrite to replace it, or pick another run.name or run.output_dir"
-            )
-        barrier()
-        if self.world.is_main:
-            if exists and self.overwrite:
-                shutil.rmtree(self.run_dir)
-            if checkpoint is None and exists and self.resume == "auto":
-                log.info("%s has no complete checkpoint: starting from step 0", self.run_dir)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            for partial in (self.run_dir / "checkpoints").glob(".step_*.partial"):
-                shutil.rmtree(partial, ignore_errors=True)  # left by a killed save
-        barrier()
-        return checkpoint
+        return prepare_run_dir(self.run_dir, self.resume, self.overwrite, self.world)
 
     def _load_data(self) -> DatasetStats:
         train = self.config.train
@@ -259,13 +215,7 @@ class Trainer:
         return report
 
     def _resume(self, checkpoint: Path) -> None:
-        saved = read_loop_state(checkpoint)
-        current = memory_settings(self.config)
-        changed = [
-            f"{key}: {saved.settings.get(key)!r} -> {value!r}"
-            for key, value in current.items()
-            if saved.settings.get(key) != value
-        ]
+        changed = changed_settings(read_loop_state(checkpoint).settings, self.config)
         if changed and not self.force:
             raise TuneforgeError(
                 f"resuming {checkpoint} would change settings the run's memory depends on "
@@ -335,49 +285,6 @@ class Trainer:
             nonfinite_steps=self.nonfinite_steps,
         )
 
-    def _step(self, batches) -> dict[str, Any]:
-        """One optimizer step over `grad_accum_steps` micro-batches; its metrics."""
-        train = self.config.train
-        world_size = self.world.world_size
-        lr = learning_rate(self.step, self.total_steps, train)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        micro_batches = [next(batches).to(self.device) for _ in range(train.grad_accum_steps)]
-        # Normalise by the supervised tokens of the whole step on every rank: any split of the
-        # same tokens over micro-batches and ranks gives the same update. DDP and FSDP average
-        # gradients over ranks, hence the factor world_size.
-        local_tokens = sum(batch.num_loss_tokens for batch in micro_batches)
-        step_tokens = all_reduce_sum(local_tokens, self.device)
-        moe = self.model.args.moe
-        local_loss = backward_micro_batches(
-            self.objective,
-            micro_batches,
-            world_size / max(step_tokens, 1),
-            moe.router_aux_loss_coef if moe is not None else 0.0,
-        )
-        loss = all_reduce_sum(local_loss, self.device) / max(step_tokens, 1)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        real = all_reduce_sum(sum(b.num_real_tokens for b in micro_batches), self.device)
-        documents = all_reduce_sum(
-            sum(b.packed.cu_seqlens.numel() - 1 for b in micro_batches), self.device
-        )
-        return {
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "finite": finite,
-            "tokens": int(real),
-            "loss_tokens": int(step_tokens),
-            "mean_doc_len": real / max(documents, 1),
-        }
-
     def train(
         self,
         on_step: Callable[[dict[str, Any]], None] | None = None,
@@ -410,7 +317,15 @@ class Trainer:
         with StopSignals() as signals:
             while self.step < self.total_steps:
                 step_start = time.perf_counter()
-                result = self._step(batches)
+                result = optimizer_step(
+                    self.objective,
+                    self.model,
+                    self.optimizer,
+                    batches,
+                    train,
+                    learning_rate(self.step, self.total_steps, train),
+                    self.device,
+                )
                 self.step += 1
                 step_s = time.perf_counter() - step_start
                 pace.add(step_s)

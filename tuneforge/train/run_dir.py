@@ -1,0 +1,77 @@
+"""The run directory: its fixed files, whether a run there finished, where to resume it from,
+and the settings a resume may not change silently."""
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tuneforge.config import RunConfig
+from tuneforge.errors import TuneforgeError
+from tuneforge.train.checkpoint import STATE_FILE, latest_checkpoint
+from tuneforge.train.distributed import Dist, barrier
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+FINISHED_FILE = "finished"
+TENSORBOARD_DIR = "tensorboard"
+MEMORY_SETTINGS = (
+    ("train", "activation_checkpointing"),
+    ("train", "checkpoint_every"),
+    ("train", "tokens_per_micro_batch"),
+    ("data", "max_seq_len"),
+    ("model", "dtype"),
+    ("precision", "fp8"),
+    ("precision", "fp4"),
+)
+"""Settings the memory of a run depends on: a resume may not change them silently."""
+
+
+def memory_settings(config: RunConfig) -> dict[str, Any]:
+    return {
+        f"{section}.{name}": getattr(getattr(config, section), name)
+        for section, name in MEMORY_SETTINGS
+    }
+
+
+def is_finished(run_dir: Path) -> bool:
+    return (run_dir / FINISHED_FILE).is_file()
+
+
+def changed_settings(saved: dict[str, Any], config: RunConfig) -> list[str]:
+    """`key: old -> new` for every memory-critical setting that differs from the saved run's."""
+    return [
+        f"{key}: {saved.get(key)!r} -> {value!r}"
+        for key, value in memory_settings(config).items()
+        if saved.get(key) != value
+    ]
+
+
+def prepare_run_dir(run_dir: Path, resume: str, overwrite: bool, world: Dist) -> Path | None:
+    """The checkpoint to resume from, if any; refuses to touch another run's directory."""
+    exists = (run_dir / CONFIG_FILE).exists()
+    checkpoint = None
+    if resume == "auto":
+        checkpoint = latest_checkpoint(run_dir)
+    elif resume != "never":
+        checkpoint = Path(resume)
+        if not (checkpoint / STATE_FILE).is_file():
+            raise TuneforgeError(f"--resume {checkpoint}: not a complete checkpoint directory")
+    elif exists and not overwrite:
+        raise TuneforgeError(
+            f"{run_dir} already holds a run: pass --resume auto to continue it, "
+            "--overwrite to replace it, or pick another run.name or run.output_dir"
+        )
+    barrier()
+    if world.is_main:
+        if exists and overwrite:
+            shutil.rmtree(run_dir)
+        if checkpoint is None and exists and resume == "auto":
+            log.info("%s has no complete checkpoint: starting from step 0", run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for partial in (run_dir / "checkpoints").glob(".step_*.partial"):
+            shutil.rmtree(partial, ignore_errors=True)  # left by a killed save
+    barrier()
+    return checkpoint

@@ -1,0 +1,62 @@
+"""One optimizer step: forward and backward of its micro-batches, the loss normalised by the
+supervised tokens of the whole step on every rank, clipping, and the update unless non-finite."""
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuneforge.config.schema import TrainSection
+from tuneforge.data.packing import PackedBatch
+from tuneforge.models.decoder import Decoder
+from tuneforge.train.distributed import all_reduce_sum
+from tuneforge.train.objective import backward_micro_batches
+
+
+def optimizer_step(
+    objective: nn.Module,
+    model: Decoder,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[PackedBatch],
+    train: TrainSection,
+    lr: float,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Run one step at learning rate `lr`; its loss, gradient norm and token counts."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    micro_batches = [next(batches).to(device) for _ in range(train.grad_accum_steps)]
+    # Normalise by the supervised tokens of the whole step on every rank: any split of the same
+    # tokens over micro-batches and ranks gives the same update. DDP and FSDP average gradients
+    # over ranks, hence the factor world_size.
+    world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    step_tokens = all_reduce_sum(sum(batch.num_loss_tokens for batch in micro_batches), device)
+    moe = model.args.moe
+    local_loss = backward_micro_batches(
+        objective,
+        micro_batches,
+        world_size / max(step_tokens, 1),
+        moe.router_aux_loss_coef if moe is not None else 0.0,
+    )
+    loss = all_reduce_sum(local_loss, device) / max(step_tokens, 1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    finite = math.isfinite(loss) and math.isfinite(grad_norm)
+    if finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    real = all_reduce_sum(sum(b.num_real_tokens for b in micro_batches), device)
+    documents = all_reduce_sum(sum(b.packed.cu_seqlens.numel() - 1 for b in micro_batches), device)
+    return {
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "finite": finite,
+        "tokens": int(real),
+        "loss_tokens": int(step_tokens),
+        "mean_doc_len": real / max(documents, 1),
+    }
