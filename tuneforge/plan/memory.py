@@ -43,6 +43,9 @@ class Setup:
     zero_stage: int = 0
     precision: str = "pure"
     platform: str = "cuda"
+    expert_adapters: tuple[str, ...] = ()
+    """Expert-bank projections with LoRA: `gate_up_proj`, `down_proj`."""
+    shared_expert_adapters: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
     total = args.num_params()
     shard = n if n > 1 else 1
     if setup.lora is not None:
-        adapters = lora_params(args, setup.lora)
+        adapters = lora_params(args, setup.lora) + expert_adapter_params(setup)
         base = total * b
         weights = (base / shard if stage >= 3 else base) + adapters * 4
         gradients = adapters * 4 / (shard if stage >= 2 else 1)
@@ -94,12 +97,38 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
         weights = total * b / (shard if stage >= 3 else 1)
         gradients = total * b / (shard if stage >= 2 else 1)
         optimizer = total * master / (shard if stage >= 1 else 1)
-    if stage >= 3 and n > 1:  # the gathered working set: this block and the prefetched next
+    if stage >= 3 and n > 1:
+        # the gathered working set: this block and the prefetched next, and the root (embedding
+        # and output layer), which stays gathered through its forward, i.e. the whole step
         largest = max(_block_params(args, layer) for layer in range(args.num_layers))
-        weights += 2 * largest * b
-        if setup.lora is None:
-            gradients += largest * b  # one block's unsharded gradients before reduce-scatter
+        root = args.vocab_size * args.dim * (1 if args.tie_embeddings else 2)
+        weights += (2 * largest + root * (n - 1) / n) * b
+        if setup.lora is None:  # one block's unsharded gradients before reduce-scatter
+            gradients += largest * b
     return weights, gradients, optimizer
+
+
+def _expert_projection_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
+    moe = args.moe
+    assert moe is not None
+    return {
+        "gate_up_proj": (args.dim, 2 * moe.expert_ffn_dim),
+        "down_proj": (moe.expert_ffn_dim, args.dim),
+    }
+
+
+def expert_adapter_params(setup: Setup) -> int:
+    args, lora = setup.args, setup.lora
+    if lora is None or args.moe is None or not setup.expert_adapters:
+        return 0
+    copies = 1 if setup.shared_expert_adapters else args.moe.num_experts
+    shapes = _expert_projection_shapes(args)
+    per_layer = sum(
+        copies * lora.rank * (fan_in + fan_out)
+        for name, (fan_in, fan_out) in shapes.items()
+        if name in setup.expert_adapters
+    )
+    return per_layer * sum(args.is_sparse_layer(layer) for layer in range(args.num_layers))
 
 
 def activation_bytes(setup: Setup) -> float:
@@ -133,14 +162,21 @@ def lora_activation_bytes_per_token(setup: Setup, checkpointed: set[int]) -> flo
         return 0.0
     from tuneforge.models.cost import linear_shapes
 
-    per_layer = [
-        sum(
-            4 * (fan_in + setup.lora.rank)
-            for name, (fan_in, _) in linear_shapes(setup.args, layer).items()
+    args, rank = setup.args, setup.lora.rank
+    per_layer = []
+    for layer in range(args.num_layers):
+        size = sum(
+            4 * (fan_in + rank)
+            for name, (fan_in, _) in linear_shapes(args, layer).items()
             if name in setup.lora.targets
         )
-        for layer in range(setup.args.num_layers)
-    ]
+        if args.moe is not None and args.is_sparse_layer(layer):  # per routed copy of a token
+            size += args.moe.top_k * sum(
+                4 * (fan_in + rank)
+                for name, (fan_in, _) in _expert_projection_shapes(args).items()
+                if name in setup.expert_adapters
+            )
+        per_layer.append(size)
     kept = sum(size for layer, size in enumerate(per_layer) if layer not in checkpointed)
     rebuilt = max((per_layer[layer] for layer in checkpointed), default=0)
     return kept + rebuilt

@@ -158,7 +158,17 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         zero_stage=zero_stage_of(config, hardware),
         precision="fp32-master" if hardware.master_weights else "pure",
         platform=hardware.platform,
+        expert_adapters=_expert_projections(config.lora.target_modules) if lora else (),
+        shared_expert_adapters=config.lora.share_expert_adapters,
     )
+
+
+def _expert_projections(targets: list[str]) -> tuple[str, ...]:
+    """Expert-bank projections the LoRA targets select (`gate_up_proj`, `down_proj`)."""
+    from tuneforge.peft.targets import ALIASES, BANK_PROJECTIONS
+
+    names = {name for target in targets for name in ALIASES.get(target, [target])}
+    return tuple(p for p in BANK_PROJECTIONS if any(n.endswith(f"experts.{p}") for n in names))
 
 
 def _lora_leaves(targets: list[str]) -> list[str]:
