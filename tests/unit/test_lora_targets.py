@@ -103,3 +103,13 @@ def test_bad_patterns_are_clear_errors(moe_dir, lora, message):
     model = load_hf_model(moe_dir, "float32", "sdpa")
     with pytest.raises(LoraTargetError, match=message):
         tuneforge.apply_lora(model, lora)
+
+
+def test_default_targets_skip_what_an_all_moe_model_lacks(tmp_path):
+    save_tiny_model(tmp_path, "qwen3_moe")
+    model = load_hf_model(tmp_path, "float32", "sdpa")
+    report = tuneforge.apply_lora(model, {"rank": 2}).lora_report
+    assert set(report.matched) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    explicit = load_hf_model(tmp_path, "float32", "sdpa")
+    with pytest.raises(LoraTargetError, match=r"\['gate_proj'\] match nothing"):
+        tuneforge.apply_lora(explicit, {"rank": 2, "target_modules": ["q_proj", "gate_proj"]})

@@ -124,7 +124,7 @@ class LoraSection(Section):
     target_modules: list[str] = Field(
         default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1
     )
-    """What to adapt: HF leaf names (`q_proj` ... `down_proj`), Megatron names (`linear_qkv`, `linear_proj`, `linear_fc1`, `linear_fc2`), dotted suffixes (`self_attn.q_proj`), expert banks (`experts.gate_up_proj`, `experts.down_proj`), globs (`*.layers.1.*`), regexes (`re:...`), or `all-linear`."""
+    """What to adapt: HF leaf names (`q_proj` ... `down_proj`), Megatron names (`linear_qkv`, `linear_proj`, `linear_fc1`, `linear_fc2`), dotted suffixes (`self_attn.q_proj`), expert banks (`experts.gate_up_proj`, `experts.down_proj`), globs (`*.layers.1.*`), regexes (`re:...`), or `all-linear`. Left at its default, entries the model lacks (e.g. dense MLP names on an all-MoE model) are skipped."""
     exclude_modules: list[str] = []
     """Patterns (as in target_modules) of modules never to adapt."""
     rank_pattern: dict[str, int] = {}

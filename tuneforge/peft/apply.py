@@ -79,7 +79,11 @@ def apply_lora(
         model.lora_report = LoraReport(trainable_params=total, total_params=total)
         return model
     found = candidates(model, adapter_for(model.args.family))
-    selected = select_targets(found, lora.target_modules, lora.exclude_modules)
+    targets = lora.target_modules
+    if "target_modules" not in lora.model_fields_set:
+        # the default list names dense MLP projections, which an all-MoE model does not have
+        targets = [t for t in targets if any(matches(t, c) for c in found)] or targets
+    selected = select_targets(found, targets, lora.exclude_modules)
     chosen = {c for hits in selected.values() for c in hits}
     for key, patterns in (
         ("rank_pattern", lora.rank_pattern),
