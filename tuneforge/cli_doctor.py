@@ -36,6 +36,11 @@ def oom(
     torch_version: Annotated[
         str | None, typer.Option(help="torch version of the failed run (default: this one's).")
     ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="The run's configuration: size each remedy with the planner."),
+    ] = None,
+    gpus: Annotated[int, typer.Option(help="GPUs of the run (with --config).")] = 1,
     as_json: JsonOption = False,
 ) -> None:
     """Fragmentation, memory pressure or other processes, and what to do."""
@@ -44,6 +49,10 @@ def oom(
     from tuneforge.doctor.oom import diagnose
 
     report = diagnose(_read(source), torch_version or torch.__version__)
+    if config is not None and report.kind == "pressure":
+        from tuneforge.doctor.oom_plan import remedies
+
+        report.actions += remedies(config, [], gpus, report.total_gib)
     if as_json:
         _print(report.as_dict())
         return

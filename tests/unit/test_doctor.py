@@ -1,5 +1,7 @@
 """`doctor oom` and `doctor log` on the message and log formats they meet in practice."""
 
+from pathlib import Path
+
 import pytest
 
 from tuneforge.doctor.log_scan import scan_log
@@ -138,3 +140,22 @@ def test_megatron_iterations_and_skips():
 
 def test_a_clean_log_has_no_findings():
     assert scan_log("step 1/10  loss 2.0\nstep 2/10  loss 1.9\n").findings == []
+
+
+def test_with_a_config_each_remedy_is_sized_by_the_planner(tmp_path):
+    from tuneforge.doctor.oom_plan import remedies
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "extends: " + str(Path("examples/demo.yaml").resolve()) + "\n"
+        "model: {name: qwen3-8b, dtype: bfloat16}\n"
+        "data: {max_seq_len: 8192}\n"
+        "train: {tokens_per_micro_batch: 16384}\n"
+        "parallel: {strategy: fsdp, zero_stage: 2}\n"
+    )
+    lines = remedies(config, [], gpus=8, capacity_gib=63.98)
+    assert lines[0].startswith("the planner predicts")
+    checkpointing = next(line for line in lines if line.startswith("activation checkpointing"))
+    assert checkpointing.endswith(", fits")
+    assert any(line.startswith("ZeRO-3") for line in lines)
+    assert any("micro-batch of 8192 tokens" in line for line in lines)
