@@ -189,8 +189,9 @@ def predict(measured_file: Path) -> None:
             config.data, load_tokenizer(config), config.train.tokens_per_micro_batch, 0
         ).stats.raw_lengths
         plan = plan_run(config, Hardware(gpus=gpus, gpu="H200"), lengths)
-        # the planner's total includes the CUDA context, which max_memory_allocated does not see
-        predicted = (plan.memory.total - 0.6 * GIB) / GIB
+        # max_memory_allocated sees tensors only: compare the planner's peak of allocated
+        # tensors (its total adds the CUDA context, collective buffers and allocator rounding)
+        predicted = plan.memory.allocated / GIB
         error = predicted / measured["peak_gib"] - 1
         print(
             f"| {measured['name']} | {gpus} | {measured['peak_gib']:.2f} | {predicted:.2f} | "

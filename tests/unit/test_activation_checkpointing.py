@@ -40,3 +40,31 @@ def test_selective_checkpointing_keeps_gradients(tmp_path):
     expected, got = gradients(plain), gradients(checkpointed)
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], msg=name)
+
+
+def test_checkpointed_moe_blocks_keep_nothing_after_backward():
+    """The router logits a checkpointed block recomputes in backward would hold that block's
+    activations until the next forward; the objective records them only in its own forward."""
+    from tuneforge.models.args import ModelArgs, MoEArgs
+    from tuneforge.models.decoder import Decoder
+    from tuneforge.models.packed import PackedSequences
+    from tuneforge.train.objective import NextTokenObjective
+
+    args = ModelArgs(
+        vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48,
+        moe=MoEArgs(4, 2, 16),
+    )  # fmt: skip
+    results = []
+    for checkpointing in ("none", "full"):
+        torch.manual_seed(0)
+        model = Decoder(args, "sdpa")
+        model.init_weights(0.02, torch.Generator().manual_seed(0))
+        apply_activation_checkpointing(model, checkpointing)
+        objective = NextTokenObjective(model)
+        tokens = torch.randint(0, 64, (24,), generator=torch.Generator().manual_seed(1))
+        loss_sum, aux = objective(tokens, tokens, PackedSequences.from_lengths([10, 14]))
+        (loss_sum + 0.1 * aux).backward()
+        assert all(layer.mlp.last_router_logits is None for layer in model.layers)
+        results.append({name: p.grad for name, p in model.named_parameters()})
+    for name, expected in results[0].items():
+        torch.testing.assert_close(results[1][name], expected, msg=name)

@@ -15,14 +15,22 @@ DENSE = ModelArgs(vocab_size=10, dim=256, num_layers=1, num_heads=8, num_kv_head
 SHAPES = {
     "dense": DENSE,
     "qk_norm": replace(DENSE, head_dim=64, qk_norm=True),
-    "moe": replace(DENSE, moe=MoEArgs(8, 2, 128)),
+    "moe": replace(DENSE, moe=MoEArgs(8, 2, 128), qk_norm=True, family="qwen3_moe"),
 }
 
 
-def saved_bytes_per_token(args: ModelArgs, dtype: torch.dtype, tokens: int = 256) -> float:
-    """Bytes autograd saves for backward in one block's forward (parameters and rotary excluded)."""
-    block = Block(args, 0, "sdpa").to(dtype)
-    excluded = {p.untyped_storage().data_ptr() for p in block.parameters()}
+def saved_bytes_per_token(
+    args: ModelArgs, dtype: torch.dtype, tokens: int = 256, lora: dict | None = None
+) -> float:
+    """Bytes autograd saves for backward in one block's forward (parameters and rotary
+    excluded); with `lora`, adapters on a frozen base."""
+    from tuneforge.models.decoder import Decoder
+
+    model = Decoder(replace(args, num_layers=1), "sdpa").to(dtype)
+    if lora is not None:
+        apply_lora(model, lora, None, torch.float32)  # fp32 adapters, as the trainer makes them
+    block = model.layers[0]
+    excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
     rope = (
         torch.ones(tokens, args.head_dim, dtype=dtype),
         torch.zeros(tokens, args.head_dim, dtype=dtype),
@@ -49,6 +57,33 @@ def test_activation_bytes_match_what_autograd_saves(name, dtype):
     predicted = args.activation_bytes_per_token(0, "none", dtype_bytes=torch.finfo(dtype).bits // 8)
     assert predicted == pytest.approx(saved_bytes_per_token(args, dtype), rel=0.05)
     assert args.activation_bytes_per_token(0, "full", 2) == args.dim * 2
+
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+BANKS = ["experts.gate_up_proj", "experts.down_proj"]
+LORA_CASES = {
+    "dense-all-linear": ("dense", list(LoraShape(16).targets)),
+    "dense-attention": ("dense", ATTENTION),
+    "dense-q-v-down": ("dense", ["q_proj", "v_proj", "down_proj"]),
+    "qk_norm-all-linear": ("qk_norm", list(LoraShape(16).targets)),
+    "moe-attention": ("moe", ATTENTION),
+    "moe-attention-experts": ("moe", ATTENTION + BANKS),
+    "moe-down-bank": ("moe", ["experts.down_proj"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LORA_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frozen_base_activation_bytes_match_what_autograd_saves(case, dtype):
+    """A frozen base keeps less (no linear inputs, no normalised copies), the fp32 adapters
+    keep their own inputs (copies of a bf16 model's, shared in an fp32 one)."""
+    shape, targets = LORA_CASES[case]
+    args = SHAPES[shape]
+    banks = tuple(t.split(".")[-1] for t in targets if t.startswith("experts."))
+    lora = LoraShape(16, tuple(t for t in targets if t not in BANKS), banks)
+    predicted = args.activation_bytes_per_token(0, "none", torch.finfo(dtype).bits // 8, lora)
+    measured = saved_bytes_per_token(args, dtype, lora={"target_modules": targets, "rank": 16})
+    assert predicted == pytest.approx(measured, rel=0.05)
 
 
 def test_lora_parameter_count_matches_the_module():

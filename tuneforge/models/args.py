@@ -98,9 +98,10 @@ class ModelArgs:
         return training_flops_per_token(self, doc_len, lora)
 
     def activation_bytes_per_token(
-        self, layer: int, checkpointing: str, dtype_bytes: int = 2
+        self, layer: int, checkpointing: str, dtype_bytes: int = 2, lora=None
     ) -> float:
-        """Bytes layer `layer` keeps for backward per token (see `cost`)."""
+        """Bytes layer `layer` keeps for backward per token, all weights training or with `lora`
+        (a `cost.LoraShape`) on a frozen base (see `cost`)."""
         from tuneforge.models.cost import activation_bytes_per_token
 
-        return activation_bytes_per_token(self, layer, checkpointing, dtype_bytes)
+        return activation_bytes_per_token(self, layer, checkpointing, dtype_bytes, lora)

@@ -15,6 +15,10 @@ LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class LoraShape:
     rank: int
     targets: tuple[str, ...] = LINEAR_NAMES
+    experts: tuple[str, ...] = ()
+    """Expert-bank projections with adapters: `gate_up_proj`, `down_proj`."""
+    shared_experts: bool = False
+    """One adapter per bank shared by all experts, instead of one per expert."""
 
 
 def linear_shapes(args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
@@ -34,13 +38,37 @@ def linear_shapes(args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def lora_params(args: ModelArgs, lora: LoraShape) -> int:
-    return sum(
-        lora.rank * (fan_in + fan_out)
-        for layer in range(args.num_layers)
-        for name, (fan_in, fan_out) in linear_shapes(args, layer).items()
-        if name in lora.targets
-    )
+def expert_projection_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
+    """(in, out) of one expert's projections, gate and up stacked as PEFT holds them."""
+    moe = args.moe
+    assert moe is not None
+    return {
+        "gate_up_proj": (args.dim, 2 * moe.expert_ffn_dim),
+        "down_proj": (moe.expert_ffn_dim, args.dim),
+    }
+
+
+def lora_params(args: ModelArgs, lora: LoraShape, active: bool = False) -> int:
+    """Adapter parameters: dense linears, and expert banks (one adapter per expert unless
+    shared). `active`: those one token multiplies (top-k experts' adapters)."""
+    total = 0
+    for layer in range(args.num_layers):
+        shapes = linear_shapes(args, layer)
+        total += sum(
+            lora.rank * (fan_in + fan_out)
+            for name, (fan_in, fan_out) in shapes.items()
+            if name in lora.targets
+        )
+        if args.moe is not None and args.is_sparse_layer(layer) and lora.experts:
+            copies = (
+                args.moe.top_k if active else 1 if lora.shared_experts else args.moe.num_experts
+            )
+            total += sum(
+                copies * lora.rank * (fan_in + fan_out)
+                for name, (fan_in, fan_out) in expert_projection_shapes(args).items()
+                if name in lora.experts
+            )
+    return total
 
 
 def attention_flops_per_token(args: ModelArgs, doc_len: int) -> float:
@@ -62,49 +90,117 @@ def training_flops_per_token(args: ModelArgs, doc_len: int, lora: LoraShape | No
     attention = attention_flops_per_token(args, doc_len)
     if lora is None:
         return 3 * matmuls + 3 * attention
-    adapters = 2 * lora_params(args, lora)
+    adapters = 2 * lora_params(args, lora, active=True)
     return 2 * matmuls + 3 * adapters + 3 * attention
 
 
-def _norm_bytes(width: int, dtype_bytes: int) -> int:
-    # fp32 copy of the input (rms_norm runs in fp32), the cast result (for the weight's gradient),
-    # the output (the next matmul's input) and one fp32 rstd
-    return 4 * width + 2 * width * dtype_bytes + 4
+def _norm_bytes(width: int, dtype_bytes: int, trainable: bool) -> int:
+    # fp32 copy of the input (rms_norm runs in fp32) and one fp32 rstd; a trainable weight also
+    # keeps the cast result (its gradient's input) and a trainable next matmul the output
+    return 4 * width + 4 + (2 * width * dtype_bytes if trainable else 0)
 
 
-def attention_activation_bytes_per_token(args: ModelArgs, dtype_bytes: int = 2) -> float:
+def attention_activation_bytes_per_token(
+    args: ModelArgs, dtype_bytes: int = 2, trainable: bool = True
+) -> float:
     """What one layer's attention keeps per token with flash-style kernels: q, k, v after rotary,
-    the attention output and o_proj's input, a log-sum-exp per head (and the q/k norms' inputs)."""
+    the attention output, a log-sum-exp per head (and the q/k norms' inputs); o_proj's input
+    (a contiguous copy of the output) only when o_proj's weight trains."""
     q_width, kv_width = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
-    attention = (3 * q_width + 2 * kv_width) * dtype_bytes + args.num_heads * 4
+    outputs = 3 if trainable else 2
+    attention = (outputs * q_width + 2 * kv_width) * dtype_bytes + args.num_heads * 4
     if args.qk_norm:
-        # per-head norms: fp32 input copy, cast result, one fp32 rstd per head (the output feeds
-        # rotary, which keeps nothing of it)
-        attention += (4 + dtype_bytes) * (q_width + kv_width) + 4 * (
-            args.num_heads + args.num_kv_heads
-        )
+        # per-head norms: fp32 input copy and one fp32 rstd per head, plus the cast result when
+        # their weights train (the output feeds rotary, which keeps nothing of it)
+        cast = dtype_bytes if trainable else 0
+        attention += (4 + cast) * (q_width + kv_width) + 4 * (args.num_heads + args.num_kv_heads)
     return attention
 
 
+def _mlp_bytes(args: ModelArgs, layer: int, dtype_bytes: int, trainable: bool) -> float:
+    inputs = 1 if trainable else 0  # a linear keeps its input only for its weight's gradient
+    if not args.is_sparse_layer(layer):
+        # gate, up, silu(gate), and silu(gate) * up (down_proj's input)
+        return (3 + inputs) * args.ffn_dim * dtype_bytes
+    moe = args.moe
+    assert moe is not None
+    # per routed copy: its input (twice when the banks train), gate, up, silu(gate), the product
+    # (when down_proj trains), the output before weighting; sort order and routing weight; per
+    # token: routing indexes and weights, router probabilities in fp32
+    per_copy = ((2 + inputs) * args.dim + (3 + inputs) * moe.expert_ffn_dim) * dtype_bytes + 24
+    return moe.top_k * per_copy + 2 * moe.num_experts * 4
+
+
+SHARED_INPUTS = (
+    ("q_proj", "k_proj", "v_proj"),
+    ("o_proj",),
+    ("gate_proj", "up_proj"),
+    ("down_proj",),
+)
+"""Linears that read the same input."""
+
+
+def adapter_bytes_per_token(
+    args: ModelArgs, layer: int, lora: LoraShape, dtype_bytes: int = 2
+) -> float:
+    """fp32 adapters keep, per adapted linear and token (per routed copy for expert banks), the
+    fp32 copy of its input (A's gradient) and A's output (B's gradient). An fp32 model needs no
+    copy: linears reading the same input share it."""
+    shapes = linear_shapes(args, layer)
+    adapted = [name for name in shapes if name in lora.targets]
+    size = 4 * lora.rank * len(adapted)
+    for group in SHARED_INPUTS:
+        readers = [name for name in group if name in adapted]
+        if readers:
+            copies = 1 if dtype_bytes == 4 else len(readers)
+            size += 4 * shapes[readers[0]][0] * copies
+    if args.moe is not None and args.is_sparse_layer(layer):
+        size += args.moe.top_k * sum(
+            4 * (fan_in + lora.rank)
+            for name, (fan_in, _) in expert_projection_shapes(args).items()
+            if name in lora.experts
+        )
+    return size
+
+
 def activation_bytes_per_token(
-    args: ModelArgs, layer: int, checkpointing: str, dtype_bytes: int = 2
+    args: ModelArgs,
+    layer: int,
+    checkpointing: str,
+    dtype_bytes: int = 2,
+    lora: LoraShape | None = None,
 ) -> float:
     """Bytes one layer keeps for backward per token, with flash-style attention (no score matrix).
 
-    `none`: every tensor autograd saves (checked against saved-tensor hooks in the tests);
-    `full`: only the block input; everything else is recomputed during backward.
+    `none`: every tensor autograd saves (checked against saved-tensor hooks in the tests) — all
+    weights training, or with `lora` a frozen base (which keeps less: no linear input, no
+    normalised copy) plus the adapters' own; `full`: only the block input, the rest is
+    recomputed during backward.
     """
     if checkpointing == "full":
         return args.dim * dtype_bytes
-    norms = 2 * _norm_bytes(args.dim, dtype_bytes)
-    attention = attention_activation_bytes_per_token(args, dtype_bytes)
-    if args.is_sparse_layer(layer):
+    trainable = lora is None
+    norms = 2 * _norm_bytes(args.dim, dtype_bytes, trainable)
+    attention = attention_activation_bytes_per_token(args, dtype_bytes, trainable)
+    mlp = _mlp_bytes(args, layer, dtype_bytes, trainable)
+    adapters = adapter_bytes_per_token(args, layer, lora, dtype_bytes) if lora is not None else 0.0
+    return norms + attention + mlp + adapters
+
+
+def working_bytes_per_token(
+    args: ModelArgs, layer: int, dtype_bytes: int = 2, lora: LoraShape | None = None
+) -> float:
+    """Short-lived bytes per token while one block runs, on top of what it keeps. Dense MLP: its
+    intermediate gradients (gate, up, activation), or with adapters on gate/up the fp32 update
+    and its scaled copy beside the base output. MoE, per routed copy: the gradients of each
+    copy's input and output, or with expert adapters the fp32 update of the output, its scaled
+    copy and their casts. Measured on the modules under fake tensors: 5.6 x ffn bytes (full),
+    7.5 x ffn (LoRA on all linears), 9.3 kB and 26 kB per routed copy (Qwen3-30B-A3B with LoRA
+    on attention, and on attention and experts)."""
+    if args.moe is not None and args.is_sparse_layer(layer):
         moe = args.moe
-        assert moe is not None
-        # per routed copy: its input, gate, up, silu(gate), their product, the output before and
-        # after weighting; routing indexes and weights; router probabilities in fp32
-        per_copy = (3 * args.dim + 4 * moe.expert_ffn_dim) * dtype_bytes + 24
-        mlp = moe.top_k * per_copy + 2 * moe.num_experts * 4
-    else:
-        mlp = 4 * args.ffn_dim * dtype_bytes  # gate, up, silu(gate), silu(gate) * up
-    return norms + attention + mlp
+        if lora is not None and lora.experts:
+            return moe.top_k * (8 + 2 * dtype_bytes) * args.dim
+        return moe.top_k * (2 * args.dim + moe.expert_ffn_dim) * dtype_bytes
+    adapted = lora is not None and any(name in lora.targets for name in ("gate_proj", "up_proj"))
+    return args.ffn_dim * ((2 * dtype_bytes + 4) if adapted else 3 * dtype_bytes)

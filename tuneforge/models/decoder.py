@@ -178,14 +178,26 @@ class Decoder(nn.Module):
         packed = PackedSequences.from_cu_seqlens(cu_seqlens, position_ids, max_seqlen)
         return self.lm_head(self.hidden_states(input_ids, packed))
 
+    def _moes(self) -> list[MoE]:
+        return [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)]
+
     def aux_loss(self) -> torch.Tensor | None:
         """Load-balancing loss of the last forward (MoE models only), unscaled."""
-        moes = [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)]
+        moes = self._moes()
         if not moes or any(moe.last_router_logits is None for moe in moes):
             return None
         assert self.args.moe is not None
         logits = [moe.last_router_logits for moe in moes]
         return load_balancing_loss(logits, self.args.moe.num_experts, self.args.moe.top_k)
+
+    def record_router_logits(self, enabled: bool) -> None:
+        """Keep each forward's router logits for `aux_loss` (on), or drop them and keep none
+        (off: what training sets between its forward and the next, so that the blocks that
+        checkpointing recomputes in backward hold nothing)."""
+        for moe in self._moes():
+            moe.record_router_logits = enabled
+            if not enabled:
+                moe.last_router_logits = None
 
     @torch.no_grad()
     def init_weights(self, std: float, generator: torch.Generator | None = None) -> None:

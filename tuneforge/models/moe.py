@@ -102,6 +102,9 @@ class MoE(nn.Module):
         self.router = nn.Linear(dim, args.num_experts, bias=False)
         self.experts = ExpertBank(args.num_experts, dim, args.expert_ffn_dim, implementation)
         self.last_router_logits: torch.Tensor | None = None
+        self.record_router_logits = True
+        """Off while activation checkpointing recomputes the block in backward: logits kept
+        then would hold the recomputed block's activations until the next forward."""
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
         logits = self.router(x_TD)
@@ -109,8 +112,8 @@ class MoE(nn.Module):
         top_probs, expert_ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
-        # Kept for the load-balancing loss (recomputation under checkpointing overwrites it with equal values).
-        self.last_router_logits = logits
+        if self.record_router_logits:  # for the load-balancing loss
+            self.last_router_logits = logits
         return self.experts(x_TD, expert_ids, top_probs.to(x_TD.dtype))
 
 

@@ -1,4 +1,4 @@
-"""Per-GPU memory of a training setup, itemised.
+"""Per-GPU memory of a training setup, itemised, and its peak through one step.
 
 Static tensors: weights, gradients and optimizer states, sharded as the data-parallel stage
 says (0: DDP or one GPU; 1: optimizer states sharded; 2: gradients too; 3: weights too — FSDP2
@@ -7,15 +7,19 @@ tuneforge's trainer does (gradients and AdamW states in the weights' dtype); `fp
 bf16 mixed precision of DeepSpeed and others (fp32 master weights, m and v). LoRA adapters are
 fp32 with their own gradients and optimizer; the frozen base has neither.
 
-Activations come from the model's per-layer cost formulas (by checkpointing mode) for one
-micro-batch, plus eager attention's score matrices, the chunked loss and the hidden states the
-loss reads. `other` is the runtime: context, collective buffers and allocator rounding.
+Activations come from the model's per-layer cost formulas (by checkpointing mode, frozen or
+training base) for one micro-batch, plus eager attention's score matrices and the loss's
+buffers. Gradients and activations do not peak together: gradients are freed after each
+optimizer step and written during backward while activations are released, so the peak is the
+largest of three moments — the loss's backward (all activations, no gradient yet unless
+accumulated), a block's backward, and the end of backward — on top of weights and optimizer
+states. `other` is the runtime: context, collective buffers and allocator rounding.
 """
 
 from dataclasses import dataclass
 
 from tuneforge.models.args import ModelArgs
-from tuneforge.models.cost import LoraShape, lora_params
+from tuneforge.models.cost import LoraShape, lora_params, working_bytes_per_token
 from tuneforge.train.block_wrappers import checkpointed_blocks
 
 GIB = 2**30
@@ -43,9 +47,8 @@ class Setup:
     zero_stage: int = 0
     precision: str = "pure"
     platform: str = "cuda"
-    expert_adapters: tuple[str, ...] = ()
-    """Expert-bank projections with LoRA: `gate_up_proj`, `down_proj`."""
-    shared_expert_adapters: bool = False
+    grad_accum_steps: int = 1
+    """Above 1, gradients stay allocated through the forward of the later micro-batches."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,11 @@ class Memory:
     gradients: float
     optimizer: float
     activations: float
+    """What one micro-batch keeps for backward, with the loss's buffers, at their peak."""
     other: float
+    allocated: float
+    """The step's peak of allocated tensors: weights, optimizer states and the largest moment
+    of gradients plus activations (not their sum: they peak at different times)."""
 
     @property
     def static(self) -> float:
@@ -62,7 +69,7 @@ class Memory:
 
     @property
     def total(self) -> float:
-        return self.static + self.activations + self.other
+        return self.allocated + self.other
 
     def gib(self) -> dict[str, float]:
         values = {
@@ -72,6 +79,7 @@ class Memory:
             "activations": self.activations,
             "other": self.other,
             "static": self.static,
+            "allocated": self.allocated,
             "total": self.total,
         }
         return {key: value / GIB for key, value in values.items()}
@@ -81,13 +89,22 @@ def _block_params(args: ModelArgs, layer: int) -> int:
     return args.attention_params() + args.mlp_params(layer, False) + 2 * args.dim
 
 
+def _root_params(args: ModelArgs) -> int:
+    """The embedding, the output layer (unless tied) and the final norm: FSDP2's root unit."""
+    return args.vocab_size * args.dim * (1 if args.tie_embeddings else 2) + args.dim
+
+
+def _fsdp(setup: Setup) -> bool:
+    return setup.data_parallel > 1 and setup.zero_stage >= 2
+
+
 def static_bytes(setup: Setup) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes per GPU."""
     args, n, stage, b = setup.args, setup.data_parallel, setup.zero_stage, setup.param_bytes
     total = args.num_params()
     shard = n if n > 1 else 1
     if setup.lora is not None:
-        adapters = lora_params(args, setup.lora) + expert_adapter_params(setup)
+        adapters = lora_params(args, setup.lora)
         base = total * b
         weights = (base / shard if stage >= 3 else base) + adapters * 4
         gradients = adapters * 4 / (shard if stage >= 2 else 1)
@@ -98,88 +115,41 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
         gradients = total * b / (shard if stage >= 2 else 1)
         optimizer = total * master / (shard if stage >= 1 else 1)
     if stage >= 3 and n > 1:
-        # the gathered working set: this block and the prefetched next, and the root (embedding
-        # and output layer), which stays gathered through its forward, i.e. the whole step
+        # the gathered working set: this block and the prefetched next, and the root, which
+        # stays gathered through its forward, i.e. the whole step
         largest = max(_block_params(args, layer) for layer in range(args.num_layers))
-        root = args.vocab_size * args.dim * (1 if args.tie_embeddings else 2)
-        weights += (2 * largest + root * (n - 1) / n) * b
-        if setup.lora is None:  # one block's unsharded gradients before reduce-scatter
-            gradients += largest * b
+        weights += (2 * largest + _root_params(args) * (n - 1) / n) * b
     return weights, gradients, optimizer
 
 
-def _expert_projection_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
-    moe = args.moe
-    assert moe is not None
-    return {
-        "gate_up_proj": (args.dim, 2 * moe.expert_ffn_dim),
-        "down_proj": (moe.expert_ffn_dim, args.dim),
-    }
+def _layer_bytes(setup: Setup, layer: int, checkpointing: str) -> float:
+    """What layer `layer` keeps per token in mode `checkpointing`."""
+    args, b = setup.args, setup.param_bytes
+    kept = args.activation_bytes_per_token(layer, checkpointing, b, setup.lora)
+    if checkpointing == "none" and setup.attention == "eager":
+        kept += args.num_heads * setup.mean_doc_len * (b + 4)  # scores and softmax per head
+    return kept
 
 
-def expert_adapter_params(setup: Setup) -> int:
-    args, lora = setup.args, setup.lora
-    if lora is None or args.moe is None or not setup.expert_adapters:
-        return 0
-    copies = 1 if setup.shared_expert_adapters else args.moe.num_experts
-    shapes = _expert_projection_shapes(args)
-    per_layer = sum(
-        copies * lora.rank * (fan_in + fan_out)
-        for name, (fan_in, fan_out) in shapes.items()
-        if name in setup.expert_adapters
-    )
-    return per_layer * sum(args.is_sparse_layer(layer) for layer in range(args.num_layers))
-
-
-def activation_bytes(setup: Setup) -> float:
-    """What one micro-batch keeps for backward, at its peak."""
+def _loss_bytes(setup: Setup) -> tuple[float, float, float]:
+    """(kept through the step, transient in the loss's backward, the output layer's gradient).
+    Kept: the final norm's input copies and the normalised hidden states the loss gathers.
+    Transient: one chunk of fp32 log-probabilities recomputed, their gradient and the logits'
+    gradient (12 bytes per logit). The output layer's gradient when it trains (unsharded under
+    FSDP2 until the root unit reduces it at the end of backward)."""
     args, tokens, b = setup.args, setup.tokens_per_micro_batch, setup.param_bytes
-    checkpointed = set(
-        checkpointed_blocks(args.num_layers, setup.checkpointing, setup.checkpoint_every)
-    )
-    kept = 0.0
-    recompute = 0.0
-    for layer in range(args.num_layers):
-        full = args.activation_bytes_per_token(layer, "none", b)
-        if setup.attention == "eager":  # scores and softmax per head, over each document
-            full += args.num_heads * setup.mean_doc_len * (b + 4)
-        if layer in checkpointed:
-            kept += args.activation_bytes_per_token(layer, "full", b)
-            recompute = max(recompute, full)  # one block is rebuilt at a time in backward
-        else:
-            kept += full
-    per_token = kept + recompute + lora_activation_bytes_per_token(setup, checkpointed)
-    # the hidden states the loss reads, and one chunk of fp32 logits (recomputed in backward)
-    loss = tokens * args.dim * (b + 4) + min(tokens, LOSS_CHUNK) * args.vocab_size * 4
-    return per_token * tokens + loss
+    trainable = setup.lora is None
+    norm = 4 * args.dim + 4 + (2 * args.dim * b if trainable else 0)
+    kept = tokens * (norm + args.dim * b)
+    head_gradient = args.vocab_size * args.dim * b if trainable else 0
+    return kept, 12 * min(tokens, LOSS_CHUNK) * args.vocab_size, head_gradient
 
 
-def lora_activation_bytes_per_token(setup: Setup, checkpointed: set[int]) -> float:
-    """fp32 adapters keep, per adapted linear and token, the fp32 copy of its input (A's
-    gradient) and A's output (B's gradient); a checkpointed block keeps them only while it is
-    rebuilt."""
-    if setup.lora is None:
+def _reduce_bytes(setup: Setup, params: int) -> float:
+    """FSDP2 reducing a unit's gradients: the unsharded gradients and their fp32 copy."""
+    if not _fsdp(setup) or setup.lora is not None:
         return 0.0
-    from tuneforge.models.cost import linear_shapes
-
-    args, rank = setup.args, setup.lora.rank
-    per_layer = []
-    for layer in range(args.num_layers):
-        size = sum(
-            4 * (fan_in + rank)
-            for name, (fan_in, _) in linear_shapes(args, layer).items()
-            if name in setup.lora.targets
-        )
-        if args.moe is not None and args.is_sparse_layer(layer):  # per routed copy of a token
-            size += args.moe.top_k * sum(
-                4 * (fan_in + rank)
-                for name, (fan_in, _) in _expert_projection_shapes(args).items()
-                if name in setup.expert_adapters
-            )
-        per_layer.append(size)
-    kept = sum(size for layer, size in enumerate(per_layer) if layer not in checkpointed)
-    rebuilt = max((per_layer[layer] for layer in checkpointed), default=0)
-    return kept + rebuilt
+    return params * (setup.param_bytes + 4)
 
 
 def other_bytes(setup: Setup, dynamic: float) -> float:
@@ -188,8 +158,60 @@ def other_bytes(setup: Setup, dynamic: float) -> float:
     return context + collective + ALLOCATOR_ROUNDING * dynamic
 
 
+def _layer_gradients(setup: Setup) -> list[float]:
+    """Gradient bytes of each layer once its backward is done (sharded under FSDP2)."""
+    args = setup.args
+    if setup.lora is not None:  # the adapters' gradients are negligible here
+        return [0.0] * args.num_layers
+    shard = setup.data_parallel if setup.zero_stage >= 2 else 1
+    return [
+        _block_params(args, layer) * setup.param_bytes / shard for layer in range(args.num_layers)
+    ]
+
+
+def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
+    """(activations, dynamic bytes at each moment of the step that can be its peak)."""
+    args, tokens = setup.args, setup.tokens_per_micro_batch
+    checkpointed = set(
+        checkpointed_blocks(args.num_layers, setup.checkpointing, setup.checkpoint_every)
+    )
+    kept = [
+        _layer_bytes(setup, layer, "full" if layer in checkpointed else "none") * tokens
+        for layer in range(args.num_layers)
+    ]
+    loss_kept, loss_transient, head_gradient = _loss_bytes(setup)
+    activations = sum(kept) + loss_kept + loss_transient + head_gradient
+    # Gradients are freed after each step; they stay through the forward only when the step
+    # accumulates micro-batches or DDP holds them in its buckets.
+    persistent = setup.grad_accum_steps > 1 or (setup.data_parallel > 1 and setup.zero_stage < 2)
+    layer_gradients = _layer_gradients(setup)
+    largest_block = max(_block_params(args, layer) for layer in range(args.num_layers))
+    moments = [activations + (gradients if persistent else 0.0)]
+    below, written = 0.0, sum(layer_gradients) + head_gradient
+    for layer in range(args.num_layers):
+        # this block's backward: the layers below keep theirs, this one is whole (rebuilt if
+        # checkpointed), the layers above have written their gradients
+        moments.append(
+            below
+            + _layer_bytes(setup, layer, "none") * tokens
+            + working_bytes_per_token(args, layer, setup.param_bytes, setup.lora) * tokens
+            + (gradients if persistent else written)
+            + _reduce_bytes(setup, largest_block)
+        )
+        below += kept[layer]
+        written -= layer_gradients[layer]
+    # the end of backward: every gradient, a tied embedding's second gradient being added to
+    # the first, and under FSDP2 the root unit's reduction
+    tied = head_gradient if args.tie_embeddings else 0.0
+    moments.append(gradients + tied + _reduce_bytes(setup, _root_params(args)))
+    return activations, moments
+
+
 def predict_memory(setup: Setup) -> Memory:
     weights, gradients, optimizer = static_bytes(setup)
-    activations = activation_bytes(setup)
-    other = other_bytes(setup, activations + gradients)
-    return Memory(weights, gradients, optimizer, activations, other)
+    activations, moments = _step_moments(setup, gradients)
+    dynamic = max(moments)
+    allocated = weights + optimizer + dynamic
+    return Memory(
+        weights, gradients, optimizer, activations, other_bytes(setup, dynamic), allocated
+    )

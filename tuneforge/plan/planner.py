@@ -141,9 +141,7 @@ def zero_stage_advice(args: ModelArgs, data_parallel: int) -> tuple[int, str]:
 
 
 def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_len: float) -> Setup:
-    lora = None
-    if config.lora.enabled:
-        lora = LoraShape(config.lora.rank, tuple(_lora_leaves(config.lora.target_modules)))
+    lora = lora_shape_of(config)
     attention = "eager" if config.model.attention == "eager" else "flash"
     return Setup(
         args=args,
@@ -158,8 +156,19 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         zero_stage=zero_stage_of(config, hardware),
         precision="fp32-master" if hardware.master_weights else "pure",
         platform=hardware.platform,
-        expert_adapters=_expert_projections(config.lora.target_modules) if lora else (),
-        shared_expert_adapters=config.lora.share_expert_adapters,
+        grad_accum_steps=config.train.grad_accum_steps,
+    )
+
+
+def lora_shape_of(config: RunConfig) -> LoraShape | None:
+    lora = config.lora
+    if not lora.enabled:
+        return None
+    return LoraShape(
+        lora.rank,
+        tuple(_lora_leaves(lora.target_modules)),
+        _expert_projections(lora.target_modules),
+        lora.share_expert_adapters,
     )
 
 
@@ -187,14 +196,20 @@ def _lora_leaves(targets: list[str]) -> list[str]:
 
 
 def largest_budget(setup: Setup, capacity_gib: float) -> int:
-    """The largest micro-batch token budget whose memory fits (memory is affine in tokens)."""
+    """The largest micro-batch token budget (a multiple of 256) whose memory fits."""
     from dataclasses import replace
 
-    low = predict_memory(replace(setup, tokens_per_micro_batch=1024)).total
-    high = predict_memory(replace(setup, tokens_per_micro_batch=2048)).total
-    per_token = (high - low) / 1024
-    tokens = (capacity_gib * GIB - (low - 1024 * per_token)) / per_token
-    return max(0, int(tokens) // 256 * 256)
+    def fits(tokens: int) -> bool:
+        memory = predict_memory(replace(setup, tokens_per_micro_batch=tokens))
+        return memory.total <= capacity_gib * GIB
+
+    low, high = 0, 1 << 22  # in units of 256 tokens: memory grows with tokens
+    if not fits(256):
+        return 0
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(256 * middle) else (low, middle)
+    return 256 * low
 
 
 def measured_mfu(run_dir: Path) -> float:
@@ -222,13 +237,12 @@ def plan_run(
         lengths = lengths_after_policy(
             raw_lengths, data.max_seq_len, data.on_too_long, data.split_long
         )
-        lora = LoraShape(config.lora.rank, tuple(_lora_leaves(config.lora.target_modules)))
         epoch = epoch_workload(
             args,
             lengths,
             train.tokens_per_micro_batch,
             data.packing,
-            lora if config.lora.enabled else None,
+            lora_shape_of(config),
         )
         mean_doc_len = epoch.mean_doc_len
     else:

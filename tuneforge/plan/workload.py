@@ -56,7 +56,7 @@ def epoch_workload(
         groups = STRATEGIES[packing](lengths, budget)
         rows = [(length, 1) for length in lengths]
     matmul = forward_matmul_flops_per_token(args)
-    adapters = 2 * lora_params(args, lora) if lora is not None else 0.0
+    adapters = 2 * lora_params(args, lora, active=True) if lora is not None else 0.0
     per_token = (2 * matmul + 3 * adapters) if lora is not None else 3 * matmul
     computed = sum(width * count for width, count in rows)
     flops = sum(

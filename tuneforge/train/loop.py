@@ -245,10 +245,15 @@ class Trainer:
     def _lora_shape(self) -> LoraShape | None:
         if not self.config.lora.enabled:
             return None
-        leaves = {
-            name.rsplit(".", 1)[-1] for names in self.lora_report.matched.values() for name in names
-        }
-        return LoraShape(self.config.lora.rank, tuple(sorted(leaves)))
+        names = {name for names in self.lora_report.matched.values() for name in names}
+        leaves = {name.rsplit(".", 1)[-1] for name in names if ".experts." not in name}
+        banks = {name.rsplit(".", 1)[-1] for name in names if ".experts." in name}
+        return LoraShape(
+            self.config.lora.rank,
+            tuple(sorted(leaves)),
+            tuple(sorted(banks)),
+            self.config.lora.share_expert_adapters,
+        )
 
     def evaluate(self, step: int) -> Evaluation:
         loss = (

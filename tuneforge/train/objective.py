@@ -20,9 +20,11 @@ class NextTokenObjective(nn.Module):
         self, tokens: torch.Tensor, labels: torch.Tensor, packed: PackedSequences
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of token losses, load-balancing loss or 0)."""
+        self.model.record_router_logits(True)
         hidden = self.model.hidden_states(tokens, packed)
         loss_sum, _ = chunked_cross_entropy(hidden, self.model.lm_head.weight, labels)
         aux = self.model.aux_loss()
+        self.model.record_router_logits(False)
         return loss_sum, aux if aux is not None else loss_sum.new_zeros(())
 
 
