@@ -17,7 +17,21 @@ from tuneforge.data.bin_packing import best_fit_decreasing, first_fit_decreasing
 from tuneforge.data.dataset import build_examples
 from tuneforge.data.reading import read_conversations
 
-WORDS = "the model learns to sort reverse add count letters digits quickly and exactly".split()
+WORDS = [
+    "the",
+    "model",
+    "learns",
+    "to",
+    "sort",
+    "reverse",
+    "add",
+    "count",
+    "letters",
+    "digits",
+    "quickly",
+    "and",
+    "exactly",
+]
 
 
 def synthetic(count: int, file: Path) -> None:

@@ -15,7 +15,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "demo.yaml"
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda sigma tau omega".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "sigma",
+    "tau",
+    "omega",
+]
 STEPS = 12
 
 # name: (GPUs, overrides)

@@ -7,7 +7,6 @@ import torch
 
 from tuneforge.models.args import ModelArgs, MoEArgs
 from tuneforge.models.cost import LoraShape, lora_params, training_flops_per_token
-from tuneforge.models.decoder import Block
 from tuneforge.models.packed import PackedSequences
 from tuneforge.peft.apply import apply_lora
 
