@@ -1,7 +1,7 @@
 """Planner validation: run short trainings of several configurations on the GPU machine, record
 peak memory and step time, then compare with `tuneforge plan`'s prediction.
 
-On the GPU machine (2 GPUs):   python bench/plan_validation.py measure OUT_DIR
+On the GPU machine (2 GPUs):   python bench/plan_validation.py measure OUT_DIR [CASE ...]
 Anywhere afterwards:           python bench/plan_validation.py predict OUT_DIR/measured.jsonl
 """
 
@@ -11,6 +11,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,6 +108,45 @@ CASES = {
             "seq=2048",
         ],
     ),
+    "1b-full-accum2-2k": (
+        1,
+        [
+            "model.name=llama-3.2-1b",
+            "lora.enabled=false",
+            "train.grad_accum_steps=2",
+            "seq=2048",
+        ],
+    ),
+    "qwen3-4b-8l-full-selective-4k": (
+        1,
+        [
+            "model.name=qwen3-4b",
+            "model.num_layers=8",
+            "lora.enabled=false",
+            "train.activation_checkpointing=selective",
+            "seq=4096",
+        ],
+    ),
+    "8b-4l-lora-ddp-2gpu-4k": (
+        2,
+        [
+            "model.name=llama-3-8b",
+            "model.num_layers=4",
+            "lora.enabled=true",
+            "parallel.strategy=ddp",
+            "seq=4096",
+        ],
+    ),
+    "1b-full-zero2-2gpu-4k": (
+        2,
+        [
+            "model.name=llama-3.2-1b",
+            "lora.enabled=false",
+            "parallel.strategy=fsdp",
+            "parallel.zero_stage=2",
+            "seq=4096",
+        ],
+    ),
 }
 
 
@@ -144,12 +184,12 @@ def overrides_of(name: str, data: Path, out: Path) -> tuple[int, list[str]]:
     ]
 
 
-def measure(out: Path) -> None:
+def measure(out: Path, *names: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     data = out / "long.jsonl"
     synthetic_data(data)
     results = out / "measured.jsonl"
-    for name in CASES:
+    for name in names or CASES:
         gpus, overrides = overrides_of(name, data, out)
         launcher = (
             ["torchrun", "--standalone", f"--nproc_per_node={gpus}"]
@@ -185,17 +225,19 @@ def measure(out: Path) -> None:
 def predict(measured_file: Path) -> None:
     from tuneforge.config import load_config
     from tuneforge.data.training_data import load_training_data
-    from tuneforge.plan.memory import GIB
+    from tuneforge.plan.memory import CONTEXT_GIB, GIB
     from tuneforge.plan.planner import Hardware, plan_run
     from tuneforge.train.build import load_tokenizer
 
-    data = measured_file.parent / "long.jsonl"
-    if not data.is_file():
+    data = Path(tempfile.gettempdir()) / "tuneforge-plan-validation" / "long.jsonl"
+    if not data.is_file():  # the same records the measurement used (fixed seed)
+        data.parent.mkdir(exist_ok=True)
         synthetic_data(data)
     print(
-        "| case | GPUs | peak measured GiB | predicted GiB | error | step s measured | predicted (40% MFU) | measured MFU |"
+        "| case | GPUs | peak allocated GiB | predicted | error | reserved GiB | predicted total"
+        " (no context) | step s | measured MFU |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for line in measured_file.read_text().splitlines():
         measured = json.loads(line)
         gpus, overrides = overrides_of(measured["name"], data, measured_file.parent)
@@ -208,11 +250,18 @@ def predict(measured_file: Path) -> None:
         # tensors (its total adds the CUDA context, collective buffers and allocator rounding)
         predicted = plan.memory.allocated / GIB
         error = predicted / measured["peak_gib"] - 1
+        # the reserved pool: allocated plus the allocator's rounding and cached blocks (the
+        # planner's total less the CUDA context, which the pool does not hold)
+        pool = plan.memory.total / GIB - CONTEXT_GIB["cuda"]
         print(
             f"| {measured['name']} | {gpus} | {measured['peak_gib']:.2f} | {predicted:.2f} | "
-            f"{error:+.0%} | {measured['step_s']:.3f} | {plan.step_time_s:.3f} | {measured['mfu']:.0%} |"
+            f"{error:+.0%} | {measured['reserved_gib']:.2f} | {pool:.2f} | "
+            f"{measured['step_s']:.3f} | {measured['mfu']:.0%} |"
         )
 
 
 if __name__ == "__main__":
-    {"measure": measure, "predict": predict}[sys.argv[1]](Path(sys.argv[2]))
+    if sys.argv[1] == "measure":
+        measure(Path(sys.argv[2]), *sys.argv[3:])
+    else:
+        predict(Path(sys.argv[2]))
