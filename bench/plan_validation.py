@@ -235,9 +235,9 @@ def predict(measured_file: Path) -> None:
         synthetic_data(data)
     print(
         "| case | GPUs | peak allocated GiB | predicted | error | reserved GiB | predicted total"
-        " (no context) | step s | measured MFU |"
+        " (no context) | step s | predicted at 40% MFU | measured MFU |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for line in measured_file.read_text().splitlines():
         measured = json.loads(line)
         gpus, overrides = overrides_of(measured["name"], data, measured_file.parent)
@@ -256,7 +256,7 @@ def predict(measured_file: Path) -> None:
         print(
             f"| {measured['name']} | {gpus} | {measured['peak_gib']:.2f} | {predicted:.2f} | "
             f"{error:+.0%} | {measured['reserved_gib']:.2f} | {pool:.2f} | "
-            f"{measured['step_s']:.3f} | {measured['mfu']:.0%} |"
+            f"{measured['step_s']:.3f} | {plan.step_time_s:.3f} | {measured['mfu']:.0%} |"
         )
 
 
