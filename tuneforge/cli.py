@@ -13,6 +13,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from tuneforge.cli_bench import bench_command
 from tuneforge.cli_data import data_app
 from tuneforge.cli_doctor import doctor_app
 from tuneforge.cli_export import export_app
@@ -37,6 +38,7 @@ app.add_typer(export_app, name="export")
 app.add_typer(doctor_app, name="doctor")
 app.command("plan")(plan_command)
 app.command("slurm")(slurm_command)
+app.command("bench")(bench_command)
 
 console = Console()
 error_console = Console(stderr=True)

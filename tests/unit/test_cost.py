@@ -14,39 +14,44 @@ DENSE = ModelArgs(vocab_size=10, dim=256, num_layers=1, num_heads=8, num_kv_head
 SHAPES = {
     "dense": DENSE,
     "qk_norm": replace(DENSE, head_dim=64, qk_norm=True),
-    "moe": replace(DENSE, moe=MoEArgs(8, 2, 128), qk_norm=True, family="qwen3_moe"),
+    # expert width chosen so that no expert tensor is as wide as the model (2 x 96 != 256)
+    "moe": replace(DENSE, moe=MoEArgs(8, 2, 96), qk_norm=True, family="qwen3_moe"),
 }
 
 
 def saved_bytes_per_token(
     args: ModelArgs, dtype: torch.dtype, tokens: int = 256, lora: dict | None = None
 ) -> float:
-    """Bytes autograd saves for backward in one block's forward (parameters and rotary
-    excluded); with `lora`, adapters on a frozen base."""
+    """Bytes autograd saves for backward per token in one block's forward (parameters and
+    rotary excluded; the slope between `tokens` and twice as many, so that per-step tensors
+    such as the adapters' cast weights do not count); with `lora`, adapters on a frozen base."""
     from tuneforge.models.decoder import Decoder
 
     model = Decoder(replace(args, num_layers=1), "sdpa").to(dtype)
     if lora is not None:
         apply_lora(model, lora, None, torch.float32)  # fp32 adapters, as the trainer makes them
-    block = model.layers[0]
     excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    rope = (
-        torch.ones(tokens, args.head_dim, dtype=dtype),
-        torch.zeros(tokens, args.head_dim, dtype=dtype),
-    )
-    excluded |= {t.untyped_storage().data_ptr() for t in rope}
-    saved: dict[int, int] = {}
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in excluded:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
+    def saved_bytes(count: int) -> int:
+        rope = (
+            torch.ones(count, args.head_dim, dtype=dtype),
+            torch.zeros(count, args.head_dim, dtype=dtype),
+        )
+        skip = excluded | {t.untyped_storage().data_ptr() for t in rope}
+        saved: dict[int, int] = {}
 
-    x = torch.randn(tokens, args.dim, dtype=dtype, requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        block(x, rope, PackedSequences.from_lengths([tokens]))
-    return sum(saved.values()) / tokens
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in skip:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        x = torch.randn(count, args.dim, dtype=dtype, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model.layers[0](x, rope, PackedSequences.from_lengths([count]))
+        return sum(saved.values())
+
+    return (saved_bytes(2 * tokens) - saved_bytes(tokens)) / tokens
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))

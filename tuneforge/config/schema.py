@@ -135,6 +135,8 @@ class LoraSection(Section):
     """Modules trained in full and saved with the adapter, by HF name (e.g. embed_tokens, lm_head when tokens were added)."""
     share_expert_adapters: bool = False
     """One adapter shared by all experts of a bank instead of one per expert."""
+    compute_dtype: Literal["model", "float32"] = "model"
+    """Precision of the adapter matmuls: the model's (bf16: the adapters' fp32 weights are cast for each matmul, no fp32 copy of the activations) or float32 (PEFT's default: the input is cast to fp32; slower, more memory)."""
 
 
 class TrainSection(Section):

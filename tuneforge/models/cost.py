@@ -19,6 +19,8 @@ class LoraShape:
     """Expert-bank projections with adapters: `gate_up_proj`, `down_proj`."""
     shared_experts: bool = False
     """One adapter per bank shared by all experts, instead of one per expert."""
+    fp32_compute: bool = False
+    """Adapter matmuls in fp32 (activations cast up) instead of the model's dtype."""
 
 
 def linear_shapes(args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
@@ -143,23 +145,26 @@ SHARED_INPUTS = (
 def adapter_bytes_per_token(
     args: ModelArgs, layer: int, lora: LoraShape, dtype_bytes: int = 2
 ) -> float:
-    """fp32 adapters keep, per adapted linear and token (per routed copy for expert banks), the
-    fp32 copy of its input (A's gradient) and A's output (B's gradient). An fp32 model needs no
-    copy: linears reading the same input share it."""
+    """What adapters keep per token (per routed copy for expert banks): A's output (B's
+    gradient) and the input A reads (A's gradient) — the model's own activation, one per group
+    of linears reading it, or with fp32 compute in a bf16 model an fp32 copy per adapter."""
+    compute = 4 if lora.fp32_compute else dtype_bytes
+    copies = compute != dtype_bytes
     shapes = linear_shapes(args, layer)
     adapted = [name for name in shapes if name in lora.targets]
-    size = 4 * lora.rank * len(adapted)
+    size = compute * lora.rank * len(adapted)
     for group in SHARED_INPUTS:
         readers = [name for name in group if name in adapted]
         if readers:
-            copies = 1 if dtype_bytes == 4 else len(readers)
-            size += 4 * shapes[readers[0]][0] * copies
+            size += compute * shapes[readers[0]][0] * (len(readers) if copies else 1)
     if args.moe is not None and args.is_sparse_layer(layer):
-        size += args.moe.top_k * sum(
-            4 * (fan_in + lora.rank)
-            for name, (fan_in, _) in expert_projection_shapes(args).items()
-            if name in lora.experts
-        )
+        banks = expert_projection_shapes(args)
+        per_copy = sum(compute * lora.rank for name in banks if name in lora.experts)
+        if "gate_up_proj" in lora.experts:
+            per_copy += compute * args.dim
+        if "down_proj" in lora.experts:
+            per_copy += compute * args.moe.expert_ffn_dim
+        size += args.moe.top_k * per_copy
     return size
 
 

@@ -123,6 +123,7 @@ def _attach(
         "dropout_position": lora.dropout_position,
         "use_rslora": lora.use_rslora,
         "init": lora.init,
+        "compute_dtype": lora.compute_dtype,
     }
     module = model.get_submodule(candidate.module)
     if candidate.projection is None:

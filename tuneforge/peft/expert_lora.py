@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from tuneforge.models.moe import grouped_linear
-from tuneforge.peft.lora import AdapterDropout, init_lora_A, lora_scaling
+from tuneforge.peft.lora import AdapterDropout, adapter_compute_dtype, init_lora_A, lora_scaling
 
 
 class ExpertLoRA(nn.Module):
@@ -26,8 +26,10 @@ class ExpertLoRA(nn.Module):
         init: str = "kaiming",
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        compute_dtype: str = "model",
     ) -> None:
         super().__init__()
+        self.compute_dtype = compute_dtype
         self.num_experts = num_experts
         self.rank = rank
         self.alpha = alpha
@@ -52,18 +54,21 @@ class ExpertLoRA(nn.Module):
 
     def grouped(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """The update for rows of `x` sorted by expert (`offsets`: cumulative rows per expert)."""
-        h = self.dropout.pre(x).to(self.lora_A.dtype)
+        dtype = adapter_compute_dtype(self.compute_dtype, x, self.lora_A)
+        h = self.dropout.pre(x).to(dtype)
+        lora_A, lora_B = self.lora_A.to(dtype), self.lora_B.to(dtype)
         if self.shared:
-            update = (h @ self.lora_A[0].t()) @ self.lora_B[0].t()
+            update = (h @ lora_A[0].t()) @ lora_B[0].t()
         else:
-            update = grouped_linear(grouped_linear(h, self.lora_A, offsets), self.lora_B, offsets)
+            update = grouped_linear(grouped_linear(h, lora_A, offsets), lora_B, offsets)
         return self.dropout.post(update * self.scaling).to(x.dtype)
 
     def single(self, x: torch.Tensor, expert: int) -> torch.Tensor:
         """The update for rows of `x` that all go to `expert`."""
         index = 0 if self.shared else expert
-        h = self.dropout.pre(x).to(self.lora_A.dtype)
-        update = (h @ self.lora_A[index].t()) @ self.lora_B[index].t()
+        dtype = adapter_compute_dtype(self.compute_dtype, x, self.lora_A)
+        h = self.dropout.pre(x).to(dtype)
+        update = (h @ self.lora_A[index].to(dtype).t()) @ self.lora_B[index].to(dtype).t()
         return self.dropout.post(update * self.scaling).to(x.dtype)
 
     @torch.no_grad()

@@ -31,6 +31,16 @@ def init_lora_A(
         raise ValueError(f"unknown LoRA init {method!r}: use kaiming, xavier or gaussian")
 
 
+def adapter_compute_dtype(mode: str, x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """`model`: the activations' dtype (the adapter weights are cast, the activations not);
+    `float32`: the adapter weights' own dtype (activations cast up, as PEFT does)."""
+    if mode == "model":
+        return x.dtype
+    if mode == "float32":
+        return weight.dtype
+    raise ValueError(f"compute_dtype must be model or float32, not {mode!r}")
+
+
 class AdapterDropout(nn.Module):
     """Dropout on the adapter's input (`pre`) or on its update (`post`)."""
 
@@ -61,9 +71,11 @@ class LoRALinear(nn.Module):
         dropout_position: str = "pre",
         use_rslora: bool = False,
         init: str = "kaiming",
+        compute_dtype: str = "model",
     ) -> None:
         super().__init__()
         self.base = base
+        self.compute_dtype = compute_dtype
         self.rank = rank
         self.alpha = alpha
         self.use_rslora = use_rslora
@@ -82,7 +94,9 @@ class LoRALinear(nn.Module):
             self.lora_B.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        update = (self.dropout.pre(x).to(self.lora_A.dtype) @ self.lora_A.t()) @ self.lora_B.t()
+        dtype = adapter_compute_dtype(self.compute_dtype, x, self.lora_A)
+        h = self.dropout.pre(x).to(dtype)
+        update = (h @ self.lora_A.to(dtype).t()) @ self.lora_B.to(dtype).t()
         return self.base(x) + self.dropout.post(update * self.scaling).to(x.dtype)
 
     @torch.no_grad()

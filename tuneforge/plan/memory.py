@@ -145,6 +145,14 @@ def _loss_bytes(setup: Setup) -> tuple[float, float, float]:
     return kept, 12 * min(tokens, LOSS_CHUNK) * args.vocab_size, head_gradient
 
 
+def _adapter_casts(setup: Setup) -> float:
+    """Adapters computing in a bf16 model's dtype keep bf16 copies of their fp32 weights."""
+    lora = setup.lora
+    if lora is None or lora.fp32_compute or setup.param_bytes == 4:
+        return 0.0
+    return lora_params(setup.args, lora) * setup.param_bytes
+
+
 def _reduce_bytes(setup: Setup, params: int) -> float:
     """FSDP2 reducing a unit's gradients: the unsharded gradients and their fp32 copy."""
     if not _fsdp(setup) or setup.lora is not None:
@@ -180,6 +188,7 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
         for layer in range(args.num_layers)
     ]
     loss_kept, loss_transient, head_gradient = _loss_bytes(setup)
+    loss_kept += _adapter_casts(setup)
     activations = sum(kept) + loss_kept + loss_transient + head_gradient
     # Gradients are freed after each step; they stay through the forward only when the step
     # accumulates micro-batches or DDP holds them in its buckets.
@@ -187,7 +196,7 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     layer_gradients = _layer_gradients(setup)
     largest_block = max(_block_params(args, layer) for layer in range(args.num_layers))
     moments = [activations + (gradients if persistent else 0.0)]
-    below, written = 0.0, sum(layer_gradients) + head_gradient
+    below, written = _adapter_casts(setup), sum(layer_gradients) + head_gradient
     for layer in range(args.num_layers):
         # this block's backward: the layers below keep theirs, this one is whole (rebuilt if
         # checkpointed), the layers above have written their gradients

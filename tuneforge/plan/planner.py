@@ -169,6 +169,7 @@ def lora_shape_of(config: RunConfig) -> LoraShape | None:
         tuple(_lora_leaves(lora.target_modules)),
         _expert_projections(lora.target_modules),
         lora.share_expert_adapters,
+        lora.compute_dtype == "float32",
     )
 
 

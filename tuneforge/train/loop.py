@@ -253,6 +253,7 @@ class Trainer:
             tuple(sorted(leaves)),
             tuple(sorted(banks)),
             self.config.lora.share_expert_adapters,
+            self.config.lora.compute_dtype == "float32",
         )
 
     def evaluate(self, step: int) -> Evaluation:

@@ -1,0 +1,40 @@
+"""The benchmark's pieces that need no GPU: its batches, its plan of runs, its ratios."""
+
+import numpy as np
+
+from tuneforge.bench.batches import synthetic_batch
+from tuneforge.bench.report import ratios
+from tuneforge.bench.runner import plan_runs
+from tuneforge.bench.workloads import WORKLOADS
+from tuneforge.data.packing import IGNORE_INDEX
+
+
+def test_packed_batch_fills_the_step_with_log_normal_documents():
+    batch = synthetic_batch(1000, 4096, one_document=False, seed=0)
+    lengths = batch.packed.lengths()
+    assert sum(lengths) == batch.tokens.numel() == 4096 and batch.num_padding == 0
+    assert len(lengths) > 2 and len(set(lengths)) > 1
+    ends = np.cumsum(lengths) - 1
+    assert (batch.labels[ends] == IGNORE_INDEX).all()  # no target across a document's end
+    assert batch.num_loss_tokens == 4096 - len(lengths)
+    inside = np.setdiff1d(np.arange(4095), ends)
+    assert (batch.labels[inside] == batch.tokens[inside + 1]).all()
+    assert synthetic_batch(1000, 4096, one_document=True, seed=0).packed.lengths() == [4096]
+
+
+def test_plan_runs_peers_per_workload():
+    runs = plan_runs([WORKLOADS["qwen3-moe-4l-lora-attn-experts"]], ["hf+peft", "unsloth"])
+    systems = {run.system for run in runs}
+    assert systems == {"tuneforge", "hf+peft"}  # Unsloth adapts modules, not expert banks
+    runs = plan_runs([WORKLOADS["llama3.2-1b-full-fsdp2-2gpu"]], ["hf+peft"])
+    assert [run.variant for run in runs] == ["compiled", "compiled+1gpu"]
+
+
+def test_ratios_compare_with_hf_and_the_fastest_peer():
+    results = [
+        {"workload": "w", "system": "hf+peft", "tokens_per_s": 100.0},
+        {"workload": "w", "system": "unsloth", "tokens_per_s": 200.0},
+        {"workload": "w", "system": "tuneforge", "tokens_per_s": 300.0},
+        {"workload": "w", "system": "tuneforge", "error": "exit 1"},
+    ]
+    assert ratios(results) == [(None, None), (None, None), (3.0, 1.5), (None, None)]

@@ -1,0 +1,44 @@
+"""One benchmark run in its own process (a fresh CUDA context and peak-memory count):
+`python -m tuneforge.bench.child SPEC_JSON` prints one JSON line prefixed with RESULT_PREFIX."""
+
+import json
+import sys
+import traceback
+
+RESULT_PREFIX = "TUNEFORGE_BENCH_RESULT "
+
+
+def main(spec: dict) -> dict:
+    from tuneforge.bench.workloads import WORKLOADS
+
+    workload = WORKLOADS[spec["workload"]]
+    warmup, steps = spec["warmup"], spec["steps"]
+    system = spec["system"]
+    if system == "tuneforge":
+        from tuneforge.bench.ours import run_ours
+
+        return run_ours(workload, spec["variant"], warmup, steps)
+    checkpointing = spec["checkpointing"]
+    if system in ("hf+peft", "hf+peft+liger"):
+        from tuneforge.bench.peers import run_hf
+
+        return run_hf(workload, system == "hf+peft+liger", checkpointing, warmup, steps)
+    if system == "unsloth":
+        from tuneforge.bench.peers import run_unsloth
+
+        return run_unsloth(workload, checkpointing, warmup, steps)
+    raise ValueError(f"unknown system {system!r}")
+
+
+if __name__ == "__main__":
+    request = json.loads(sys.argv[1])
+    try:
+        result = main(request)
+    except Exception as error:  # reported, not raised: the benchmark goes on with other runs
+        result = {
+            "error": f"{type(error).__name__}: {error}",
+            "trace": traceback.format_exc()[-3000:],
+        }
+        result["is_main"] = True
+    if result.pop("is_main", True):
+        print(RESULT_PREFIX + json.dumps(request | result), flush=True)

@@ -1,0 +1,87 @@
+"""tuneforge's side of the benchmark: the trainer's own step (`train.step.optimizer_step`) on a
+catalog shape with random weights, through the same model, LoRA, checkpointing, compile and
+parallel wrappers as `tuneforge train`."""
+
+import torch
+
+from tuneforge.bench.batches import synthetic_batch
+from tuneforge.bench.timing import time_steps
+from tuneforge.bench.workloads import Workload
+from tuneforge.config.schema import ParallelSection, TrainSection
+from tuneforge.models.api import load_model
+from tuneforge.models.cost import LoraShape
+from tuneforge.peft.apply import apply_lora
+from tuneforge.train.block_wrappers import apply_activation_checkpointing, compile_blocks
+from tuneforge.train.distributed import init_distributed, parallelize, strategy_of
+from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.optim import build_optimizer
+from tuneforge.train.step import optimizer_step
+
+DISTINCT_BATCHES = 4
+
+
+def lora_shape(workload: Workload) -> LoraShape | None:
+    if workload.targets is None:
+        return None
+    banks = tuple(t.split(".")[-1] for t in workload.targets if t.startswith("experts."))
+    dense = tuple(t for t in workload.targets if not t.startswith("experts."))
+    return LoraShape(16, dense, banks)
+
+
+def run_ours(workload: Workload, variant: str, warmup: int, steps: int) -> dict:
+    mode, *options = variant.split("+")
+    checkpointing = next((o for o in options if o in ("full", "selective")), "none")
+    one_document = "onedoc" in options
+    world = init_distributed()
+    torch.manual_seed(0)
+    model = load_model(
+        workload.shape, num_layers=workload.layers, dtype="bfloat16", device=world.device, seed=0
+    )
+    if workload.targets is not None:
+        lora = {
+            "target_modules": list(workload.targets),
+            "rank": 16,
+            "alpha": 32,
+            "compute_dtype": "float32" if "fp32lora" in options else "model",
+        }
+        apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
+    apply_activation_checkpointing(model, checkpointing)
+    if mode == "compiled":
+        compile_blocks(model)
+    parallel = ParallelSection(strategy="fsdp" if world.world_size > 1 else "single")
+    objective = parallelize(
+        NextTokenObjective(model), model.layers, strategy_of(parallel, world), parallel, world
+    )
+    train = TrainSection(max_steps=warmup + steps, tokens_per_micro_batch=workload.tokens)
+    optimizer = build_optimizer(model, train, world.device)
+    batches = [
+        synthetic_batch(
+            model.args.vocab_size, workload.tokens, one_document, seed=world.rank * 100 + index
+        )
+        for index in range(DISTINCT_BATCHES)
+    ]
+    counter = iter(range(10**9))
+
+    def step() -> None:
+        batch = batches[next(counter) % len(batches)]
+        optimizer_step(objective, model, optimizer, iter([batch]), train, 1e-4, world.device)
+
+    result = time_steps(step, warmup, steps)
+    flops = sum(
+        sum(
+            length * model.args.training_flops_per_token(length, lora_shape(workload))
+            for length in batch.packed.lengths()
+        )
+        for batch in batches
+    ) / len(batches)
+    return result | {
+        "system": "tuneforge",
+        "variant": variant,
+        "tokens_per_step": workload.tokens * world.world_size,
+        "flops_per_step": flops * world.world_size,
+        "gpus": world.world_size,
+        "documents_per_step": sum(b.packed.cu_seqlens.numel() - 1 for b in batches) / len(batches),
+        "padding_share": 0.0,
+        "attention": model.layers[0].attn.backend,
+        "is_main": world.is_main,
+    }

@@ -1,0 +1,89 @@
+"""Runs the benchmark's plan — tuneforge variants and available peers per workload, each in its
+own process — and reports tokens/s, ms/step, peak memory, MFU and the ratio to each peer."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from tuneforge.bench.child import RESULT_PREFIX
+from tuneforge.bench.workloads import Workload
+
+PEERS = ("hf+peft", "hf+peft+liger", "unsloth")
+PEER_MODULES = {"hf+peft": "peft", "hf+peft+liger": "liger_kernel", "unsloth": "unsloth"}
+
+
+@dataclass(frozen=True)
+class Run:
+    workload: str
+    system: str
+    variant: str = ""
+    checkpointing: bool = False
+
+    def spec(self, warmup: int, steps: int) -> dict:
+        return {
+            "workload": self.workload,
+            "system": self.system,
+            "variant": self.variant,
+            "checkpointing": self.checkpointing,
+            "warmup": warmup,
+            "steps": steps,
+        }
+
+
+def available_peers(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Peers importable here, and why each other one is left out."""
+    present, missing = [], {}
+    for peer in wanted:
+        module = PEER_MODULES[peer]
+        if importlib.util.find_spec(module) is None:
+            missing[peer] = f"`{module}` is not importable"
+        else:
+            present.append(peer)
+    return present, missing
+
+
+def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
+    runs = []
+    for workload in workloads:
+        runs += [Run(workload.name, "tuneforge", variant) for variant in workload.variants]
+        if workload.gpus > 1:
+            runs.append(Run(workload.name, "tuneforge", "compiled+1gpu"))
+            continue
+        for peer in peers:
+            if (
+                peer == "unsloth"
+                and workload.targets
+                and any("experts." in t for t in workload.targets)
+            ):
+                continue  # Unsloth adapts modules by name; expert banks are parameters
+            runs += [Run(workload.name, peer, "", gc) for gc in workload.peer_checkpointing]
+    return runs
+
+
+def execute(run: Run, warmup: int, steps: int, gpus: int) -> dict:
+    spec = run.spec(warmup, steps)
+    if run.variant.endswith("+1gpu"):
+        spec["variant"], gpus = run.variant.removesuffix("+1gpu"), 1
+    if gpus > 1:
+        launcher = ["torchrun", "--standalone", f"--nproc_per_node={gpus}"]
+    else:
+        launcher = [sys.executable]
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    command = [*launcher, "-m", "tuneforge.bench.child", json.dumps(spec)]
+    process = subprocess.run(command, capture_output=True, text=True, env=env)
+    for line in process.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line.removeprefix(RESULT_PREFIX)) | {"variant_run": run.variant}
+    return spec | {"error": f"exit {process.returncode}", "trace": process.stderr[-3000:]}
+
+
+def summarise(result: dict, peak_tflops: float) -> dict:
+    if "error" in result:
+        return result
+    seconds = result["ms_per_step"] / 1e3
+    result["tokens_per_s"] = result["tokens_per_step"] / seconds
+    result["mfu"] = result["flops_per_step"] / seconds / (peak_tflops * 1e12 * result["gpus"])
+    return result

@@ -1,0 +1,67 @@
+"""The benchmark's workloads: a model shape, what trains, and the tokens of one step."""
+
+from dataclasses import dataclass, field
+
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+EXPERT_BANKS = ("experts.gate_up_proj", "experts.down_proj")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    shape: str
+    """A catalog shape (`tuneforge models`), built with random weights."""
+    targets: tuple[str, ...] | None
+    """LoRA targets (rank 16, alpha 32), or None for full fine-tuning."""
+    layers: int | None = None
+    tokens: int = 4096
+    memory_cap_gib: float | None = None
+    """Runs above it are reported as over the cap."""
+    gpus: int = 1
+    peer_checkpointing: tuple[bool, ...] = (False, True)
+    """Peer runs: without and with their gradient checkpointing."""
+    variants: tuple[str, ...] = field(default=("eager", "compiled"))
+    """tuneforge runs: `eager`, `compiled` (torch.compile per block), each optionally with
+    `+full` or `+selective` activation checkpointing, `+onedoc` (one 4096-token document,
+    as the peers see it, instead of packed documents), `+fp32lora` (adapter matmuls in fp32)."""
+
+
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload(
+            "llama3-8b-lora",
+            "llama-3-8b",
+            ALL_LINEAR,
+            peer_checkpointing=(False,),
+            variants=("eager", "compiled", "compiled+onedoc"),
+        ),
+        Workload(
+            "llama3-8b-lora-capped",
+            "llama-3-8b",
+            ALL_LINEAR,
+            memory_cap_gib=16.7,
+            peer_checkpointing=(True,),
+            variants=("compiled+full", "compiled+selective"),
+        ),
+        Workload("qwen3-moe-4l-lora-attn", "qwen3-30b-a3b", ATTENTION, layers=4),
+        Workload(
+            "qwen3-moe-4l-lora-attn-experts",
+            "qwen3-30b-a3b",
+            ATTENTION + EXPERT_BANKS,
+            layers=4,
+            peer_checkpointing=(False,),
+        ),
+        Workload("llama3.2-1b-lora", "llama-3.2-1b", ALL_LINEAR, peer_checkpointing=(False,)),
+        Workload("llama3.2-1b-full", "llama-3.2-1b", None, peer_checkpointing=(False,)),
+        Workload(
+            "llama3.2-1b-full-fsdp2-2gpu",
+            "llama-3.2-1b",
+            None,
+            gpus=2,
+            peer_checkpointing=(),
+            variants=("compiled",),
+        ),
+    )
+}

@@ -1,0 +1,131 @@
+"""`tuneforge bench`: tuneforge against HF + PEFT (with Liger) and Unsloth on the same shapes and
+tokens per step, in one call; a table, and a JSON file of every run."""
+
+import contextlib
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuneforge.errors import TuneforgeError
+
+console = Console()
+
+
+def bench_command(
+    workload: Annotated[
+        list[str] | None,
+        typer.Option(help="Workload to run (repeatable; default: all that fit the GPUs here)."),
+    ] = None,
+    peers: Annotated[
+        str, typer.Option(help="Peers, comma-separated: hf+peft, hf+peft+liger, unsloth, or none.")
+    ] = "hf+peft,hf+peft+liger,unsloth",
+    variant: Annotated[
+        list[str] | None,
+        typer.Option(help="tuneforge variants instead of each workload's (e.g. compiled+full)."),
+    ] = None,
+    steps: Annotated[int, typer.Option(help="Timed steps (the median is reported).")] = 10,
+    warmup: Annotated[int, typer.Option(help="Untimed steps first (compilation included).")] = 6,
+    out: Annotated[Path, typer.Option(help="Folder for the JSON results.")] = Path("bench/results"),
+) -> None:
+    """Benchmark one training step: tokens/s, ms/step, peak memory, MFU and ratios."""
+    import torch
+
+    from tuneforge.bench.runner import PEERS, available_peers, execute, plan_runs, summarise
+    from tuneforge.bench.workloads import WORKLOADS
+    from tuneforge.train.hardware import PEAK_TFLOPS
+
+    if not torch.cuda.is_available():
+        raise TuneforgeError("tuneforge bench needs a CUDA or ROCm GPU")
+    gpus = torch.cuda.device_count()
+    names = workload or [name for name, w in WORKLOADS.items() if w.gpus <= gpus]
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown:
+        raise TuneforgeError(f"unknown workload(s) {unknown}: choose from {', '.join(WORKLOADS)}")
+    wanted = [] if peers == "none" else [p.strip() for p in peers.split(",")]
+    bad = [p for p in wanted if p not in PEERS]
+    if bad:
+        raise TuneforgeError(f"unknown peer(s) {bad}: choose from {', '.join(PEERS)} or none")
+    present, missing = available_peers(wanted)
+    for peer, why in missing.items():
+        console.print(f"[yellow]{peer} left out: {why}[/yellow]")
+    selected = [WORKLOADS[name] for name in names]
+    if variant:
+        from dataclasses import replace
+
+        selected = [replace(w, variants=tuple(variant)) for w in selected]
+    device_name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_TFLOPS.items() if k in device_name), PEAK_TFLOPS["H100"])
+    results = []
+    for run in plan_runs(selected, present):
+        workload_gpus = WORKLOADS[run.workload].gpus
+        console.print(f"[dim]{run.workload}: {run.system} {run.variant or ''}[/dim]")
+        result = summarise(execute(run, warmup, steps, workload_gpus), peak)
+        results.append(result)
+        _print_line(result)
+    record = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "gpu": device_name,
+        "gpus": gpus,
+        "peak_tflops_bf16": peak,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "versions": _versions(),
+        "command": " ".join(["tuneforge", *sys.argv[1:]]),
+        "peers_left_out": missing,
+        "results": results,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    file = out / f"bench-{record['date'].replace(':', '')}.json"
+    file.write_text(json.dumps(record, indent=2))
+    console.print(summary_table(results))
+    console.print(f"results: {file}")
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("tuneforge", "transformers", "peft", "liger-kernel", "unsloth", "triton"):
+        with contextlib.suppress(PackageNotFoundError):
+            found[package] = version(package)
+    return found
+
+
+def _print_line(result: dict) -> None:
+    if "error" in result:
+        console.print(f"  [red]failed: {result['error']}[/red]")
+    else:
+        console.print(
+            f"  {result['tokens_per_s']:,.0f} tokens/s, {result['ms_per_step']:.1f} ms/step, "
+            f"peak {result['peak_alloc_gib']:.1f} GiB, MFU {result['mfu']:.0%}"
+        )
+
+
+def summary_table(results: list[dict]) -> Table:
+    from tuneforge.bench.report import ratios
+
+    table = Table("workload", "system", "variant", "tokens/s", "ms/step", "peak GiB", "MFU",
+                  "vs HF+PEFT", "vs fastest peer")  # fmt: skip
+    for result, (vs_hf, vs_best) in zip(results, ratios(results), strict=True):
+        if "error" in result:
+            table.add_row(result["workload"], result["system"], result.get("variant", ""), "failed")
+            continue
+        table.add_row(
+            result["workload"],
+            result["system"],
+            result.get("variant") or "",
+            f"{result['tokens_per_s']:,.0f}",
+            f"{result['ms_per_step']:.1f}",
+            f"{result['peak_alloc_gib']:.1f}",
+            f"{result['mfu']:.0%}",
+            f"{vs_hf:.2f}x" if vs_hf else "",
+            f"{vs_best:.2f}x" if vs_best else "",
+        )
+    return table
