@@ -82,7 +82,8 @@ def bench_command(
         "results": results,
     }
     out.mkdir(parents=True, exist_ok=True)
-    file = out / f"bench-{record['date'].replace(':', '')}.json"
+    stamp = record["date"].replace(":", "").replace("-", "").replace("+0000", "Z")
+    file = out / f"bench-{stamp}.json"
     file.write_text(json.dumps(record, indent=2))
     console.print(summary_table(results))
     console.print(f"results: {file}")

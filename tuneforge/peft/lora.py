@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from tuneforge.peft.fused_lora import FusedLoRALinear
+
 
 def lora_scaling(rank: int, alpha: float, use_rslora: bool) -> float:
     return alpha / math.sqrt(rank) if use_rslora else alpha / rank
@@ -76,6 +78,8 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base = base
         self.compute_dtype = compute_dtype
+        self.fused = True
+        """Run `FusedLoRALinear` where it applies (False: the plain reference expression)."""
         self.rank = rank
         self.alpha = alpha
         self.use_rslora = use_rslora
@@ -95,6 +99,18 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = adapter_compute_dtype(self.compute_dtype, x, self.lora_A)
+        base = self.base
+        if (
+            self.fused
+            and dtype == x.dtype
+            and self.dropout.p == 0
+            and not base.weight.requires_grad
+        ):
+            bias = base.bias
+            if bias is None or not bias.requires_grad:
+                return FusedLoRALinear.apply(
+                    x, base.weight, bias, self.lora_A, self.lora_B, self.scaling
+                )
         h = self.dropout.pre(x).to(dtype)
         update = (h @ self.lora_A.to(dtype).t()) @ self.lora_B.to(dtype).t()
         return self.base(x) + self.dropout.post(update * self.scaling).to(x.dtype)
