@@ -33,6 +33,9 @@ def bench_command(
     steps: Annotated[int, typer.Option(help="Timed steps (the median is reported).")] = 10,
     warmup: Annotated[int, typer.Option(help="Untimed steps first (compilation included).")] = 6,
     out: Annotated[Path, typer.Option(help="Folder for the JSON results.")] = Path("bench/results"),
+    profile: Annotated[
+        bool, typer.Option(help="Also profile tuneforge's runs: top kernels, GPU busy share.")
+    ] = False,
 ) -> None:
     """Benchmark one training step: tokens/s, ms/step, peak memory, MFU and ratios."""
     import torch
@@ -66,7 +69,7 @@ def bench_command(
     for run in plan_runs(selected, present):
         workload_gpus = WORKLOADS[run.workload].gpus
         console.print(f"[dim]{run.workload}: {run.system} {run.variant or ''}[/dim]")
-        result = summarise(execute(run, warmup, steps, workload_gpus), peak)
+        result = summarise(execute(run, warmup, steps, workload_gpus, profile), peak)
         results.append(result)
         _print_line(result)
     record = {
@@ -107,6 +110,11 @@ def _print_line(result: dict) -> None:
             f"  {result['tokens_per_s']:,.0f} tokens/s, {result['ms_per_step']:.1f} ms/step, "
             f"peak {result['peak_alloc_gib']:.1f} GiB, MFU {result['mfu']:.0%}"
         )
+    profile = result.get("profile")
+    if profile:
+        console.print(f"  GPU busy {profile['gpu_busy_share']:.0%} of the step; top kernels:")
+        for kernel in profile["top_kernels"][:8]:
+            console.print(f"    {kernel['ms_per_step']:8.2f} ms  {kernel['kernel'][:90]}")
 
 
 def summary_table(results: list[dict]) -> Table:

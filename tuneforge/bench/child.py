@@ -17,7 +17,7 @@ def main(spec: dict) -> dict:
     if system == "tuneforge":
         from tuneforge.bench.ours import run_ours
 
-        return run_ours(workload, spec["variant"], warmup, steps)
+        return run_ours(workload, spec["variant"], warmup, steps, spec.get("profile", False))
     checkpointing = spec["checkpointing"]
     if system in ("hf+peft", "hf+peft+liger"):
         from tuneforge.bench.peers import run_hf

@@ -28,7 +28,9 @@ def lora_shape(workload: Workload) -> LoraShape | None:
     return LoraShape(16, dense, banks)
 
 
-def run_ours(workload: Workload, variant: str, warmup: int, steps: int) -> dict:
+def run_ours(
+    workload: Workload, variant: str, warmup: int, steps: int, profile: bool = False
+) -> dict:
     mode, *options = variant.split("+")
     checkpointing = next((o for o in options if o in ("full", "selective")), "none")
     one_document = "onedoc" in options
@@ -67,6 +69,10 @@ def run_ours(workload: Workload, variant: str, warmup: int, steps: int) -> dict:
         optimizer_step(objective, model, optimizer, iter([batch]), train, 1e-4, world.device)
 
     result = time_steps(step, warmup, steps)
+    if profile:
+        from tuneforge.bench.profile import profile_steps
+
+        result["profile"] = profile_steps(step)
     flops = sum(
         sum(
             length * model.args.training_flops_per_token(length, lora_shape(workload))

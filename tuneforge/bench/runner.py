@@ -22,8 +22,9 @@ class Run:
     variant: str = ""
     checkpointing: bool = False
 
-    def spec(self, warmup: int, steps: int) -> dict:
+    def spec(self, warmup: int, steps: int, profile: bool = False) -> dict:
         return {
+            "profile": profile and self.system == "tuneforge",
             "workload": self.workload,
             "system": self.system,
             "variant": self.variant,
@@ -63,8 +64,8 @@ def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
     return runs
 
 
-def execute(run: Run, warmup: int, steps: int, gpus: int) -> dict:
-    spec = run.spec(warmup, steps)
+def execute(run: Run, warmup: int, steps: int, gpus: int, profile: bool = False) -> dict:
+    spec = run.spec(warmup, steps, profile)
     if run.variant.endswith("+1gpu"):
         spec["variant"], gpus = run.variant.removesuffix("+1gpu"), 1
     if gpus > 1:
