@@ -15,6 +15,8 @@ class NextTokenObjective(nn.Module):
     def __init__(self, model: Decoder) -> None:
         super().__init__()
         self.model = model
+        self.fused_loss = True
+        """The loss's gradients made in its forward pass (False: the checkpointed reference)."""
 
     def forward(
         self, tokens: torch.Tensor, labels: torch.Tensor, packed: PackedSequences
@@ -22,7 +24,9 @@ class NextTokenObjective(nn.Module):
         """(sum of token losses, load-balancing loss or 0)."""
         self.model.record_router_logits(True)
         hidden = self.model.hidden_states(tokens, packed)
-        loss_sum, _ = chunked_cross_entropy(hidden, self.model.lm_head.weight, labels)
+        loss_sum, _ = chunked_cross_entropy(
+            hidden, self.model.lm_head.weight, labels, fused=self.fused_loss
+        )
         aux = self.model.aux_loss()
         self.model.record_router_logits(False)
         return loss_sum, aux if aux is not None else loss_sum.new_zeros(())

@@ -1,0 +1,65 @@
+"""The fast paths against their reference paths on the GPU, in bf16: the fused LoRA linear,
+the loss's fused gradients, and a short training run with both against one with neither."""
+
+import pytest
+import torch
+
+from tuneforge.models.api import load_model
+from tuneforge.models.packed import PackedSequences
+from tuneforge.peft.apply import apply_lora, lora_modules
+from tuneforge.train.block_wrappers import compile_blocks
+from tuneforge.train.loss import chunked_cross_entropy
+from tuneforge.train.objective import NextTokenObjective
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def test_fused_cross_entropy_matches_the_checkpointed_path_on_the_gpu():
+    generator = torch.Generator("cuda").manual_seed(0)
+    hidden = torch.randn(3000, 256, device="cuda", generator=generator).bfloat16()
+    weight = (0.05 * torch.randn(32000, 256, device="cuda", generator=generator)).bfloat16()
+    labels = torch.randint(0, 32000, (3000,), device="cuda", generator=generator)
+    results = []
+    for fused in (True, False):
+        x, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        total, _ = chunked_cross_entropy(x, w, labels, 1024, fused)
+        (total / 3000).backward()
+        results.append((total, x.grad.float(), w.grad.float()))
+    (total, gx, gw), (ref_total, ref_gx, ref_gw) = results
+    assert total.item() == pytest.approx(ref_total.item(), rel=1e-4)
+    assert ((gx - ref_gx).norm() / ref_gx.norm()).item() < 1e-2
+    assert ((gw - ref_gw).norm() / ref_gw.norm()).item() < 1e-2
+
+
+def losses(fast: bool, compiled: bool, steps: int = 30) -> list[float]:
+    torch.manual_seed(0)
+    model = load_model("llama-3.2-1b", num_layers=2, dtype="bfloat16", device="cuda", seed=0)
+    lora = {"target_modules": ["all-linear"], "rank": 16, "alpha": 32}
+    apply_lora(model, lora, torch.Generator("cuda").manual_seed(1), torch.float32)
+    for module in lora_modules(model).values():
+        module.fused = fast
+    if compiled:
+        compile_blocks(model)
+    objective = NextTokenObjective(model)
+    objective.fused_loss = fast
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=2e-3, fused=True)
+    generator = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 2000, (2048,), generator=generator).cuda()  # a learnable subset
+    packed = PackedSequences.from_lengths([700, 900, 448], "cuda")
+    history = []
+    for _ in range(steps):
+        loss_sum, _ = objective(tokens, tokens.roll(-1), packed)
+        (loss_sum / tokens.numel()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        history.append(loss_sum.item() / tokens.numel())
+    return history
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_short_bf16_run_follows_the_reference_path(compiled):
+    fast, reference = losses(True, compiled), losses(False, False)
+    assert reference[-1] < reference[0] - 1.0  # it learns
+    for step, (got, expected) in enumerate(zip(fast, reference, strict=True)):
+        assert got == pytest.approx(expected, rel=0.02, abs=0.02), step
