@@ -97,9 +97,9 @@ def training_flops_per_token(args: ModelArgs, doc_len: int, lora: LoraShape | No
 
 
 def _norm_bytes(width: int, dtype_bytes: int, trainable: bool) -> int:
-    # fp32 copy of the input (rms_norm runs in fp32) and one fp32 rstd; a trainable weight also
-    # keeps the cast result (its gradient's input) and a trainable next matmul the output
-    return 4 * width + 4 + (2 * width * dtype_bytes if trainable else 0)
+    # the input in its own dtype and one fp32 reciprocal RMS (`models.norm`); a trainable next
+    # matmul also keeps the output, its input
+    return dtype_bytes * width + 4 + (dtype_bytes * width if trainable else 0)
 
 
 def attention_activation_bytes_per_token(
@@ -112,10 +112,9 @@ def attention_activation_bytes_per_token(
     outputs = 3 if trainable else 2
     attention = (outputs * q_width + 2 * kv_width) * dtype_bytes + args.num_heads * 4
     if args.qk_norm:
-        # per-head norms: fp32 input copy and one fp32 rstd per head, plus the cast result when
-        # their weights train (the output feeds rotary, which keeps nothing of it)
-        cast = dtype_bytes if trainable else 0
-        attention += (4 + cast) * (q_width + kv_width) + 4 * (args.num_heads + args.num_kv_heads)
+        # per-head norms: the input and one fp32 rstd per head (their output feeds rotary,
+        # which keeps nothing of it)
+        attention += dtype_bytes * (q_width + kv_width) + 4 * (args.num_heads + args.num_kv_heads)
     return attention
 
 

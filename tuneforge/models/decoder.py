@@ -14,20 +14,9 @@ from tuneforge.models.args import ModelArgs
 from tuneforge.models.attention import BACKENDS
 from tuneforge.models.kv_cache import KVCache, LayerCache
 from tuneforge.models.moe import MoE, load_balancing_loss
+from tuneforge.models.norm import RMSNorm
 from tuneforge.models.packed import PackedSequences
 from tuneforge.models.rope import RotaryEmbedding, apply_rotary
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and cast back before scaling, as the reference implementation does.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
 
 
 class Attention(nn.Module):

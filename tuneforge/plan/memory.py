@@ -133,13 +133,13 @@ def _layer_bytes(setup: Setup, layer: int, checkpointing: str) -> float:
 
 def _loss_bytes(setup: Setup) -> tuple[float, float, float]:
     """(kept through the step, transient while the loss runs, the output layer's gradient).
-    Kept: the final norm's input copies and the hidden states' gradient, which the loss makes
+    Kept: the final norm's input and the hidden states' gradient, which the loss makes
     in its forward pass. Transient: one chunk of logits in fp32 (and their bf16 product and
     gradient in a bf16 model). The output layer's gradient when it trains (unsharded under
     FSDP2 until the root unit reduces it at the end of backward)."""
     args, tokens, b = setup.args, setup.tokens_per_micro_batch, setup.param_bytes
     trainable = setup.lora is None
-    norm = 4 * args.dim + 4 + (2 * args.dim * b if trainable else 0)
+    norm = args.dim * b + 4
     kept = tokens * (norm + args.dim * b)
     head_gradient = args.vocab_size * args.dim * b if trainable else 0
     per_logit = 4 + (b if b != 4 else 0)
