@@ -24,7 +24,7 @@ def gradients(model_dir, splits):
     examples = documents()
     batches = [collate([examples[i] for i in split]) for split in splits]
     tokens = sum(batch.num_loss_tokens for batch in batches)
-    loss = backward_micro_batches(objective, batches, 1 / tokens, 0.0) / tokens
+    loss = backward_micro_batches(objective, batches, 1 / tokens, 0.0).item() / tokens
     return loss, {n: p.grad.clone() for n, p in objective.named_parameters()}
 
 

@@ -34,11 +34,12 @@ class NextTokenObjective(nn.Module):
 
 def backward_micro_batches(
     objective: nn.Module, micro_batches: list[PackedBatch], scale: float, aux_weight: float
-) -> float:
+) -> torch.Tensor:
     """Backward of `scale x (sum of token losses)` over the micro-batches, plus the load-balancing
     loss weighted by `aux_weight` and averaged over them; gradients are reduced across ranks on
-    the last one only. Returns this rank's sum of token losses."""
-    total = 0.0
+    the last one only. Returns this rank's sum of token losses, on the device (reading it waits
+    for the GPU: the caller does so once per step)."""
+    total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].tokens.device)
     for index, batch in enumerate(micro_batches):
         with gradient_sync(objective, index == len(micro_batches) - 1):
             loss_sum, aux = objective(batch.tokens, batch.labels, batch.packed)
@@ -46,5 +47,5 @@ def backward_micro_batches(
             if aux_weight:
                 loss = loss + aux_weight * aux / len(micro_batches)
             loss.backward()
-        total += float(loss_sum.detach())
+        total += loss_sum.detach()
     return total

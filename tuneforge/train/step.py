@@ -40,17 +40,28 @@ def optimizer_step(
         world_size / max(step_tokens, 1),
         moe.router_aux_loss_coef if moe is not None else 0.0,
     )
-    loss = all_reduce_sum(local_loss, device) / max(step_tokens, 1)
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    # One wait for the GPU per step: the loss and the norm read together (with the token
+    # counts, summed over ranks by the same all-reduce as the loss).
+    counts = [
+        float(sum(b.num_real_tokens for b in micro_batches)),
+        float(sum(b.packed.cu_seqlens.numel() - 1 for b in micro_batches)),
+    ]
+    totals = local_loss.reshape(1)
+    if torch.distributed.is_initialized():
+        totals = torch.cat([totals, torch.tensor(counts, dtype=torch.float64, device=device)])
+        torch.distributed.all_reduce(totals)
+    values = torch.cat([totals, norm.detach().reshape(1).to(torch.float64)]).tolist()
+    loss_sum, *reduced, grad_norm = values
+    real, documents = reduced or counts
+    loss = loss_sum / max(step_tokens, 1)
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
     if finite:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    real = all_reduce_sum(sum(b.num_real_tokens for b in micro_batches), device)
-    documents = all_reduce_sum(sum(b.packed.cu_seqlens.numel() - 1 for b in micro_batches), device)
     return {
         "loss": loss,
         "lr": lr,
