@@ -65,13 +65,6 @@ def bench_command(
         selected = [replace(w, variants=tuple(variant)) for w in selected]
     device_name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_TFLOPS.items() if k in device_name), PEAK_TFLOPS["H100"])
-    results = []
-    for run in plan_runs(selected, present):
-        workload_gpus = WORKLOADS[run.workload].gpus
-        console.print(f"[dim]{run.workload}: {run.system} {run.variant or ''}[/dim]")
-        result = summarise(execute(run, warmup, steps, workload_gpus, profile), peak)
-        results.append(result)
-        _print_line(result)
     record = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "gpu": device_name,
@@ -82,12 +75,20 @@ def bench_command(
         "versions": _versions(),
         "command": " ".join(["tuneforge", *sys.argv[1:]]),
         "peers_left_out": missing,
-        "results": results,
+        "results": [],
     }
     out.mkdir(parents=True, exist_ok=True)
     stamp = record["date"].replace(":", "").replace("-", "").replace("+0000", "Z")
     file = out / f"bench-{stamp}.json"
-    file.write_text(json.dumps(record, indent=2))
+    results = record["results"]
+    for run in plan_runs(selected, present):
+        workload_gpus = WORKLOADS[run.workload].gpus
+        console.print(f"[dim]{run.workload}: {run.system} {run.variant or ''}[/dim]")
+        result = summarise(execute(run, warmup, steps, workload_gpus, profile), peak)
+        results.append(result)
+        _print_line(result)
+        # written after every run, so that a benchmark cut off by a time limit keeps the rest
+        file.write_text(json.dumps(record, indent=2))
     console.print(summary_table(results))
     console.print(f"results: {file}")
 
