@@ -13,24 +13,23 @@ import torch
 
 class FusedLoRALinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, lora_A, lora_B, scaling: float):
-        rows = x.reshape(-1, x.shape[-1])
-        A, B = lora_A.to(x.dtype), lora_B.to(x.dtype)
+    def forward(ctx, rows, weight, bias, lora_A, lora_B, scaling: float):
+        """`rows` [N, in]: 2-D, so that no output is a view (which torch.compile would copy)."""
+        A, B = lora_A.to(rows.dtype), lora_B.to(rows.dtype)
         u = rows @ A.t()
         y = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
         y = torch.addmm(y, u, B.t(), alpha=scaling)
         ctx.save_for_backward(rows, u, weight, A, B)
         ctx.scaling = scaling
         ctx.adapter_dtype = lora_A.dtype
-        ctx.input_shape = x.shape
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return y
 
     @staticmethod
     def backward(ctx, grad):
         rows, u, weight, A, B = ctx.saved_tensors
-        g = grad.reshape(-1, grad.shape[-1])
+        g = grad
         gu = (g @ B).mul_(ctx.scaling)
         dx = torch.addmm(g @ weight, gu, A)
         dA = (gu.t() @ rows).to(ctx.adapter_dtype)
         dB = (g.t() @ u).mul_(ctx.scaling).to(ctx.adapter_dtype)
-        return dx.view(ctx.input_shape), None, None, dA, dB, None
+        return dx, None, None, dA, dB, None

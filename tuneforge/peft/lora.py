@@ -108,9 +108,11 @@ class LoRALinear(nn.Module):
         ):
             bias = base.bias
             if bias is None or not bias.requires_grad:
-                return FusedLoRALinear.apply(
-                    x, base.weight, bias, self.lora_A, self.lora_B, self.scaling
+                rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+                y = FusedLoRALinear.apply(
+                    rows, base.weight, bias, self.lora_A, self.lora_B, self.scaling
                 )
+                return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
         h = self.dropout.pre(x).to(dtype)
         update = (h @ self.lora_A.to(dtype).t()) @ self.lora_B.to(dtype).t()
         return self.base(x) + self.dropout.post(update * self.scaling).to(x.dtype)
