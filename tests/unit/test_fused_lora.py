@@ -59,3 +59,13 @@ def test_fused_path_is_skipped_where_it_does_not_apply():
         assert calls == [fused_lora.FusedLoRALinear]
     finally:
         del fused_lora.FusedLoRALinear.apply
+
+
+def test_no_input_gradient_when_the_input_needs_none():
+    base = nn.Linear(16, 24).requires_grad_(False)
+    layer = LoRALinear(base, rank=4, alpha=8, dtype=torch.float32)
+    nn.init.normal_(layer.lora_B, std=0.1)
+    x = torch.randn(5, 16)  # e.g. a frozen embedding's output
+    layer(x).sum().backward()
+    assert x.grad is None
+    assert layer.lora_A.grad is not None and layer.lora_A.grad.abs().sum() > 0

@@ -27,9 +27,9 @@ class FusedLoRALinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         rows, u, weight, A, B = ctx.saved_tensors
-        g = grad
-        gu = (g @ B).mul_(ctx.scaling)
-        dx = torch.addmm(g @ weight, gu, A)
+        gu = (grad @ B).mul_(ctx.scaling)
+        # the first block's input comes from a frozen embedding: no gradient to make there
+        dx = torch.addmm(grad @ weight, gu, A) if ctx.needs_input_grad[0] else None
         dA = (gu.t() @ rows).to(ctx.adapter_dtype)
-        dB = (g.t() @ u).mul_(ctx.scaling).to(ctx.adapter_dtype)
+        dB = (grad.t() @ u).mul_(ctx.scaling).to(ctx.adapter_dtype)
         return dx, None, None, dA, dB, None

@@ -11,9 +11,9 @@ Activations come from the model's per-layer cost formulas (by checkpointing mode
 training base) for one micro-batch, plus eager attention's score matrices and the loss's
 buffers. Gradients and activations do not peak together: gradients are freed after each
 optimizer step and written during backward while activations are released, so the peak is the
-largest of three moments — the loss's backward (all activations, no gradient yet unless
-accumulated), a block's backward, and the end of backward — on top of weights and optimizer
-states. `other` is the runtime: context, collective buffers and allocator rounding.
+largest of three moments — the loss (all activations, the loss making its gradients, no
+weight gradient yet unless accumulated), a block's backward, and the end of backward — on top
+of weights and optimizer states. `other` is the runtime: context, collective buffers and allocator rounding.
 """
 
 from dataclasses import dataclass
