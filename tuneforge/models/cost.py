@@ -195,16 +195,17 @@ def working_bytes_per_token(
     args: ModelArgs, layer: int, dtype_bytes: int = 2, lora: LoraShape | None = None
 ) -> float:
     """Short-lived bytes per token while one block runs, on top of what it keeps. Dense MLP: its
-    intermediate gradients (gate, up, activation), or with adapters on gate/up the fp32 update
-    and its scaled copy beside the base output. MoE, per routed copy: the gradients of each
-    copy's input and output, or with expert adapters the fp32 update of the output, its scaled
-    copy and their casts. Measured on the modules under fake tensors: 5.6 x ffn bytes (full),
-    7.5 x ffn (LoRA on all linears), 9.3 kB and 26 kB per routed copy (Qwen3-30B-A3B with LoRA
-    on attention, and on attention and experts)."""
+    intermediate gradients (gate, up, activation), or with fp32 adapter matmuls on gate/up the
+    fp32 update and its scaled copy beside the base output. MoE, per routed copy: the gradients
+    of each copy's input and output, or with fp32 expert adapters the fp32 update of the output,
+    its scaled copy and their casts. Measured on the modules under fake tensors with fp32
+    adapter matmuls: 5.6 x ffn bytes (full), 7.5 x ffn (LoRA on all linears), 9.3 kB and 26 kB
+    per routed copy (Qwen3-30B-A3B with LoRA on attention, and on attention and experts)."""
+    fp32_adapters = lora is not None and lora.fp32_compute
     if args.moe is not None and args.is_sparse_layer(layer):
         moe = args.moe
-        if lora is not None and lora.experts:
+        if fp32_adapters and lora.experts:
             return moe.top_k * (8 + 2 * dtype_bytes) * args.dim
         return moe.top_k * (2 * args.dim + moe.expert_ffn_dim) * dtype_bytes
-    adapted = lora is not None and any(name in lora.targets for name in ("gate_proj", "up_proj"))
+    adapted = fp32_adapters and any(name in lora.targets for name in ("gate_proj", "up_proj"))
     return args.ffn_dim * ((2 * dtype_bytes + 4) if adapted else 3 * dtype_bytes)
