@@ -1,6 +1,7 @@
 """Put adapters on a model as a LoRA configuration says, freeze the rest, and take them off
 again by merging."""
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -8,6 +9,7 @@ import torch
 from torch import nn
 
 from tuneforge.config.schema import LoraSection
+from tuneforge.models.cost import LoraShape
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.expert_lora import ExpertLoRA
@@ -29,6 +31,33 @@ class LoraReport:
     @property
     def trainable_share(self) -> float:
         return self.trainable_params / max(self.total_params, 1)
+
+    def shape(self, lora: LoraSection) -> LoraShape:
+        """The cost formulas' view of what was adapted: linears by leaf name, expert banks."""
+        names = {name for names in self.matched.values() for name in names}
+        leaves = {name.rsplit(".", 1)[-1] for name in names if ".experts." not in name}
+        banks = {name.rsplit(".", 1)[-1] for name in names if ".experts." in name}
+        return LoraShape(
+            lora.rank,
+            tuple(sorted(leaves)),
+            tuple(sorted(banks)),
+            lora.share_expert_adapters,
+            lora.compute_dtype == "float32",
+        )
+
+    def log(self, logger: logging.Logger) -> None:
+        for pattern, names in self.matched.items():
+            logger.info("LoRA %s: %d module(s), e.g. %s", pattern, len(names), names[0])
+        if self.saved_modules:
+            logger.info(
+                "trained in full and saved with the adapter: %s", ", ".join(self.saved_modules)
+            )
+        logger.info(
+            "trainable parameters: %d of %d (%.2f%%)",
+            self.trainable_params,
+            self.total_params,
+            100 * self.trainable_share,
+        )
 
 
 def as_lora_config(config: LoraSection | dict[str, Any]) -> LoraSection:

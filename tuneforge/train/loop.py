@@ -200,18 +200,7 @@ class Trainer:
         except LoraTargetError as error:
             raise TuneforgeError(str(error)) from None
         report: LoraReport = self.model.lora_report
-        for pattern, names in report.matched.items():
-            log.info("LoRA %s: %d module(s), e.g. %s", pattern, len(names), names[0])
-        if report.saved_modules:
-            log.info(
-                "trained in full and saved with the adapter: %s", ", ".join(report.saved_modules)
-            )
-        log.info(
-            "trainable parameters: %d of %d (%.2f%%)",
-            report.trainable_params,
-            report.total_params,
-            100 * report.trainable_share,
-        )
+        report.log(log)
         return report
 
     def _resume(self, checkpoint: Path) -> None:
@@ -241,20 +230,6 @@ class Trainer:
             return train.max_steps
         assert train.epochs is not None
         return max(1, math.ceil(train.epochs * len(self.loader) / train.grad_accum_steps))
-
-    def _lora_shape(self) -> LoraShape | None:
-        if not self.config.lora.enabled:
-            return None
-        names = {name for names in self.lora_report.matched.values() for name in names}
-        leaves = {name.rsplit(".", 1)[-1] for name in names if ".experts." not in name}
-        banks = {name.rsplit(".", 1)[-1] for name in names if ".experts." in name}
-        return LoraShape(
-            self.config.lora.rank,
-            tuple(sorted(leaves)),
-            tuple(sorted(banks)),
-            self.config.lora.share_expert_adapters,
-            self.config.lora.compute_dtype == "float32",
-        )
 
     def evaluate(self, step: int) -> Evaluation:
         loss = (
@@ -317,7 +292,7 @@ class Trainer:
         pace = Pace()
         checkpoint_s: float | None = None
         nonfinite_in_row = 0
-        lora_shape = self._lora_shape()
+        lora_shape = self.lora_report.shape(self.config.lora) if self.config.lora.enabled else None
         batches = iter(self.loader)
         self.objective.train()
         with StopSignals() as signals:
