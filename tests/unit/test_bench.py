@@ -38,3 +38,22 @@ def test_ratios_compare_with_hf_and_the_fastest_peer():
         {"workload": "w", "system": "tuneforge", "error": "exit 1"},
     ]
     assert ratios(results) == [(None, None), (None, None), (3.0, 1.5), (None, None)]
+
+
+def test_tuneforge_and_hf_peft_runners_measure_the_same_step_on_a_cpu():
+    """The runners end to end on a tiny shape (the benchmark itself needs a GPU): both report
+    the step's tokens and FLOPs from the same cost formulas, and times."""
+    from tuneforge.bench.ours import run_ours
+    from tuneforge.bench.peers import run_hf
+    from tuneforge.bench.workloads import ALL_LINEAR, Workload
+
+    workload = Workload("tiny", "demo-tiny", ALL_LINEAR, tokens=1024)
+    ours = run_ours(workload, "eager", warmup=1, steps=2)
+    peer = run_hf(workload, liger=False, checkpointing=False, warmup=1, steps=2)
+    for result in (ours, peer):
+        assert result["tokens_per_step"] == 1024 and result["ms_per_step"] > 0
+        assert len(result["ms_per_step_all"]) == 2
+    assert ours["system"] == "tuneforge" and peer["system"] == "hf+peft"
+    # one 1,024-token document costs more attention than packed documents of the same tokens
+    assert peer["flops_per_step"] > ours["flops_per_step"] > 0
+    assert ours["documents_per_step"] >= 1

@@ -19,6 +19,10 @@ LIGER_PATCHES = {
 }
 
 
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"  # the CPU for the tests only
+
+
 def _args(workload: Workload):
     return catalog_shape(workload.shape).with_layers(workload.layers)
 
@@ -48,7 +52,7 @@ def _measure(model, workload: Workload, warmup: int, steps: int) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
     vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, workload.tokens), device="cuda")
+    ids = torch.randint(0, vocab, (1, workload.tokens), device=_device())
 
     def step() -> None:
         model(input_ids=ids, labels=ids).loss.backward()
@@ -87,7 +91,7 @@ def run_hf(workload: Workload, liger: bool, checkpointing: bool, warmup: int, st
         getattr(liger_kernel, LIGER_PATCHES[_args(workload).family])()
     torch.manual_seed(0)
     config = _hf_config(workload)
-    with torch.device("cuda"):
+    with torch.device(_device()):
         model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
