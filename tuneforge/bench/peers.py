@@ -7,6 +7,7 @@ import tempfile
 
 import torch
 
+from tuneforge.bench.ours import lora_shape
 from tuneforge.bench.timing import time_steps
 from tuneforge.bench.workloads import Workload
 from tuneforge.models.catalog import catalog_shape
@@ -64,11 +65,7 @@ def _measure(model, workload: Workload, warmup: int, steps: int) -> dict:
 
 def _result(workload: Workload, system: str, checkpointing: bool, timing: dict) -> dict:
     args = _args(workload)
-    lora = None
-    if workload.targets is not None:
-        from tuneforge.bench.ours import lora_shape
-
-        lora = lora_shape(workload)
+    lora = lora_shape(workload)
     flops = workload.tokens * args.training_flops_per_token(workload.tokens, lora)
     return timing | {
         "system": system,

@@ -59,15 +59,20 @@ def _chunk_loss_sum(
 
 
 def checkpointed_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int,
+    recompute: bool = True,
 ) -> torch.Tensor:
+    """Chunk by chunk; with `recompute`, each chunk's logits are made again in backward."""
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, labels.numel(), chunk_size):
-        end = start + chunk_size
-        part = checkpoint(
-            _chunk_loss_sum, hidden[start:end], weight, labels[start:end], use_reentrant=False
-        )
-        total = total + part
+        chunk = (hidden[start : start + chunk_size], weight, labels[start : start + chunk_size])
+        if recompute:
+            total = total + checkpoint(_chunk_loss_sum, *chunk, use_reentrant=False)
+        else:
+            total = total + _chunk_loss_sum(*chunk)
     return total
 
 
@@ -85,10 +90,7 @@ def chunked_cross_entropy(
     keep = (labels_T != IGNORE_INDEX).nonzero().squeeze(-1)
     hidden, labels = hidden_TD.index_select(0, keep), labels_T.index_select(0, keep)
     if not torch.is_grad_enabled() or not (hidden.requires_grad or weight_VD.requires_grad):
-        total = hidden.new_zeros((), dtype=torch.float32)
-        for start in range(0, labels.numel(), chunk_size):
-            end = start + chunk_size
-            total = total + _chunk_loss_sum(hidden[start:end], weight_VD, labels[start:end])
+        total = checkpointed_cross_entropy(hidden, weight_VD, labels, chunk_size, recompute=False)
         return total, labels.numel()
     if fused:
         return LinearCrossEntropy.apply(hidden, weight_VD, labels, chunk_size), labels.numel()
