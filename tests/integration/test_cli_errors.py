@@ -43,6 +43,11 @@ def test_unknown_key_and_a_bad_override_together():
     assert_clean_failure(result, "2 configuration problems", "did you mean 'lr'", "lora.rank")
 
 
+def test_offload_without_checkpointing():
+    result = run_cli("config", "validate", "examples/demo.yaml", "train.offload_checkpoints=true")
+    assert_clean_failure(result, "train.offload_checkpoints", "activation_checkpointing: full")
+
+
 def test_validate_and_show_a_good_config():
     result = run_cli("config", "validate", "examples/demo.yaml")
     assert result.returncode == 0 and "is valid" in result.stdout

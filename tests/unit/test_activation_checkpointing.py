@@ -1,10 +1,11 @@
 import functools
 
+import pytest
 import torch
 
 from tests.helpers import save_tiny_llama
 from tuneforge.models.hf.checkpoint import load_hf_model
-from tuneforge.train.block_wrappers import apply_activation_checkpointing, checkpointed_blocks
+from tuneforge.train.block_wrappers import checkpointed_blocks, wrap_blocks
 
 
 def gradients(model):
@@ -17,7 +18,7 @@ def test_full_checkpointing_keeps_names_and_gradients(tmp_path):
     save_tiny_llama(tmp_path)
     plain = load_hf_model(tmp_path, "float32", "sdpa")
     checkpointed = load_hf_model(tmp_path, "float32", "sdpa")
-    apply_activation_checkpointing(checkpointed)
+    wrap_blocks(checkpointed, "full")
     assert list(checkpointed.state_dict()) == list(plain.state_dict())
     expected, got = gradients(plain), gradients(checkpointed)
     for name in expected:
@@ -34,7 +35,7 @@ def test_selective_checkpointing_keeps_gradients(tmp_path):
     save_tiny_llama(tmp_path)
     plain = load_hf_model(tmp_path, "float32", "sdpa")
     checkpointed = load_hf_model(tmp_path, "float32", "sdpa")
-    apply_activation_checkpointing(checkpointed, "selective", 2)
+    wrap_blocks(checkpointed, "selective", 2)
     assert isinstance(checkpointed.layers[1].forward, functools.partial)
     assert not isinstance(checkpointed.layers[0].forward, functools.partial)
     expected, got = gradients(plain), gradients(checkpointed)
@@ -59,7 +60,7 @@ def test_checkpointed_moe_blocks_keep_nothing_after_backward():
         torch.manual_seed(0)
         model = Decoder(args, "sdpa")
         model.init_weights(0.02, torch.Generator().manual_seed(0))
-        apply_activation_checkpointing(model, checkpointing)
+        wrap_blocks(model, checkpointing)
         objective = NextTokenObjective(model)
         tokens = torch.randint(0, 64, (24,), generator=torch.Generator().manual_seed(1))
         loss_sum, aux = objective(tokens, tokens, PackedSequences.from_lengths([10, 14]))
@@ -68,3 +69,105 @@ def test_checkpointed_moe_blocks_keep_nothing_after_backward():
         results.append({name: p.grad for name, p in model.named_parameters()})
     for name, expected in results[0].items():
         torch.testing.assert_close(results[1][name], expected, msg=name)
+
+
+def lora_gradients(checkpointing="none", compile=False, offload=False, dropout=0.0):
+    """Gradients of a tiny LoRA model (the first block's input needs no gradient: the
+    embedding is frozen) after one backward, and the loss."""
+    from tuneforge.models.args import ModelArgs
+    from tuneforge.models.decoder import Decoder
+    from tuneforge.peft.apply import apply_lora
+
+    args = ModelArgs(vocab_size=64, dim=32, num_layers=3, num_heads=4, num_kv_heads=2, ffn_dim=48)
+    torch.manual_seed(0)
+    model = Decoder(args, "sdpa")
+    model.init_weights(0.02, torch.Generator().manual_seed(0))
+    lora = {"target_modules": ["all-linear"], "rank": 4, "alpha": 8, "dropout": dropout}
+    apply_lora(model, lora, torch.Generator().manual_seed(1), torch.float32)
+    for module in model.modules():  # a non-zero B, so every adapter gets a gradient
+        if hasattr(module, "lora_B"):
+            torch.nn.init.normal_(
+                module.lora_B, std=0.1, generator=torch.Generator().manual_seed(3)
+            )
+    wrap_blocks(model, checkpointing, compile=compile, offload=offload)
+    torch.manual_seed(5)  # the dropout masks
+    loss = gradients_and_loss(model)
+    return loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def gradients_and_loss(model):
+    tokens = torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(2))
+    loss = model(tokens, cu_seqlens=torch.tensor([0, 10, 30])).logsumexp(-1).mean()
+    loss.backward()
+    return loss.item()
+
+
+@pytest.mark.parametrize("checkpointing", ["full", "selective"])
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_offloaded_checkpointing_equals_no_checkpointing(checkpointing, dropout):
+    expected_loss, expected = lora_gradients(dropout=dropout)
+    loss, got = lora_gradients(checkpointing, offload=True, dropout=dropout)
+    assert loss == pytest.approx(expected_loss, rel=1e-6)
+    assert set(got) == set(expected) and len(got) == 3 * 7 * 2
+    for name in expected:
+        assert got[name].abs().sum() > 0, name
+        torch.testing.assert_close(got[name], expected[name], msg=name)
+
+
+def test_offloaded_checkpointing_of_a_fully_trained_model(tmp_path):
+    save_tiny_llama(tmp_path)
+    plain = load_hf_model(tmp_path, "float32", "sdpa")
+    offloaded = load_hf_model(tmp_path, "float32", "sdpa")
+    wrap_blocks(offloaded, "full", offload=True)
+    expected, got = gradients(plain), gradients(offloaded)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], msg=name)
+
+
+def test_offloaded_blocks_keep_only_host_copies():
+    """Inside autograd, an offloaded block keeps no tensor of its own computation: what its
+    forward saves is nothing but the host copy of its input."""
+    from tuneforge.train.offload import offloaded_checkpoint
+
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+    saved = []
+    run = offloaded_checkpoint(lambda x: torch.tanh(x @ weight) @ weight, [weight])
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = run(torch.randn(4, 8))
+    assert saved == [] and y.requires_grad
+    y.sum().backward()
+    assert weight.grad is not None and weight.grad.abs().sum() > 0
+
+
+def test_checkpointed_blocks_run_compiled():
+    """The checkpoint wraps the compiled forward: compiling around `checkpoint` would silently
+    run the blocks eagerly."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    expected_loss, expected = lora_gradients()
+    loss, got = lora_gradients("full", compile=True)
+    assert counters["stats"]["unique_graphs"] >= 3  # one graph per block at least
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], msg=name, rtol=1e-4, atol=1e-6)
+
+
+def test_offload_refused_where_it_cannot_work():
+    from tuneforge.config.schema import TrainSection
+    from tuneforge.errors import TuneforgeError
+    from tuneforge.models.args import ModelArgs, MoEArgs
+    from tuneforge.train.block_wrappers import refuse_unsupported_offload
+
+    train = TrainSection(max_steps=1, activation_checkpointing="full", offload_checkpoints=True)
+    dense = ModelArgs(vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48)
+    refuse_unsupported_offload(train, 1, dense)
+    with pytest.raises(TuneforgeError, match="one process"):
+        refuse_unsupported_offload(train, 2, dense)
+    moe = ModelArgs(
+        vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48,
+        moe=MoEArgs(4, 2, 16),
+    )  # fmt: skip
+    with pytest.raises(TuneforgeError, match="aux loss"):
+        refuse_unsupported_offload(train, 1, moe)

@@ -146,3 +146,25 @@ def test_plan_command_prints_json():
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["fits"] and data["gpu_memory_gib"] == 141.0 and data["suggested_max_seq_len"]
+
+
+def test_offloaded_checkpoints_leave_the_block_inputs_off_the_gpu():
+    """Llama-3-8B LoRA at 4,096 tokens: full checkpointing keeps 32 block inputs of
+    4,096 x 4,096 bf16 values (1 GiB) on the GPU; offloaded, none of them, and the planner says
+    so when only that fits."""
+    shape = [
+        "model.name=llama-3-8b",
+        "model.dtype=bfloat16",
+        "data.max_seq_len=4096",
+        "train.tokens_per_micro_batch=4096",
+        "lora.enabled=true",
+        "lora.target_modules=[all-linear]",
+        "train.activation_checkpointing=full",
+    ]
+    hardware = Hardware(gpu="H200", memory_gib=17.5)
+    full = plan_run(load_config(DEMO, shape), hardware)
+    offloaded = plan_run(load_config(DEMO, [*shape, "train.offload_checkpoints=true"]), hardware)
+    assert full.memory.activations - offloaded.memory.activations == 32 * 4096 * 4096 * 2
+    assert not full.fits and offloaded.fits
+    assert any("train.offload_checkpoints: true" in advice for advice in full.advice)
+    assert not any("offload" in advice for advice in offloaded.advice)

@@ -10,7 +10,7 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.packed import PackedSequences
 from tuneforge.peft.apply import apply_lora
 from tuneforge.plan.memory import Setup, predict_memory
-from tuneforge.train.block_wrappers import apply_activation_checkpointing
+from tuneforge.train.block_wrappers import wrap_blocks
 from tuneforge.train.objective import NextTokenObjective
 
 DENSE = ModelArgs(vocab_size=4096, dim=256, num_layers=4, num_heads=8, num_kv_heads=4, ffn_dim=768)
@@ -41,7 +41,7 @@ def measured_peak(args, lora, checkpointing, micro_batches) -> int:
     if lora is not None:
         targets = [*lora.targets, *(f"experts.{name}" for name in lora.experts)]
         apply_lora(model, {"target_modules": targets, "rank": lora.rank}, None, torch.float32)
-    apply_activation_checkpointing(model, checkpointing)
+    wrap_blocks(model, checkpointing)
     objective = NextTokenObjective(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, foreach=False)

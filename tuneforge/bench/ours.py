@@ -11,7 +11,7 @@ from tuneforge.config.schema import ParallelSection, TrainSection
 from tuneforge.models.api import load_model
 from tuneforge.models.cost import LoraShape
 from tuneforge.peft.apply import apply_lora
-from tuneforge.train.block_wrappers import apply_activation_checkpointing, compile_blocks
+from tuneforge.train.block_wrappers import wrap_blocks
 from tuneforge.train.distributed import init_distributed, parallelize, strategy_of
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
@@ -47,9 +47,7 @@ def run_ours(
             "compute_dtype": "float32" if "fp32lora" in options else "model",
         }
         apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
-    apply_activation_checkpointing(model, checkpointing)
-    if mode == "compiled":
-        compile_blocks(model)
+    wrap_blocks(model, checkpointing, compile=mode == "compiled", offload="offload" in options)
     parallel = ParallelSection(strategy="fsdp" if world.world_size > 1 else "single")
     objective = parallelize(
         NextTokenObjective(model), model.layers, strategy_of(parallel, world), parallel, world

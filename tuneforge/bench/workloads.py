@@ -23,7 +23,7 @@ class Workload:
     """Peer runs: without and with their gradient checkpointing."""
     variants: tuple[str, ...] = field(default=("eager", "compiled"))
     """tuneforge runs: `eager`, `compiled` (torch.compile per block), each optionally with
-    `+full` or `+selective` activation checkpointing, `+onedoc` (one 4096-token document,
+    `+full` or `+selective` activation checkpointing (`+offload`: their inputs in host memory), `+onedoc` (one 4096-token document,
     as the peers see it, instead of packed documents), `+fp32lora` (adapter matmuls in fp32)."""
 
 
@@ -43,7 +43,7 @@ WORKLOADS = {
             ALL_LINEAR,
             memory_cap_gib=16.7,
             peer_checkpointing=(True,),
-            variants=("compiled+full", "compiled+selective"),
+            variants=("compiled+full", "compiled+full+offload"),
         ),
         Workload(
             "qwen3-moe-4l-lora-attn",

@@ -66,6 +66,14 @@ def run_length(train) -> list[tuple[str, str, str]]:
         problems.append(
             ("train.max_steps", "the run has no length", "set train.max_steps or train.epochs")
         )
+    if train.offload_checkpoints and train.activation_checkpointing == "none":
+        problems.append(
+            (
+                "train.offload_checkpoints",
+                "there is no checkpointed block whose input could be offloaded",
+                "set train.activation_checkpointing: full (or selective)",
+            )
+        )
     if train.min_lr > train.lr:
         problems.append(
             ("train.min_lr", f"min_lr {train.min_lr} exceeds lr {train.lr}", "lower train.min_lr")

@@ -170,6 +170,9 @@ class TrainSection(Section):
     """Recompute block activations in backward to save memory: every block (`full`) or every k-th (`selective`)."""
     checkpoint_every: int = Field(2, ge=1)
     """With activation_checkpointing: selective, recompute every k-th block."""
+    offload_checkpoints: bool = False
+    """With activation checkpointing, keep each checkpointed block's input in pinned host memory
+    instead of on the GPU (one process; no MoE router aux loss)."""
     compile: bool = False
     """Compile each block with torch.compile."""
     eval_steps: int | None = Field(None, ge=1)

@@ -39,6 +39,8 @@ class Setup:
     lora: LoraShape | None = None
     checkpointing: str = "none"
     checkpoint_every: int = 2
+    offload_checkpoints: bool = False
+    """Checkpointed blocks keep their input in host memory: nothing on the GPU."""
     attention: str = "flash"
     """`flash` (sdpa/varlen: no score matrix) or `eager`."""
     mean_doc_len: float = 1024.0
@@ -125,6 +127,8 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
 def _layer_bytes(setup: Setup, layer: int, checkpointing: str) -> float:
     """What layer `layer` keeps per token in mode `checkpointing`."""
     args, b = setup.args, setup.param_bytes
+    if checkpointing == "full" and setup.offload_checkpoints:
+        return 0.0
     kept = args.activation_bytes_per_token(layer, checkpointing, b, setup.lora)
     if checkpointing == "none" and setup.attention == "eager":
         kept += args.num_heads * setup.mean_doc_len * (b + 4)  # scores and softmax per head

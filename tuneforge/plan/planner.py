@@ -150,6 +150,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         lora=lora,
         checkpointing=config.train.activation_checkpointing,
         checkpoint_every=config.train.checkpoint_every,
+        offload_checkpoints=config.train.offload_checkpoints,
         attention=attention,
         mean_doc_len=mean_doc_len,
         data_parallel=hardware.data_parallel,
@@ -256,6 +257,8 @@ def plan_run(
 
     without = predict_memory(replace(setup, checkpointing="none")).total / GIB
     with_full = predict_memory(replace(setup, checkpointing="full")).total / GIB
+    offloaded = replace(setup, checkpointing="full", offload_checkpoints=True)
+    with_offload = predict_memory(offloaded).total / GIB
     needs_checkpointing = without > capacity >= with_full
     peak = PEAK_TFLOPS.get(hardware.gpu, PEAK_TFLOPS["H100"]) * 1e12
     mfu = hardware.mfu or DEFAULT_MFU
@@ -313,7 +316,7 @@ def plan_run(
                 f"checkpoint.save_steps={save_steps} exceeds the ~{steps_per_job} steps one job "
                 f"can do: set it to at most {max(1, steps_per_job // 2)}"
             )
-    _advise(plan, config, hardware, stage, without, with_full)
+    _advise(plan, config, hardware, stage, without, (with_full, with_offload))
     return plan
 
 
@@ -326,9 +329,16 @@ def _checkpointed(setup: Setup) -> set[int]:
 
 
 def _advise(
-    plan: Plan, config: RunConfig, hardware: Hardware, stage: int, without: float, with_full: float
+    plan: Plan,
+    config: RunConfig,
+    hardware: Hardware,
+    stage: int,
+    without: float,
+    checkpointed: tuple[float, float],
 ) -> None:
+    """`checkpointed`: the total with full checkpointing, and with its inputs offloaded."""
     capacity = plan.gpu_memory_gib
+    with_full, with_offload = checkpointed
     total = plan.memory.total / GIB
     if not plan.fits:
         plan.problems.append(
@@ -338,6 +348,16 @@ def _advise(
         plan.advice.append(
             f"activation checkpointing is needed: {without:.1f} GiB without it, {with_full:.1f} GiB "
             "with train.activation_checkpointing: full"
+        )
+    if (
+        not plan.fits
+        and hardware.data_parallel == 1
+        and not config.train.offload_checkpoints
+        and with_full > capacity >= with_offload
+    ):
+        plan.advice.append(
+            f"full checkpointing with its inputs in host memory fits: {with_offload:.1f} GiB with "
+            "train.activation_checkpointing: full and train.offload_checkpoints: true"
         )
     if hardware.data_parallel > 1 and plan.zero_stage not in (0, stage):
         plan.advice.append(f"the report's choice here is {plan.zero_stage_advice}")

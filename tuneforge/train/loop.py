@@ -21,7 +21,7 @@ from tuneforge.errors import TuneforgeError
 from tuneforge.models.cost import LoraShape, training_flops_per_token
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.targets import LoraTargetError
-from tuneforge.train.block_wrappers import apply_activation_checkpointing, compile_blocks
+from tuneforge.train.block_wrappers import refuse_unsupported_offload, wrap_blocks
 from tuneforge.train.build import build_model, load_tokenizer
 from tuneforge.train.checkpoint import (
     LoopState,
@@ -118,11 +118,14 @@ class Trainer:
         self.base_model = str(config.model.path) if config.model.path else ""
         self.lora_report = self._apply_lora(fresh=checkpoint is None)
         train = config.train
-        apply_activation_checkpointing(
-            self.model, train.activation_checkpointing, train.checkpoint_every
+        refuse_unsupported_offload(train, self.world.world_size, self.model.args)
+        wrap_blocks(
+            self.model,
+            train.activation_checkpointing,
+            train.checkpoint_every,
+            train.compile,
+            train.offload_checkpoints,
         )
-        if train.compile:
-            compile_blocks(self.model)
         self.objective = parallelize(
             NextTokenObjective(self.model),
             self.model.layers,
