@@ -47,7 +47,14 @@ def run_ours(
             "compute_dtype": "float32" if "fp32lora" in options else "model",
         }
         apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
-    wrap_blocks(model, checkpointing, compile=mode == "compiled", offload="offload" in options)
+    budget = next((float(o.removeprefix("budget")) for o in options if o.startswith("budget")), 1.0)
+    wrap_blocks(
+        model,
+        checkpointing,
+        compile=mode == "compiled",
+        offload="offload" in options,
+        memory_budget=budget,
+    )
     parallel = ParallelSection(strategy="fsdp" if world.world_size > 1 else "single")
     objective = parallelize(
         NextTokenObjective(model), model.layers, strategy_of(parallel, world), parallel, world

@@ -23,7 +23,8 @@ class Workload:
     """Peer runs: without and with their gradient checkpointing."""
     variants: tuple[str, ...] = field(default=("eager", "compiled"))
     """tuneforge runs: `eager`, `compiled` (torch.compile per block), each optionally with
-    `+full` or `+selective` activation checkpointing (`+offload`: their inputs in host memory), `+onedoc` (one 4096-token document,
+    `+full` or `+selective` activation checkpointing (`+offload`: their inputs in host memory), `+budget0.8` (the compiled graph keeps
+    that share of its activations), `+onedoc` (one 4096-token document,
     as the peers see it, instead of packed documents), `+fp32lora` (adapter matmuls in fp32)."""
 
 

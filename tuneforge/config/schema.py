@@ -175,6 +175,8 @@ class TrainSection(Section):
     instead of on the GPU (one process; no MoE router aux loss)."""
     compile: bool = False
     """Compile each block with torch.compile."""
+    compile_memory_budget: float = Field(1.0, gt=0, le=1)
+    """With compile: the share of its activations each compiled block may keep for backward (torch's activation_memory_budget); below 1, cheap values (norm outputs, the SwiGLU product) are recomputed in backward instead."""
     eval_steps: int | None = Field(None, ge=1)
     """Evaluate held-out loss every N steps (and at the start and the end)."""
     on_nonfinite: Literal["skip", "stop"] = "skip"

@@ -4,6 +4,7 @@ in host memory. The checkpoint wraps the compiled forward, so the recomputation 
 too. Module names, and so checkpoints, stay unchanged."""
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -31,18 +32,36 @@ def wrap_blocks(
     every: int = 2,
     compile: bool = False,
     offload: bool = False,
+    memory_budget: float = 1.0,
 ) -> None:
-    """Compile each block's forward (`compile`), then checkpoint the chosen blocks around it,
-    keeping their inputs in pinned host memory with `offload`."""
+    """Compile each block's forward (`compile`; the compiled graph keeps at most
+    `memory_budget` of what it could keep for backward), then checkpoint the chosen blocks
+    around it, keeping their inputs in pinned host memory with `offload`."""
     checkpointed = set(checkpointed_blocks(len(model.layers), checkpointing, every))
     for index, layer in enumerate(model.layers):
-        forward = torch.compile(layer.forward) if compile else layer.forward
+        forward = compiled(layer.forward, memory_budget) if compile else layer.forward
         if index in checkpointed and offload:
             params = [p for p in layer.parameters() if p.requires_grad]
             forward = offloaded_checkpoint(forward, params)
         elif index in checkpointed:
             forward = functools.partial(checkpoint, forward, use_reentrant=False)
         layer.forward = forward
+
+
+def compiled(forward: Callable, memory_budget: float = 1.0) -> Callable:
+    """`torch.compile(forward)`; with `memory_budget` below 1, the partition of forward and
+    backward keeps that share of the activations and recomputes cheap values (elementwise
+    results such as norm outputs and the SwiGLU product) in backward instead
+    (torch's `activation_memory_budget`, read when the graph is first compiled)."""
+    run = torch.compile(forward)
+    if memory_budget >= 1.0:
+        return run
+
+    def run_within_budget(*args, **kwargs):
+        with torch._functorch.config.patch(activation_memory_budget=memory_budget):
+            return run(*args, **kwargs)
+
+    return run_within_budget
 
 
 def refuse_unsupported_offload(train: TrainSection, world_size: int, args: ModelArgs) -> None:

@@ -125,6 +125,7 @@ class Trainer:
             train.checkpoint_every,
             train.compile,
             train.offload_checkpoints,
+            train.compile_memory_budget,
         )
         self.objective = parallelize(
             NextTokenObjective(self.model),
