@@ -116,6 +116,14 @@ def _print_line(result: dict) -> None:
         console.print(f"  GPU busy {profile['gpu_busy_share']:.0%} of the step; top kernels:")
         for kernel in profile["top_kernels"][:8]:
             console.print(f"    {kernel['ms_per_step']:8.2f} ms  {kernel['kernel'][:90]}")
+        memory = profile.get("memory")
+        if memory:
+            console.print(
+                f"  memory: {memory['allocated_before_gib']:.2f} GiB before the step, peak "
+                f"{memory['step_peak_above_before_gib']:.2f} GiB above it; alive at the peak:"
+            )
+            for site in memory["live_at_peak"][:8]:
+                console.print(f"    {site['gib']:8.3f} GiB  {site['site'][:90]}")
 
 
 def summary_table(results: list[dict]) -> Table:

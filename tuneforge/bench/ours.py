@@ -75,9 +75,9 @@ def run_ours(
 
     result = time_steps(step, warmup, steps)
     if profile:
-        from tuneforge.bench.profile import profile_steps
+        from tuneforge.bench.profile import peak_breakdown, profile_steps
 
-        result["profile"] = profile_steps(step)
+        result["profile"] = profile_steps(step) | {"memory": peak_breakdown(step)}
     flops = sum(
         sum(
             length * model.args.training_flops_per_token(length, lora_shape(workload))

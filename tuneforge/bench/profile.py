@@ -41,3 +41,45 @@ def _device_us(event) -> float:
         if value is not None:
             return float(value)
     return 0.0
+
+
+def peak_breakdown(step: Callable[[], None], top: int = 12) -> dict:
+    """What was allocated during one step and still alive at its peak, grouped by the line
+    of Python that allocated it (the innermost frame in tuneforge or in compiled code)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=2_000_000)
+    try:
+        step()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    live: dict[int, tuple[int, str]] = {}
+    current = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    for event in (e for trace in snapshot["device_traces"] for e in trace):
+        if event["action"] == "alloc":
+            live[event["addr"]] = (event["size"], _allocation_site(event.get("frames", [])))
+            current += event["size"]
+            if current > peak:
+                peak, at_peak = current, dict(live)
+        elif event["action"] == "free_completed" and event["addr"] in live:
+            current -= live.pop(event["addr"])[0]
+    sites: dict[str, int] = {}
+    for size, site in at_peak.values():
+        sites[site] = sites.get(site, 0) + size
+    ranked = sorted(sites.items(), key=lambda item: -item[1])[:top]
+    return {
+        "allocated_before_gib": before / 2**30,
+        "step_peak_above_before_gib": peak / 2**30,
+        "live_at_peak": [{"site": site, "gib": round(size / 2**30, 3)} for site, size in ranked],
+    }
+
+
+def _allocation_site(frames: list[dict]) -> str:
+    for frame in frames:
+        name = frame.get("filename", "")
+        if "tuneforge" in name or "torchinductor" in name:
+            return f"{name.split('/')[-1]}:{frame.get('line')} {frame.get('name', '')}"
+    return frames[0]["name"] if frames else "?"

@@ -25,10 +25,14 @@ class LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):
             rows, targets = hidden[start : start + chunk_size], labels[start : start + chunk_size]
             logits = (rows @ weight.t()).float()
-            logsumexp = torch.logsumexp(logits, dim=-1)
-            total += (logsumexp - logits.gather(1, targets[:, None]).squeeze(1)).sum()
-            # d(loss)/d(logits) = softmax - one_hot, made in place
-            grad_logits = logits.sub_(logsumexp[:, None]).exp_()
+            target_logits = logits.gather(1, targets[:, None]).squeeze(1)
+            # d(loss)/d(logits) = softmax - one_hot, made in place (no second fp32 buffer)
+            row_max = logits.amax(dim=-1, keepdim=True)
+            grad_logits = logits.sub_(row_max).exp_()
+            sums = grad_logits.sum(dim=-1, keepdim=True)
+            logsumexp = (row_max + sums.log()).squeeze(1)
+            total += (logsumexp - target_logits).sum()
+            grad_logits.div_(sums)
             grad_logits.scatter_add_(
                 1, targets[:, None], grad_logits.new_full((len(rows), 1), -1.0)
             )
