@@ -55,7 +55,11 @@ def run_ours(
         offload="offload" in options,
         memory_budget=budget,
     )
-    parallel = ParallelSection(strategy="fsdp" if world.world_size > 1 else "single")
+    parallel = ParallelSection(
+        strategy="fsdp" if world.world_size > 1 else "single",
+        zero_stage=2 if "zero2" in options else None,
+        reduce_dtype="model" if "bf16reduce" in options else "float32",
+    )
     objective = parallelize(
         NextTokenObjective(model), model.layers, strategy_of(parallel, world), parallel, world
     )

@@ -24,7 +24,8 @@ class Workload:
     variants: tuple[str, ...] = field(default=("eager", "compiled"))
     """tuneforge runs: `eager`, `compiled` (torch.compile per block), each optionally with
     `+full` or `+selective` activation checkpointing (`+offload`: their inputs in host memory), `+budget0.8` (the compiled graph keeps
-    that share of its activations), `+onedoc` (one 4096-token document,
+    that share of its activations), `+zero2` and `+bf16reduce` (FSDP2:
+    parameters kept gathered after forward, gradients reduced in bf16), `+onedoc` (one 4096-token document,
     as the peers see it, instead of packed documents), `+fp32lora` (adapter matmuls in fp32)."""
 
 

@@ -245,6 +245,8 @@ class ParallelSection(Section):
     """FSDP sharding: 2 keeps parameters gathered after forward (ZeRO-2), 3 reshards them (ZeRO-3)."""
     reshard_after_forward: bool | None = None
     """FSDP2's name for the same choice: False is ZeRO-2, True is ZeRO-3."""
+    reduce_dtype: Literal["float32", "model"] = "float32"
+    """FSDP2 gradient reduction: in float32 (exact sums of bf16 gradients) or in the model's dtype (half the traffic)."""
 
 
 class RunConfig(Section):

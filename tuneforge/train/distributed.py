@@ -86,7 +86,9 @@ def parallelize(
 ) -> nn.Module:
     """Wrap `root` (which runs `blocks`) for the strategy; the returned module is what forward
     and backward run through. FSDP2 shards each block and then the root (embedding, final norm,
-    output layer), with parameters and compute in the model's dtype and reductions in fp32."""
+    output layer), with parameters and compute in the model's dtype and reductions in fp32
+    (or the model's dtype). Under ZeRO-3 the last block and the root keep their parameters
+    gathered after forward: backward needs them at once."""
     if strategy == "single":
         return root
     if strategy == "ddp":
@@ -95,11 +97,13 @@ def parallelize(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dtype = next(root.parameters()).dtype
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    reduce_dtype = torch.float32 if parallel.reduce_dtype == "float32" else dtype
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
     reshard = reshard_after_forward(parallel)
-    for block in blocks:
-        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
-    fully_shard(root, mp_policy=policy, reshard_after_forward=reshard)
+    for index, block in enumerate(blocks):
+        last = index == len(blocks) - 1
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard and not last)
+    fully_shard(root, mp_policy=policy, reshard_after_forward=False)
     return root
 
 
