@@ -47,14 +47,6 @@ def init_distributed() -> Dist:
     return Dist(rank, world_size, local_rank, device)
 
 
-def all_reduce_sum(value: float, device: torch.device) -> float:
-    if not dist.is_initialized():
-        return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    return float(tensor.item())
-
-
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

@@ -33,7 +33,10 @@ class NextTokenObjective(nn.Module):
 
 
 def backward_micro_batches(
-    objective: nn.Module, micro_batches: list[PackedBatch], scale: float, aux_weight: float
+    objective: nn.Module,
+    micro_batches: list[PackedBatch],
+    scale: float | torch.Tensor,
+    aux_weight: float,
 ) -> torch.Tensor:
     """Backward of `scale x (sum of token losses)` over the micro-batches, plus the load-balancing
     loss weighted by `aux_weight` and averaged over them; gradients are reduced across ranks on

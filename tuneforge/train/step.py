@@ -11,7 +11,6 @@ from torch import nn
 from tuneforge.config.schema import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
-from tuneforge.train.distributed import all_reduce_sum
 from tuneforge.train.objective import backward_micro_batches
 
 
@@ -31,14 +30,17 @@ def optimizer_step(
     # Normalise by the supervised tokens of the whole step on every rank: any split of the same
     # tokens over micro-batches and ranks gives the same update. DDP and FSDP average gradients
     # over ranks, hence the factor world_size.
-    world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    step_tokens = all_reduce_sum(sum(batch.num_loss_tokens for batch in micro_batches), device)
+    # The sum stays on the device (no wait for the GPU before the forward is queued).
+    distributed = torch.distributed.is_initialized()
+    world_size = torch.distributed.get_world_size() if distributed else 1
+    local_tokens = sum(batch.num_loss_tokens for batch in micro_batches)
+    step_tokens = torch.tensor([float(local_tokens)], dtype=torch.float64, device=device)
+    if distributed:
+        torch.distributed.all_reduce(step_tokens)
+    scale = (world_size / step_tokens.clamp(min=1)).float().squeeze(0)
     moe = model.args.moe
     local_loss = backward_micro_batches(
-        objective,
-        micro_batches,
-        world_size / max(step_tokens, 1),
-        moe.router_aux_loss_coef if moe is not None else 0.0,
+        objective, micro_batches, scale, moe.router_aux_loss_coef if moe is not None else 0.0
     )
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
@@ -51,11 +53,12 @@ def optimizer_step(
         float(sum(b.packed.cu_seqlens.numel() - 1 for b in micro_batches)),
     ]
     totals = local_loss.reshape(1)
-    if torch.distributed.is_initialized():
+    if distributed:
         totals = torch.cat([totals, torch.tensor(counts, dtype=torch.float64, device=device)])
         torch.distributed.all_reduce(totals)
-    values = torch.cat([totals, norm.detach().reshape(1).to(torch.float64)]).tolist()
-    loss_sum, *reduced, grad_norm = values
+    norm = norm.detach().reshape(1).to(torch.float64)
+    values = torch.cat([totals, norm, step_tokens]).tolist()
+    loss_sum, *reduced, grad_norm, step_tokens = values
     real, documents = reduced or counts
     loss = loss_sum / max(step_tokens, 1)
     finite = math.isfinite(loss) and math.isfinite(grad_norm)
