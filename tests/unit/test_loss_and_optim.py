@@ -62,6 +62,23 @@ def train_section(**kwargs) -> TrainSection:
     return TrainSection(max_steps=100, lr=1e-3, min_lr=1e-4, warmup_steps=10, **kwargs)
 
 
+def test_fused_cross_entropy_holds_one_chunk_of_logits_at_a_time():
+    """The peak of the fused loss: its gradient for the hidden states, the selected rows, and
+    one chunk's logits in fp32 plus their bf16 product and gradient — never two chunks."""
+    from tests.live_memory import LiveMemory
+
+    tokens, dim, vocab, chunk = 4096, 64, 8192, 1024
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(tokens, dim, generator=generator).bfloat16().requires_grad_()
+    weight = torch.randn(vocab, dim, generator=generator).bfloat16()
+    labels = torch.randint(0, vocab, (tokens,), generator=generator)
+    with LiveMemory() as memory:
+        chunked_cross_entropy(hidden, weight, labels, chunk, fused=True)
+    one_chunk = chunk * vocab * (4 + 2)
+    rows = 2 * tokens * dim * 2  # the selected rows and their gradient
+    assert one_chunk + rows <= memory.peak <= 1.1 * (one_chunk + rows) + 16 * tokens
+
+
 def test_cosine_schedule_warms_up_then_decays_to_min_lr():
     train = train_section()
     assert learning_rate(0, 100, train) == pytest.approx(1e-4)

@@ -41,6 +41,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 torch.matmul(grad_logits, weight, out=grad_hidden[start : start + chunk_size])
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.t(), rows)
+            # before the next chunk's logits exist: two chunks of fp32 logits would be the peak
+            del logits, grad_logits
         ctx.save_for_backward(grad_hidden, grad_weight)
         return total
 
