@@ -41,9 +41,11 @@ def bench_command(
     import torch
 
     from tuneforge.bench.runner import PEERS, available_peers, execute, plan_runs, summarise
-    from tuneforge.bench.workloads import WORKLOADS
+    from tuneforge.bench.workloads import WORKLOADS, Variant
     from tuneforge.train.hardware import PEAK_TFLOPS
 
+    for name in variant or []:
+        Variant.parse(name)  # a bad option stops here, before any GPU time is spent
     if not torch.cuda.is_available():
         raise TuneforgeError("tuneforge bench needs a CUDA or ROCm GPU")
     gpus = torch.cuda.device_count()

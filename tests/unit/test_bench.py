@@ -1,6 +1,7 @@
 """The benchmark's pieces that need no GPU: its batches, its plan of runs, its ratios."""
 
 import numpy as np
+import pytest
 
 from tuneforge.bench.batches import synthetic_batch
 from tuneforge.bench.report import ratios
@@ -57,3 +58,23 @@ def test_tuneforge_and_hf_peft_runners_measure_the_same_step_on_a_cpu():
     # one 1,024-token document costs more attention than packed documents of the same tokens
     assert peer["flops_per_step"] > ours["flops_per_step"] > 0
     assert ours["documents_per_step"] >= 1
+
+
+def test_variant_names_parse_into_settings_and_typos_are_refused():
+    from tuneforge.bench.workloads import Variant
+    from tuneforge.errors import TuneforgeError
+
+    variant = Variant.parse("compiled+full+offload+budget0.8+chunk512")
+    assert variant.compiled and variant.checkpointing == "full" and variant.offload
+    assert variant.memory_budget == 0.8 and variant.loss_chunk_tokens == 512
+    assert Variant.parse("eager") == Variant(compiled=False)
+    for bad in ("compiled+offlaod", "fast", "compiled+budget2", "compiled+chunkX"):
+        with pytest.raises(TuneforgeError, match="variant"):
+            Variant.parse(bad)
+
+
+def test_bench_refuses_a_bad_variant_before_looking_for_a_gpu():
+    from tests.integration.test_cli_errors import assert_clean_failure, run_cli
+
+    result = run_cli("bench", "--variant", "compiled+offlaod")
+    assert_clean_failure(result, "unknown option 'offlaod'")

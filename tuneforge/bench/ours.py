@@ -6,7 +6,7 @@ import torch
 
 from tuneforge.bench.batches import synthetic_batch
 from tuneforge.bench.timing import time_steps
-from tuneforge.bench.workloads import Workload
+from tuneforge.bench.workloads import Variant, Workload
 from tuneforge.config.schema import ParallelSection, TrainSection
 from tuneforge.models.api import load_model
 from tuneforge.models.cost import LoraShape
@@ -31,9 +31,7 @@ def lora_shape(workload: Workload) -> LoraShape | None:
 def run_ours(
     workload: Workload, variant: str, warmup: int, steps: int, profile: bool = False
 ) -> dict:
-    mode, *options = variant.split("+")
-    checkpointing = next((o for o in options if o in ("full", "selective")), "none")
-    one_document = "onedoc" in options
+    settings = Variant.parse(variant)
     world = init_distributed()
     torch.manual_seed(0)
     model = load_model(
@@ -44,30 +42,36 @@ def run_ours(
             "target_modules": list(workload.targets),
             "rank": 16,
             "alpha": 32,
-            "compute_dtype": "float32" if "fp32lora" in options else "model",
+            "compute_dtype": "float32" if settings.fp32_lora else "model",
         }
         apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
-    budget = next((float(o.removeprefix("budget")) for o in options if o.startswith("budget")), 1.0)
     wrap_blocks(
         model,
-        checkpointing,
-        compile=mode == "compiled",
-        offload="offload" in options,
-        memory_budget=budget,
+        settings.checkpointing,
+        compile=settings.compiled,
+        offload=settings.offload,
+        memory_budget=settings.memory_budget,
     )
     parallel = ParallelSection(
         strategy="fsdp" if world.world_size > 1 else "single",
-        zero_stage=2 if "zero2" in options else None,
-        reduce_dtype="model" if "bf16reduce" in options else "float32",
+        zero_stage=2 if settings.zero2 else None,
+        reduce_dtype="model" if settings.bf16_reduce else "float32",
     )
     objective = parallelize(
-        NextTokenObjective(model), model.layers, strategy_of(parallel, world), parallel, world
+        NextTokenObjective(model, settings.loss_chunk_tokens),
+        model.layers,
+        strategy_of(parallel, world),
+        parallel,
+        world,
     )
     train = TrainSection(max_steps=warmup + steps, tokens_per_micro_batch=workload.tokens)
     optimizer = build_optimizer(model, train, world.device)
     batches = [
         synthetic_batch(
-            model.args.vocab_size, workload.tokens, one_document, seed=world.rank * 100 + index
+            model.args.vocab_size,
+            workload.tokens,
+            settings.one_document,
+            seed=world.rank * 100 + index,
         )
         for index in range(DISTINCT_BATCHES)
     ]

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from tuneforge.errors import TuneforgeError
+
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 EXPERT_BANKS = ("experts.gate_up_proj", "experts.down_proj")
@@ -22,11 +24,12 @@ class Workload:
     peer_checkpointing: tuple[bool, ...] = (False, True)
     """Peer runs: without and with their gradient checkpointing."""
     variants: tuple[str, ...] = field(default=("eager", "compiled"))
-    """tuneforge runs: `eager`, `compiled` (torch.compile per block), each optionally with
-    `+full` or `+selective` activation checkpointing (`+offload`: their inputs in host memory), `+budget0.8` (the compiled graph keeps
-    that share of its activations), `+zero2` and `+bf16reduce` (FSDP2:
-    parameters kept gathered after forward, gradients reduced in bf16), `+onedoc` (one 4096-token document,
-    as the peers see it, instead of packed documents), `+fp32lora` (adapter matmuls in fp32)."""
+    """tuneforge runs: `eager` or `compiled` (torch.compile per block), then options joined by
+    `+`: `full` or `selective` activation checkpointing, `offload` (their inputs in host
+    memory), `budget0.8` (the compiled graph keeps that share of its activations), `chunk512`
+    (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2: parameters kept gathered
+    after forward, gradients reduced in bf16), `onedoc` (one 4096-token document, as the peers
+    see it, instead of packed documents), `fp32lora` (adapter matmuls in fp32)."""
 
 
 WORKLOADS = {
@@ -87,3 +90,49 @@ WORKLOADS = {
         ),
     )
 }
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A tuneforge variant's settings, parsed from its name (`compiled+full+offload`)."""
+
+    compiled: bool
+    checkpointing: str = "none"
+    offload: bool = False
+    memory_budget: float = 1.0
+    loss_chunk_tokens: int = 1024
+    zero2: bool = False
+    bf16_reduce: bool = False
+    one_document: bool = False
+    fp32_lora: bool = False
+
+    @classmethod
+    def parse(cls, name: str) -> "Variant":
+        mode, *options = name.split("+")
+        if mode not in ("eager", "compiled"):
+            raise TuneforgeError(f"variant {name!r}: start with eager or compiled")
+        settings: dict = {"compiled": mode == "compiled"}
+        flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce",
+                 "onedoc": "one_document", "fp32lora": "fp32_lora"}  # fmt: skip
+        for option in options:
+            if option in ("full", "selective"):
+                settings["checkpointing"] = option
+            elif option in flags:
+                settings[flags[option]] = True
+            elif option.startswith("budget") and _is_number(option.removeprefix("budget")):
+                settings["memory_budget"] = float(option.removeprefix("budget"))
+            elif option.startswith("chunk") and option.removeprefix("chunk").isdigit():
+                settings["loss_chunk_tokens"] = int(option.removeprefix("chunk"))
+            else:
+                raise TuneforgeError(
+                    f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
+                    "budget<share>, chunk<tokens>, zero2, bf16reduce, onedoc, fp32lora)"
+                )
+        return cls(**settings)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return 0 < float(text) <= 1
+    except ValueError:
+        return False

@@ -146,6 +146,8 @@ class TrainSection(Section):
     """Passes over the training data; used when max_steps is not set."""
     tokens_per_micro_batch: int = Field(4096, ge=8)
     """Token budget of one packed micro-batch (its flat length); must be >= data.max_seq_len."""
+    loss_chunk_tokens: int = Field(1024, ge=64)
+    """Tokens per chunk of the loss: one chunk's logits exist at a time (tokens x vocabulary x 6 bytes in a bf16 model: 0.73 GiB at 1024 tokens and 128k words)."""
     grad_accum_steps: int = Field(1, ge=1)
     """Micro-batches per optimizer step."""
     lr: float = Field(2e-4, gt=0)

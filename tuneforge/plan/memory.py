@@ -23,7 +23,6 @@ from tuneforge.models.cost import LoraShape, lora_params, working_bytes_per_toke
 from tuneforge.train.block_wrappers import checkpointed_blocks
 
 GIB = 2**30
-LOSS_CHUNK = 1024
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
 COLLECTIVE_BUFFERS_GIB = 0.5
 ALLOCATOR_ROUNDING = 0.05
@@ -50,6 +49,7 @@ class Setup:
     precision: str = "pure"
     platform: str = "cuda"
     grad_accum_steps: int = 1
+    loss_chunk_tokens: int = 1024
     """Above 1, gradients stay allocated through the forward of the later micro-batches."""
 
 
@@ -147,7 +147,7 @@ def _loss_bytes(setup: Setup) -> tuple[float, float, float]:
     kept = tokens * (norm + args.dim * b)
     head_gradient = args.vocab_size * args.dim * b if trainable else 0
     per_logit = 4 + (b if b != 4 else 0)
-    return kept, per_logit * min(tokens, LOSS_CHUNK) * args.vocab_size, head_gradient
+    return kept, per_logit * min(tokens, setup.loss_chunk_tokens) * args.vocab_size, head_gradient
 
 
 def _adapter_casts(setup: Setup) -> float:

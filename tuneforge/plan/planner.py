@@ -158,6 +158,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         precision="fp32-master" if hardware.master_weights else "pure",
         platform=hardware.platform,
         grad_accum_steps=config.train.grad_accum_steps,
+        loss_chunk_tokens=config.train.loss_chunk_tokens,
     )
 
 

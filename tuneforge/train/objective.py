@@ -12,9 +12,10 @@ from tuneforge.train.loss import chunked_cross_entropy
 
 
 class NextTokenObjective(nn.Module):
-    def __init__(self, model: Decoder) -> None:
+    def __init__(self, model: Decoder, loss_chunk_tokens: int = 1024) -> None:
         super().__init__()
         self.model = model
+        self.loss_chunk_tokens = loss_chunk_tokens
         self.fused_loss = True
         """The loss's gradients made in its forward pass (False: the checkpointed reference)."""
 
@@ -25,7 +26,7 @@ class NextTokenObjective(nn.Module):
         self.model.record_router_logits(True)
         hidden = self.model.hidden_states(tokens, packed)
         loss_sum, _ = chunked_cross_entropy(
-            hidden, self.model.lm_head.weight, labels, fused=self.fused_loss
+            hidden, self.model.lm_head.weight, labels, self.loss_chunk_tokens, self.fused_loss
         )
         aux = self.model.aux_loss()
         self.model.record_router_logits(False)
