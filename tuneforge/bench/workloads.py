@@ -40,7 +40,7 @@ WORKLOADS = {
             "llama-3-8b",
             ALL_LINEAR,
             peer_checkpointing=(False,),
-            variants=("eager", "compiled", "compiled+onedoc"),
+            variants=("compiled", "compiled+budget0.8", "compiled+onedoc"),
         ),
         Workload(
             "llama3-8b-lora-capped",
@@ -48,7 +48,7 @@ WORKLOADS = {
             ALL_LINEAR,
             memory_cap_gib=16.7,
             peer_checkpointing=(True,),
-            variants=("compiled+full", "compiled+full+offload"),
+            variants=("compiled+full", "compiled+full+offload+budget0.8"),
         ),
         Workload(
             "qwen3-moe-4l-lora-attn",
@@ -86,7 +86,7 @@ WORKLOADS = {
             None,
             gpus=2,
             peer_checkpointing=(),
-            variants=("compiled",),
+            variants=("compiled", "compiled+zero2+bf16reduce"),
         ),
     )
 }
@@ -119,7 +119,7 @@ class Variant:
                 settings["checkpointing"] = option
             elif option in flags:
                 settings[flags[option]] = True
-            elif option.startswith("budget") and _is_number(option.removeprefix("budget")):
+            elif option.startswith("budget") and _is_share(option.removeprefix("budget")):
                 settings["memory_budget"] = float(option.removeprefix("budget"))
             elif option.startswith("chunk") and option.removeprefix("chunk").isdigit():
                 settings["loss_chunk_tokens"] = int(option.removeprefix("chunk"))
@@ -131,7 +131,7 @@ class Variant:
         return cls(**settings)
 
 
-def _is_number(text: str) -> bool:
+def _is_share(text: str) -> bool:
     try:
         return 0 < float(text) <= 1
     except ValueError:

@@ -49,8 +49,9 @@ class Setup:
     precision: str = "pure"
     platform: str = "cuda"
     grad_accum_steps: int = 1
-    loss_chunk_tokens: int = 1024
     """Above 1, gradients stay allocated through the forward of the later micro-batches."""
+    loss_chunk_tokens: int = 1024
+    """Tokens per chunk of the loss: one chunk's logits exist at a time."""
 
 
 @dataclass(frozen=True)
