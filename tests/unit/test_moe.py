@@ -37,3 +37,28 @@ def test_an_expert_without_tokens_is_fine():
         loop.router.weight[0] = -100.0
     x = torch.randn(5, 16, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(grouped(x), loop(x))
+
+
+def test_grouped_experts_route_without_atomic_adds():
+    """Dispatch and combine gather rows back instead of index_add (atomic, and rounding after
+    every add in bf16) over full-width rows, in forward and backward; only the routing weights'
+    gradient (one number per routed copy) is scattered."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            widths = [a.shape[-1] for a in args if isinstance(a, torch.Tensor) and a.dim() == 2]
+            self.calls.append((func.overloadpacket.__name__, max(widths, default=1)))
+            return func(*args, **(kwargs or {}))
+
+    grouped, _ = moe_pair(True)
+    x = torch.randn(12, 16, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    with Ops() as ops:
+        grouped(x).square().sum().backward()
+    assert ("index_select", 16) in ops.calls
+    atomic = {"index_add", "index_add_", "index_put", "index_put_"}
+    assert [call for call in ops.calls if call[0] in atomic and call[1] > 1] == []

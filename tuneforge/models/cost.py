@@ -125,10 +125,10 @@ def _mlp_bytes(args: ModelArgs, layer: int, dtype_bytes: int, trainable: bool) -
         return (3 + inputs) * args.ffn_dim * dtype_bytes
     moe = args.moe
     assert moe is not None
-    # per routed copy: its input (twice when the banks train), gate, up, silu(gate), the product
+    # per routed copy: its input (when the banks train), gate, up, silu(gate), the product
     # (when down_proj trains), the output before weighting; sort order and routing weight; per
     # token: routing indexes and weights, router probabilities in fp32
-    per_copy = ((2 + inputs) * args.dim + (3 + inputs) * moe.expert_ffn_dim) * dtype_bytes + 24
+    per_copy = ((1 + inputs) * args.dim + (3 + inputs) * moe.expert_ffn_dim) * dtype_bytes + 24
     return moe.top_k * per_copy + 2 * moe.num_experts * 4
 
 
