@@ -36,6 +36,10 @@ def bench_command(
     profile: Annotated[
         bool, typer.Option(help="Also profile tuneforge's runs: top kernels, GPU busy share.")
     ] = False,
+    run_limit: Annotated[
+        float | None,
+        typer.Option(help="Seconds one run may take; a longer one is stopped and reported."),
+    ] = None,
 ) -> None:
     """Benchmark one training step: tokens/s, ms/step, peak memory, MFU and ratios."""
     import torch
@@ -86,7 +90,7 @@ def bench_command(
     for run in plan_runs(selected, present):
         workload_gpus = WORKLOADS[run.workload].gpus
         console.print(f"[dim]{run.workload}: {run.system} {run.variant or ''}[/dim]")
-        result = summarise(execute(run, warmup, steps, workload_gpus, profile), peak)
+        result = summarise(execute(run, warmup, steps, workload_gpus, profile, run_limit), peak)
         results.append(result)
         _print_line(result)
         # written after every run, so that a benchmark cut off by a time limit keeps the rest

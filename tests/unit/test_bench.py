@@ -28,7 +28,11 @@ def test_plan_runs_peers_per_workload():
     systems = {run.system for run in runs}
     assert systems == {"tuneforge", "hf+peft"}  # Unsloth adapts modules, not expert banks
     runs = plan_runs([WORKLOADS["llama3.2-1b-full-fsdp2-2gpu"]], ["hf+peft"])
-    assert [run.variant for run in runs] == ["compiled", "compiled+1gpu"]
+    assert [run.variant for run in runs] == [
+        "compiled",
+        "compiled+zero2+bf16reduce",
+        "compiled+1gpu",
+    ]
 
 
 def test_ratios_compare_with_hf_and_the_fastest_peer():
@@ -78,3 +82,11 @@ def test_bench_refuses_a_bad_variant_before_looking_for_a_gpu():
 
     result = run_cli("bench", "--variant", "compiled+offlaod")
     assert_clean_failure(result, "unknown option 'offlaod'")
+
+
+def test_a_run_over_its_time_limit_is_stopped_and_reported():
+    from tuneforge.bench.runner import Run, execute
+
+    result = execute(Run("llama3.2-1b-lora", "tuneforge", "eager"), 1, 1, 1, limit_s=0.5)
+    assert result["error"] == "stopped after the 0.5 s limit per run"
+    assert result["workload"] == "llama3.2-1b-lora"

@@ -4,6 +4,7 @@ own process — and reports tokens/s, ms/step, peak memory, MFU and the ratio to
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -64,7 +65,15 @@ def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
     return runs
 
 
-def execute(run: Run, warmup: int, steps: int, gpus: int, profile: bool = False) -> dict:
+def execute(
+    run: Run,
+    warmup: int,
+    steps: int,
+    gpus: int,
+    profile: bool = False,
+    limit_s: float | None = None,
+) -> dict:
+    """One run in its own process (group: torchrun's workers too), killed after `limit_s`."""
     spec = run.spec(warmup, steps, profile)
     if run.variant.endswith("+1gpu"):
         spec["variant"], gpus = run.variant.removesuffix("+1gpu"), 1
@@ -74,11 +83,24 @@ def execute(run: Run, warmup: int, steps: int, gpus: int, profile: bool = False)
         launcher = [sys.executable]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     command = [*launcher, "-m", "tuneforge.bench.child", json.dumps(spec)]
-    process = subprocess.run(command, capture_output=True, text=True, env=env)
-    for line in process.stdout.splitlines():
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return spec | {"error": f"stopped after the {limit_s:g} s limit per run"}
+    for line in stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             return json.loads(line.removeprefix(RESULT_PREFIX)) | {"variant_run": run.variant}
-    return spec | {"error": f"exit {process.returncode}", "trace": process.stderr[-3000:]}
+    return spec | {"error": f"exit {process.returncode}", "trace": stderr[-3000:]}
 
 
 def summarise(result: dict, peak_tflops: float) -> dict:

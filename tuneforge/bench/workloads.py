@@ -48,7 +48,10 @@ WORKLOADS = {
             ALL_LINEAR,
             memory_cap_gib=16.7,
             peer_checkpointing=(True,),
-            variants=("compiled+full", "compiled+full+offload+budget0.8"),
+            variants=(
+                "compiled+full+offload+budget0.8",
+                "compiled+full+offload+budget0.8+chunk512",
+            ),
         ),
         Workload(
             "qwen3-moe-4l-lora-attn",
