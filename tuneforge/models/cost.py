@@ -53,23 +53,24 @@ def expert_projection_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
 def lora_params(args: ModelArgs, lora: LoraShape, active: bool = False) -> int:
     """Adapter parameters: dense linears, and expert banks (one adapter per expert unless
     shared). `active`: those one token multiplies (top-k experts' adapters)."""
-    total = 0
-    for layer in range(args.num_layers):
-        shapes = linear_shapes(args, layer)
+    return sum(layer_lora_params(args, lora, layer, active) for layer in range(args.num_layers))
+
+
+def layer_lora_params(args: ModelArgs, lora: LoraShape, layer: int, active: bool = False) -> int:
+    """`lora_params` of one layer."""
+    shapes = linear_shapes(args, layer)
+    total = sum(
+        lora.rank * (fan_in + fan_out)
+        for name, (fan_in, fan_out) in shapes.items()
+        if name in lora.targets
+    )
+    if args.moe is not None and args.is_sparse_layer(layer) and lora.experts:
+        copies = args.moe.top_k if active else 1 if lora.shared_experts else args.moe.num_experts
         total += sum(
-            lora.rank * (fan_in + fan_out)
-            for name, (fan_in, fan_out) in shapes.items()
-            if name in lora.targets
+            copies * lora.rank * (fan_in + fan_out)
+            for name, (fan_in, fan_out) in expert_projection_shapes(args).items()
+            if name in lora.experts
         )
-        if args.moe is not None and args.is_sparse_layer(layer) and lora.experts:
-            copies = (
-                args.moe.top_k if active else 1 if lora.shared_experts else args.moe.num_experts
-            )
-            total += sum(
-                copies * lora.rank * (fan_in + fan_out)
-                for name, (fan_in, fan_out) in expert_projection_shapes(args).items()
-                if name in lora.experts
-            )
     return total
 
 

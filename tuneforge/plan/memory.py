@@ -19,7 +19,12 @@ of weights and optimizer states. `other` is the runtime: context, collective buf
 from dataclasses import dataclass
 
 from tuneforge.models.args import ModelArgs
-from tuneforge.models.cost import LoraShape, lora_params, working_bytes_per_token
+from tuneforge.models.cost import (
+    LoraShape,
+    layer_lora_params,
+    lora_params,
+    working_bytes_per_token,
+)
 from tuneforge.train.block_wrappers import checkpointed_blocks
 
 GIB = 2**30
@@ -175,9 +180,12 @@ def other_bytes(setup: Setup, dynamic: float) -> float:
 def _layer_gradients(setup: Setup) -> list[float]:
     """Gradient bytes of each layer once its backward is done (sharded under FSDP2)."""
     args = setup.args
-    if setup.lora is not None:  # the adapters' gradients are negligible here
-        return [0.0] * args.num_layers
     shard = setup.data_parallel if setup.zero_stage >= 2 else 1
+    if setup.lora is not None:  # fp32 adapters
+        return [
+            layer_lora_params(args, setup.lora, layer) * 4 / shard
+            for layer in range(args.num_layers)
+        ]
     return [
         _block_params(args, layer) * setup.param_bytes / shard for layer in range(args.num_layers)
     ]
