@@ -26,38 +26,43 @@ def grouped_linear(
     )
 
 
+def _to_rows(x: torch.Tensor, token_of_row: torch.Tensor) -> torch.Tensor:
+    """Each token's row repeated for its k experts, in expert order."""
+    return x.index_select(0, token_of_row)
+
+
+def _to_tokens(rows: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Each token's k rows gathered back to token order and summed: no atomic adds."""
+    return rows.index_select(0, inverse).view(-1, top_k, rows.shape[-1]).sum(1)
+
+
 class _Dispatch(torch.autograd.Function):
-    """Each token's row repeated for its k experts, in expert order: row r is x[order[r] // k].
-    Backward sums each token's k row gradients by gathering them back (no atomic adds)."""
+    """`_to_rows`; backward is `_to_tokens`."""
 
     @staticmethod
-    def forward(ctx, x, order, inverse, top_k: int):
+    def forward(ctx, x, token_of_row, inverse, top_k: int):
         ctx.save_for_backward(inverse)
         ctx.top_k = top_k
-        return x.index_select(0, order // top_k)
+        return _to_rows(x, token_of_row)
 
     @staticmethod
     def backward(ctx, grad_rows):
         (inverse,) = ctx.saved_tensors
-        grad = grad_rows.index_select(0, inverse)
-        return grad.view(-1, ctx.top_k, grad.shape[-1]).sum(1), None, None, None
+        return _to_tokens(grad_rows, inverse, ctx.top_k), None, None, None
 
 
 class _Combine(torch.autograd.Function):
-    """The inverse of `_Dispatch`: each token's output is the sum of its k rows, gathered back to
-    token order and reduced (no atomic adds); backward hands each row its token's gradient."""
+    """`_to_tokens`, the transpose of `_Dispatch`; backward is `_to_rows`."""
 
     @staticmethod
-    def forward(ctx, rows, order, inverse, top_k: int):
-        ctx.save_for_backward(order)
-        ctx.top_k = top_k
-        gathered = rows.index_select(0, inverse)
-        return gathered.view(-1, top_k, rows.shape[-1]).sum(1)
+    def forward(ctx, rows, token_of_row, inverse, top_k: int):
+        ctx.save_for_backward(token_of_row)
+        return _to_tokens(rows, inverse, top_k)
 
     @staticmethod
     def backward(ctx, grad):
-        (order,) = ctx.saved_tensors
-        return grad.index_select(0, order // ctx.top_k), None, None, None
+        (token_of_row,) = ctx.saved_tensors
+        return _to_rows(grad, token_of_row), None, None, None
 
 
 class ExpertBank(nn.Module):
@@ -111,12 +116,13 @@ class ExpertBank(nn.Module):
         top_k = expert_ids.shape[1]
         flat_ids = expert_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
+        token_of_row = order // top_k
         inverse = torch.empty_like(order).scatter_(
             0, order, torch.arange(order.numel(), device=order.device)
         )
         counts = torch.bincount(flat_ids, minlength=self.num_experts)
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-        h = _Dispatch.apply(x, order, inverse, top_k)
+        h = _Dispatch.apply(x, token_of_row, inverse, top_k)
         gate = grouped_linear(h, self.gate_proj, offsets)
         up = grouped_linear(h, self.up_proj, offsets)
         if "gate_up_proj" in self.adapters:
@@ -127,7 +133,7 @@ class ExpertBank(nn.Module):
         if "down_proj" in self.adapters:
             y = y + self.adapters["down_proj"].grouped(act, offsets)
         y = y * weights.reshape(-1)[order, None].to(y.dtype)
-        return _Combine.apply(y.to(x.dtype), order, inverse, top_k)
+        return _Combine.apply(y.to(x.dtype), token_of_row, inverse, top_k)
 
 
 class MoE(nn.Module):

@@ -34,10 +34,10 @@ def optimizer_step(
     distributed = torch.distributed.is_initialized()
     world_size = torch.distributed.get_world_size() if distributed else 1
     local_tokens = sum(batch.num_loss_tokens for batch in micro_batches)
-    step_tokens = torch.tensor([float(local_tokens)], dtype=torch.float64, device=device)
+    token_total = torch.tensor([float(local_tokens)], dtype=torch.float64, device=device)
     if distributed:
-        torch.distributed.all_reduce(step_tokens)
-    scale = (world_size / step_tokens.clamp(min=1)).float().squeeze(0)
+        torch.distributed.all_reduce(token_total)
+    scale = (world_size / token_total.clamp(min=1)).float().squeeze(0)
     moe = model.args.moe
     local_loss = backward_micro_batches(
         objective, micro_batches, scale, moe.router_aux_loss_coef if moe is not None else 0.0
@@ -57,7 +57,7 @@ def optimizer_step(
         totals = torch.cat([totals, torch.tensor(counts, dtype=torch.float64, device=device)])
         torch.distributed.all_reduce(totals)
     norm = norm.detach().reshape(1).to(torch.float64)
-    values = torch.cat([totals, norm, step_tokens]).tolist()
+    values = torch.cat([totals, norm, token_total]).tolist()
     loss_sum, *reduced, grad_norm, step_tokens = values
     real, documents = reduced or counts
     loss = loss_sum / max(step_tokens, 1)
