@@ -139,6 +139,39 @@ def test_offloaded_blocks_keep_only_host_copies():
     assert weight.grad is not None and weight.grad.abs().sum() > 0
 
 
+def test_offloaded_blocks_prefetch_the_previous_input_during_backward():
+    """When block i recomputes in backward, block i-1's input is already on its way back (and
+    nothing else is), and the gradients equal those of the unchained blocks."""
+    from tuneforge.train.offload import OffloadChain, offloaded_checkpoint
+
+    weights = [torch.nn.Parameter(torch.randn(8, 8) / 3) for _ in range(3)]
+    x = torch.randn(4, 8)
+
+    def chained_gradients(chain):
+        seen = []
+
+        def block(index):
+            def run(h):
+                if torch.is_grad_enabled() and chain is not None:  # the recomputation
+                    copies = [ref() for ref in chain.pending]
+                    seen.append((index, [c.prefetched for c in copies if c is not None]))
+                return torch.tanh(h @ weights[index])
+
+            return offloaded_checkpoint(run, [weights[index]], chain)
+
+        blocks = [block(index) for index in range(3)]
+        h = x
+        for run in blocks:
+            h = run(h)
+        return torch.autograd.grad(h.square().sum(), weights), seen
+
+    expected, _ = chained_gradients(None)
+    got, seen = chained_gradients(OffloadChain())
+    assert seen == [(2, [False, True]), (1, [True]), (0, [])]
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+
+
 def test_checkpointed_blocks_run_compiled():
     """The checkpoint wraps the compiled forward: compiling around `checkpoint` would silently
     run the blocks eagerly."""

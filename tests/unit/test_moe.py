@@ -62,3 +62,25 @@ def test_grouped_experts_route_without_atomic_adds():
     assert ("index_select", 16) in ops.calls
     atomic = {"index_add", "index_add_", "index_put", "index_put_"}
     assert [call for call in ops.calls if call[0] in atomic and call[1] > 1] == []
+
+
+def test_expert_offsets_count_the_rows_of_each_expert():
+    from tuneforge.models.moe import expert_offsets
+
+    ids = torch.tensor([[4, 1], [1, 0], [4, 1], [0, 4]]).reshape(-1)  # experts 2, 3, 5 unused
+    got = expert_offsets(torch.sort(ids).values, 6)
+    expected = torch.cumsum(torch.bincount(ids, minlength=6), 0)
+    assert got.dtype == torch.int32 and got.tolist() == expected.tolist() == [2, 5, 5, 5, 8, 8]
+
+
+def test_grouped_experts_compile_to_one_graph():
+    """No operator whose output size depends on the data (such as `bincount`) in the routing:
+    it would split the compiled block and make the host wait for the device every layer."""
+    args = MoEArgs(num_experts=6, top_k=2, expert_ffn_dim=32)  # 16-byte aligned rows
+    grouped = MoE(16, args, "grouped").bfloat16()
+    for param in grouped.parameters():
+        torch.nn.init.normal_(param, std=0.3)
+    x = torch.randn(24, 16, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(4))
+    explained = torch._dynamo.explain(grouped)(x)
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1

@@ -26,6 +26,14 @@ def grouped_linear(
     )
 
 
+def expert_offsets(sorted_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Cumulative rows per expert (int32, as grouped GEMMs take them) from the sorted expert ids.
+    A search, not `bincount`: bincount's output size depends on the data, which makes it wait
+    for the device and splits a compiled graph."""
+    experts = torch.arange(num_experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
+    return torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
+
+
 def _to_rows(x: torch.Tensor, token_of_row: torch.Tensor) -> torch.Tensor:
     """Each token's row repeated for its k experts, in expert order."""
     return x.index_select(0, token_of_row)
@@ -114,14 +122,12 @@ class ExpertBank(nn.Module):
         self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         top_k = expert_ids.shape[1]
-        flat_ids = expert_ids.reshape(-1)
-        order = torch.argsort(flat_ids, stable=True)
+        sorted_ids, order = torch.sort(expert_ids.reshape(-1), stable=True)
         token_of_row = order // top_k
         inverse = torch.empty_like(order).scatter_(
             0, order, torch.arange(order.numel(), device=order.device)
         )
-        counts = torch.bincount(flat_ids, minlength=self.num_experts)
-        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+        offsets = expert_offsets(sorted_ids, self.num_experts)
         h = _Dispatch.apply(x, token_of_row, inverse, top_k)
         gate = grouped_linear(h, self.gate_proj, offsets)
         up = grouped_linear(h, self.up_proj, offsets)
@@ -170,9 +176,8 @@ def load_balancing_loss(
     for logits in router_logits:
         probs = torch.softmax(logits.float(), dim=-1)
         selected = torch.topk(probs, top_k, dim=-1).indices
-        assignments = (
-            assignments + torch.bincount(selected.reshape(-1), minlength=num_experts).float()
-        )
+        ones = torch.ones(selected.numel(), dtype=torch.float32, device=selected.device)
+        assignments = assignments.scatter_add(0, selected.reshape(-1), ones)  # no host wait
         prob_sum = prob_sum + probs.sum(dim=0)
         rows += probs.shape[0]
     return num_experts * torch.sum((assignments / rows) * (prob_sum / rows))

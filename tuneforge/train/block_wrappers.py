@@ -13,7 +13,7 @@ from tuneforge.config.schema import TrainSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
-from tuneforge.train.offload import offloaded_checkpoint
+from tuneforge.train.offload import OffloadChain, offloaded_checkpoint
 
 
 def checkpointed_blocks(num_layers: int, mode: str, every: int = 2) -> list[int]:
@@ -38,11 +38,12 @@ def wrap_blocks(
     `memory_budget` of what it could keep for backward), then checkpoint the chosen blocks
     around it, keeping their inputs in pinned host memory with `offload`."""
     checkpointed = set(checkpointed_blocks(len(model.layers), checkpointing, every))
+    chain = OffloadChain()
     for index, layer in enumerate(model.layers):
         forward = compiled(layer.forward, memory_budget) if compile else layer.forward
         if index in checkpointed and offload:
             params = [p for p in layer.parameters() if p.requires_grad]
-            forward = offloaded_checkpoint(forward, params)
+            forward = offloaded_checkpoint(forward, params, chain)
         elif index in checkpointed:
             forward = functools.partial(checkpoint, forward, use_reentrant=False)
         layer.forward = forward

@@ -7,10 +7,15 @@ keeping anything; backward brings it back, runs the block again with gradients a
 differentiates it. The block's trainable parameters are inputs of the autograd function, so
 their gradients reach them through autograd's own accumulation (and its hooks).
 
+Blocks offloaded through one `OffloadChain` prefetch: when a block's backward starts, the input
+of the block before it starts its way back on the side stream, so that copy runs during this
+block's recomputation instead of on the compute stream.
+
 One process only, and no router auxiliary loss: the block's forward runs without gradients, so
 a loss taken from its intermediate values (the MoE router's) would get none.
 """
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -19,17 +24,24 @@ from torch import nn
 _COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
+def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _COPY_STREAMS.get(device)
+    if stream is None:
+        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
 class HostCopy:
-    """`tensor` copied to pinned host memory on a side stream; `restore` brings it back."""
+    """`tensor` copied to pinned host memory on a side stream; `prefetch` starts the copy back
+    on the side stream, `restore` returns it on the device (waiting for the copy on the
+    compute stream, not on the host)."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.device, self.event = tensor.device, None
+        self.device, self.event, self.back = tensor.device, None, None
         if tensor.device.type != "cuda":
             self.host = tensor.detach().clone()
             return
-        stream = _COPY_STREAMS.get(tensor.device)
-        if stream is None:
-            stream = _COPY_STREAMS[tensor.device] = torch.cuda.Stream(tensor.device)
+        stream = _copy_stream(tensor.device)
         stream.wait_stream(torch.cuda.current_stream(tensor.device))
         with torch.cuda.stream(stream):
             self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -38,25 +50,69 @@ class HostCopy:
             self.event.record(stream)
         tensor.record_stream(stream)  # the GPU memory is not reused before the copy ends
 
-    def restore(self) -> torch.Tensor:
+    @property
+    def prefetched(self) -> bool:
+        return self.back is not None
+
+    def prefetch(self) -> None:
+        if self.back is not None:
+            return
         if self.event is None:
-            return self.host
-        torch.cuda.current_stream(self.device).wait_event(self.event)
-        return self.host.to(self.device, non_blocking=True)
+            self.back = self.host
+            return
+        compute = torch.cuda.current_stream(self.device)
+        self.back = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
+        stream = _copy_stream(self.device)
+        stream.wait_stream(compute)  # `back` may reuse memory the queued compute still reads
+        with torch.cuda.stream(stream):
+            self.back.copy_(self.host, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(stream)
+
+    def restore(self) -> torch.Tensor:
+        self.prefetch()
+        if self.event is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.event)
+        back, self.back = self.back, None
+        return back
+
+
+class OffloadChain:
+    """The offloaded blocks of one model, in forward order: what a block's backward prefetches."""
+
+    def __init__(self) -> None:
+        self.pending: list[weakref.ref[HostCopy]] = []
+
+    def push(self, copy: HostCopy) -> None:
+        self.pending = [ref for ref in self.pending if ref() is not None]
+        self.pending.append(weakref.ref(copy))
+
+    def take(self, copy: HostCopy) -> None:
+        """`copy` is being restored: drop it and prefetch the one pushed before it."""
+        live = [ref for ref in self.pending if ref() is not None and ref() is not copy]
+        self.pending = live
+        if live:
+            earlier = live[-1]()
+            if earlier is not None:
+                earlier.prefetch()
 
 
 class _OffloadedCheckpoint(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, run: Callable, x: torch.Tensor, rest: tuple, *params: nn.Parameter):
-        ctx.run, ctx.rest, ctx.params = run, rest, params
+    def forward(ctx, run: Callable, chain, x: torch.Tensor, rest: tuple, *params: nn.Parameter):
+        ctx.run, ctx.chain, ctx.rest, ctx.params = run, chain, rest, params
         ctx.input_requires_grad = x.requires_grad
         ctx.host = HostCopy(x)
+        if chain is not None:
+            chain.push(ctx.host)
         ctx.rng = _rng_state(x.device)
         with torch.no_grad():
             return run(x, *rest)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        if ctx.chain is not None:
+            ctx.chain.take(ctx.host)
         x = ctx.host.restore().detach().requires_grad_(ctx.input_requires_grad)
         del ctx.host
         with torch.random.fork_rng(_rng_devices(x.device)):
@@ -66,19 +122,21 @@ class _OffloadedCheckpoint(torch.autograd.Function):
         inputs = ([x] if ctx.input_requires_grad else []) + list(ctx.params)
         grads = list(torch.autograd.grad(output, inputs, grad, allow_unused=True))
         input_grad = grads.pop(0) if ctx.input_requires_grad else None
-        return None, input_grad, None, *grads
+        return None, None, input_grad, None, *grads
 
 
 def offloaded_checkpoint(
-    run: Callable[..., torch.Tensor], params: list[nn.Parameter]
+    run: Callable[..., torch.Tensor],
+    params: list[nn.Parameter],
+    chain: OffloadChain | None = None,
 ) -> Callable[..., torch.Tensor]:
     """`run(x, *rest)` checkpointed with `x` kept in host memory; `params` are the trainable
-    parameters `run` uses."""
+    parameters `run` uses; blocks sharing `chain` prefetch each other's inputs in backward."""
 
     def forward(x: torch.Tensor, *rest) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return run(x, *rest)
-        return _OffloadedCheckpoint.apply(run, x, rest, *params)
+        return _OffloadedCheckpoint.apply(run, chain, x, rest, *params)
 
     return forward
 
