@@ -1,5 +1,6 @@
 """Where a step's GPU time goes: the kernels with the most device time over a few profiled
-steps, and how busy the GPU was (device time over wall time)."""
+steps, how busy the GPU was (device time over wall time), and the operators that took the
+most host time (a step that leaves the GPU idle is waiting on them)."""
 
 import time
 from collections.abc import Callable
@@ -23,6 +24,12 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
         if _device_us(event) > 0 and event.device_type == torch.autograd.DeviceType.CUDA
     ]
     kernels.sort(key=lambda kernel: -kernel[1])
+    host = [
+        (event.key, event.self_cpu_time_total / 1e3 / steps, event.count // steps)
+        for event in profiler.key_averages()
+        if event.self_cpu_time_total > 0
+    ]
+    host.sort(key=lambda op: -op[1])
     busy_ms = sum(ms for _, ms, _ in kernels)
     return {
         "wall_ms_per_step": wall_ms,
@@ -31,6 +38,10 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
         "top_kernels": [
             {"kernel": name[:120], "ms_per_step": round(ms, 3), "calls_per_step": calls}
             for name, ms, calls in kernels[:top]
+        ],
+        "top_host_ops": [
+            {"op": name[:120], "host_ms_per_step": round(ms, 3), "calls_per_step": calls}
+            for name, ms, calls in host[:top]
         ],
     }
 
