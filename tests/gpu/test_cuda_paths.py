@@ -55,20 +55,35 @@ def test_varlen_equals_sdpa_in_bf16(kv_heads):
 
 
 def test_grouped_gemm_experts_equal_the_loop_in_bf16():
+    """Both bf16 paths against the fp32 per-expert loop on the same weights: the grouped path
+    is no further from it than the bf16 loop (elementwise, a sum of 1,000 tokens' router
+    gradients in bf16 differs by an ulp of its largest element between any two orders)."""
     args = MoEArgs(num_experts=16, top_k=4, expert_ffn_dim=128, norm_topk_prob=True)
     grouped = MoE(256, args, "grouped").to(CUDA, torch.bfloat16)
     loop = MoE(256, args, "loop").to(CUDA, torch.bfloat16)
+    reference = MoE(256, args, "loop").to(CUDA)
     with torch.no_grad():
         for param in grouped.parameters():
             param.normal_(0, 0.05)
     loop.load_state_dict(grouped.state_dict())
+    reference.load_state_dict({k: v.float() for k, v in grouped.state_dict().items()})
     x = torch.randn(1000, 256, device=CUDA, dtype=torch.bfloat16)
-    out_grouped, out_loop = grouped(x), loop(x)
-    torch.testing.assert_close(out_grouped, out_loop, atol=2e-2, rtol=2e-2)
-    out_grouped.float().square().sum().backward()
-    out_loop.float().square().sum().backward()
-    for (name, a), b in zip(grouped.named_parameters(), loop.parameters(), strict=True):
-        torch.testing.assert_close(a.grad, b.grad, atol=5e-2, rtol=5e-2, msg=name)
+    outputs = [
+        model(x if model is not reference else x.float()) for model in (grouped, loop, reference)
+    ]
+    for out in outputs:
+        out.float().square().sum().backward()
+
+    def error(got, expected):
+        return ((got.float() - expected).norm() / expected.norm()).item()
+
+    expected = outputs[2]
+    assert error(outputs[0], expected) <= 1.1 * error(outputs[1], expected) + 1e-3
+    for (name, a), b, r in zip(
+        grouped.named_parameters(), loop.parameters(), reference.parameters(), strict=True
+    ):
+        assert error(a.grad, r.grad) <= 1.1 * error(b.grad, r.grad) + 1e-3, name
+        assert error(a.grad, r.grad) < 0.06, name
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])

@@ -14,16 +14,24 @@ from tuneforge.train.objective import NextTokenObjective
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
-def test_fused_cross_entropy_matches_the_checkpointed_path_on_the_gpu():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fused_cross_entropy_matches_the_checkpointed_path_on_the_gpu(compiled):
+    """The fused loss (eager in place, or compiled), its rows picked by the host's count of
+    supervised labels, against the checkpointed reference counting them on the device."""
+    from tuneforge.data.packing import IGNORE_INDEX
+
     generator = torch.Generator("cuda").manual_seed(0)
     hidden = torch.randn(3000, 256, device="cuda", generator=generator).bfloat16()
     weight = (0.05 * torch.randn(32000, 256, device="cuda", generator=generator)).bfloat16()
     labels = torch.randint(0, 32000, (3000,), device="cuda", generator=generator)
+    labels[::7] = IGNORE_INDEX
+    count = int((labels != IGNORE_INDEX).sum())
     results = []
     for fused in (True, False):
         x, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-        total, _ = chunked_cross_entropy(x, w, labels, 1024, fused)
-        (total / 3000).backward()
+        known = count if fused else None
+        total, _ = chunked_cross_entropy(x, w, labels, 1024, fused, compiled, known)
+        (total / count).backward()
         results.append((total, x.grad.float(), w.grad.float()))
     (total, gx, gw), (ref_total, ref_gx, ref_gw) = results
     assert total.item() == pytest.approx(ref_total.item(), rel=1e-4)
@@ -40,7 +48,7 @@ def losses(fast: bool, compiled: bool, steps: int = 30) -> list[float]:
         module.fused = fast
     if compiled:
         wrap_blocks(model, compile=True)
-    objective = NextTokenObjective(model)
+    objective = NextTokenObjective(model, compiled_loss=compiled)
     objective.fused_loss = fast
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=2e-3, fused=True)

@@ -10,15 +10,15 @@ from tuneforge.train.loss import chunked_cross_entropy
 from tuneforge.train.optim import build_optimizer, learning_rate
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize(("fused", "compiled"), [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("chunk_size", [3, 16, 1024])
-def test_chunked_cross_entropy_equals_plain_cross_entropy(chunk_size, fused):
+def test_chunked_cross_entropy_equals_plain_cross_entropy(chunk_size, fused, compiled):
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(40, 8, generator=generator, requires_grad=True)
     weight = torch.randn(50, 8, generator=generator, requires_grad=True)
     labels = torch.randint(0, 50, (40,), generator=generator)
     labels[::3] = IGNORE_INDEX
-    total, count = chunked_cross_entropy(hidden, weight, labels, chunk_size, fused)
+    total, count = chunked_cross_entropy(hidden, weight, labels, chunk_size, fused, compiled)
     (total / count).backward()
     got_grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
@@ -30,8 +30,9 @@ def test_chunked_cross_entropy_equals_plain_cross_entropy(chunk_size, fused):
     torch.testing.assert_close(got_grads[1], weight.grad)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("weight_trains", [True, False])
-def test_fused_cross_entropy_matches_the_checkpointed_path_in_bf16(weight_trains):
+def test_fused_cross_entropy_matches_the_checkpointed_path_in_bf16(weight_trains, compiled):
     """bf16 hidden states and output layer (a frozen one under LoRA): the fused path against
     the checkpointed reference, both casting the logits' gradient to bf16 before the GEMMs."""
     generator = torch.Generator().manual_seed(1)
@@ -42,7 +43,7 @@ def test_fused_cross_entropy_matches_the_checkpointed_path_in_bf16(weight_trains
     results = []
     for fused in (True, False):
         hidden.grad = weight.grad = None
-        total, _ = chunked_cross_entropy(hidden, weight, labels, 128, fused)
+        total, _ = chunked_cross_entropy(hidden, weight, labels, 128, fused, fused and compiled)
         (total * 0.01).backward()
         results.append((total, hidden.grad, weight.grad))
     (total, grad_hidden, grad_weight), (ref_total, ref_hidden, ref_weight) = results
@@ -56,6 +57,45 @@ def test_fused_cross_entropy_matches_the_checkpointed_path_in_bf16(weight_trains
         assert relative(grad_weight, ref_weight) < 1e-2
     else:
         assert grad_weight is None and ref_weight is None
+
+
+def test_the_supervised_rows_are_picked_without_waiting_for_the_device():
+    """Given the count of supervised labels (known on the host), the rows are chosen with a
+    static size (`nonzero_static`), not `nonzero`, whose size only the device knows; every
+    label supervised: no selection at all. Same losses and gradients as counting on the device."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(30, 8, generator=generator, requires_grad=True)
+    weight = torch.randn(20, 8, generator=generator)
+    all_labels = torch.randint(0, 20, (30,), generator=generator)
+    some_labels = all_labels.clone()
+    some_labels[::4] = IGNORE_INDEX
+    for labels in (all_labels, some_labels):
+        count = int((labels != IGNORE_INDEX).sum())
+        results = []
+        for known in (None, count):
+            hidden.grad = None
+            with Ops() as ops:
+                total, got_count = chunked_cross_entropy(
+                    hidden, weight, labels, 8, num_loss_tokens=known
+                )
+                total.backward()
+            results.append((total, hidden.grad.clone(), ops.names))
+        (expected, expected_grad, counted), (total, grad, static) = results
+        assert got_count == count and "nonzero" in counted and "nonzero" not in static
+        assert ("nonzero_static" in static) == (count < labels.numel())
+        torch.testing.assert_close(total, expected)
+        torch.testing.assert_close(grad, expected_grad)
 
 
 def train_section(**kwargs) -> TrainSection:

@@ -58,7 +58,7 @@ def run_ours(
         reduce_dtype="model" if settings.bf16_reduce else "float32",
     )
     objective = parallelize(
-        NextTokenObjective(model, settings.loss_chunk_tokens),
+        NextTokenObjective(model, settings.loss_chunk_tokens, settings.compiled),
         model.layers,
         strategy_of(parallel, world),
         parallel,

@@ -176,7 +176,7 @@ class TrainSection(Section):
     """With activation checkpointing, keep each checkpointed block's input in pinned host memory
     instead of on the GPU (one process; no MoE router aux loss)."""
     compile: bool = False
-    """Compile each block with torch.compile."""
+    """Compile each block with torch.compile, and the loss's softmax and gradient per chunk."""
     compile_memory_budget: float = Field(1.0, gt=0, le=1)
     """With compile: the share of its activations each compiled block may keep for backward (torch's activation_memory_budget); below 1, cheap values (norm outputs, the SwiGLU product) are recomputed in backward instead."""
     eval_steps: int | None = Field(None, ge=1)

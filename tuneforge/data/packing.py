@@ -15,7 +15,7 @@ import torch
 
 from tuneforge.data.bin_packing import STRATEGIES, padded_groups
 from tuneforge.data.token_store import IGNORE_INDEX, Example, TokenStore, make_example
-from tuneforge.models.packed import PackedSequences
+from tuneforge.models.packed import PackedSequences, to_device
 
 __all__ = ["IGNORE_INDEX", "Example", "PackedBatch", "PackedLoader", "collate", "make_example"]
 
@@ -41,8 +41,8 @@ class PackedBatch:
 
     def to(self, device: torch.device | str) -> "PackedBatch":
         return PackedBatch(
-            self.tokens.to(device),
-            self.labels.to(device),
+            to_device(self.tokens, device),
+            to_device(self.labels, device),
             self.packed.to(device),
             self.num_loss_tokens,
             self.num_padding,

@@ -51,5 +51,17 @@ class PackedSequences:
 
     def to(self, device: torch.device | str) -> "PackedSequences":
         return PackedSequences(
-            self.cu_seqlens.to(device), self.max_seqlen, self.position_ids.to(device)
+            to_device(self.cu_seqlens, device),
+            self.max_seqlen,
+            to_device(self.position_ids, device),
         )
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`tensor` on `device`; from host to GPU through pinned memory without blocking, so the host
+    goes on queueing work instead of waiting for the copy (and for what the GPU runs before it)."""
+    device = torch.device(device)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    pinned = tensor if tensor.is_pinned() else tensor.pin_memory()
+    return pinned.to(device, non_blocking=True)

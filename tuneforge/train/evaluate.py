@@ -32,7 +32,7 @@ def evaluate_loss(
     total, count = 0.0, 0
     for batch in batches:
         batch = batch.to(device)
-        loss_sum, _ = objective(batch.tokens, batch.labels, batch.packed)
+        loss_sum, _ = objective(batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens)
         total += float(loss_sum)
         count += batch.num_loss_tokens
     objective.train(was_training)

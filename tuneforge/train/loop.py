@@ -128,7 +128,7 @@ class Trainer:
             train.compile_memory_budget,
         )
         self.objective = parallelize(
-            NextTokenObjective(self.model, train.loss_chunk_tokens),
+            NextTokenObjective(self.model, train.loss_chunk_tokens, train.compile),
             self.model.layers,
             self.strategy,
             config.parallel,

@@ -12,21 +12,36 @@ from tuneforge.train.loss import chunked_cross_entropy
 
 
 class NextTokenObjective(nn.Module):
-    def __init__(self, model: Decoder, loss_chunk_tokens: int = 1024) -> None:
+    def __init__(
+        self, model: Decoder, loss_chunk_tokens: int = 1024, compiled_loss: bool = False
+    ) -> None:
         super().__init__()
         self.model = model
         self.loss_chunk_tokens = loss_chunk_tokens
         self.fused_loss = True
         """The loss's gradients made in its forward pass (False: the checkpointed reference)."""
+        self.compiled_loss = compiled_loss
+        """Each chunk's softmax and gradient as one compiled function (with the fused loss)."""
 
     def forward(
-        self, tokens: torch.Tensor, labels: torch.Tensor, packed: PackedSequences
+        self,
+        tokens: torch.Tensor,
+        labels: torch.Tensor,
+        packed: PackedSequences,
+        num_loss_tokens: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum of token losses, load-balancing loss or 0)."""
+        """(sum of token losses, load-balancing loss or 0); `num_loss_tokens`, the labels that
+        are not ignored, spares the loss a wait for the device to count them."""
         self.model.record_router_logits(True)
         hidden = self.model.hidden_states(tokens, packed)
         loss_sum, _ = chunked_cross_entropy(
-            hidden, self.model.lm_head.weight, labels, self.loss_chunk_tokens, self.fused_loss
+            hidden,
+            self.model.lm_head.weight,
+            labels,
+            self.loss_chunk_tokens,
+            self.fused_loss,
+            self.compiled_loss,
+            num_loss_tokens,
         )
         aux = self.model.aux_loss()
         self.model.record_router_logits(False)
@@ -46,7 +61,9 @@ def backward_micro_batches(
     total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].tokens.device)
     for index, batch in enumerate(micro_batches):
         with gradient_sync(objective, index == len(micro_batches) - 1):
-            loss_sum, aux = objective(batch.tokens, batch.labels, batch.packed)
+            loss_sum, aux = objective(
+                batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens
+            )
             loss = loss_sum * scale
             if aux_weight:
                 loss = loss + aux_weight * aux / len(micro_batches)

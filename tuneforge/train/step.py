@@ -11,6 +11,7 @@ from torch import nn
 from tuneforge.config.schema import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
+from tuneforge.models.packed import to_device
 from tuneforge.train.objective import backward_micro_batches
 
 
@@ -34,7 +35,7 @@ def optimizer_step(
     distributed = torch.distributed.is_initialized()
     world_size = torch.distributed.get_world_size() if distributed else 1
     local_tokens = sum(batch.num_loss_tokens for batch in micro_batches)
-    token_total = torch.tensor([float(local_tokens)], dtype=torch.float64, device=device)
+    token_total = to_device(torch.tensor([float(local_tokens)], dtype=torch.float64), device)
     if distributed:
         torch.distributed.all_reduce(token_total)
     scale = (world_size / token_total.clamp(min=1)).float().squeeze(0)
