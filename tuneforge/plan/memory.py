@@ -211,11 +211,15 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     largest_block = max(_block_params(args, layer) for layer in range(args.num_layers))
     moments = [activations + (gradients if persistent else 0.0)]
     below, written = _adapter_casts(setup), sum(layer_gradients) + head_gradient
+    offloaded = setup.checkpointing == "full" and setup.offload_checkpoints
     for layer in range(args.num_layers):
         # this block's backward: the layers below keep theirs, this one is whole (rebuilt if
-        # checkpointed), the layers above have written their gradients
+        # checkpointed), the layers above have written their gradients; offloaded, the input
+        # of the block below is already coming back (prefetched)
+        prefetched = args.dim * setup.param_bytes * tokens if offloaded and layer > 0 else 0.0
         moments.append(
             below
+            + prefetched
             + _layer_bytes(setup, layer, "none") * tokens
             + working_bytes_per_token(args, layer, setup.param_bytes, setup.lora) * tokens
             + (gradients if persistent else written)
