@@ -20,17 +20,27 @@ SHAPES = {
 
 
 def saved_bytes_per_token(
-    args: ModelArgs, dtype: torch.dtype, tokens: int = 256, lora: dict | None = None
+    args: ModelArgs,
+    dtype: torch.dtype,
+    tokens: int = 256,
+    lora: dict | None = None,
+    compile_budget: float | None = None,
 ) -> float:
     """Bytes autograd saves for backward per token in one block's forward (parameters and
     rotary excluded; the slope between `tokens` and twice as many, so that per-step tensors
-    such as the adapters' cast weights do not count); with `lora`, adapters on a frozen base."""
+    such as the adapters' cast weights do not count); with `lora`, adapters on a frozen base;
+    with `compile_budget`, the block compiled as the trainer compiles it, with that budget."""
     from tuneforge.models.decoder import Decoder
+    from tuneforge.train.block_wrappers import compiled
 
     model = Decoder(replace(args, num_layers=1), "sdpa").to(dtype)
     if lora is not None:
         apply_lora(model, lora, None, torch.float32)  # fp32 adapters, as the trainer makes them
     excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    block = model.layers[0]
+    if compile_budget is not None:
+        torch._dynamo.reset()
+        block.forward = compiled(block.forward, compile_budget)
 
     def saved_bytes(count: int) -> int:
         rope = (
@@ -48,7 +58,7 @@ def saved_bytes_per_token(
 
         x = torch.randn(count, args.dim, dtype=dtype, requires_grad=True)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            model.layers[0](x, rope, PackedSequences.from_lengths([count]))
+            block(x, rope, PackedSequences.from_lengths([count]))
         return sum(saved.values())
 
     return (saved_bytes(2 * tokens) - saved_bytes(tokens)) / tokens
@@ -88,6 +98,36 @@ def test_frozen_base_activation_bytes_match_what_autograd_saves(case, dtype):
     predicted = args.activation_bytes_per_token(0, "none", torch.finfo(dtype).bits // 8, lora)
     measured = saved_bytes_per_token(args, dtype, lora={"target_modules": targets, "rank": 16})
     assert predicted == pytest.approx(measured, rel=0.05)
+
+
+COMPILED_CASES = {
+    "dense-all-linear": ("dense", list(LoraShape(16).targets)),
+    "qk_norm-full": ("qk_norm", None),
+    "dense-attention": ("dense", ATTENTION),
+    "moe-attention": ("moe", ATTENTION),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPILED_CASES))
+def test_compiled_block_activation_bytes_match_what_it_saves(case):
+    """A bf16 block compiled as the trainer compiles it: the formula against the tensors its
+    compiled graph saves; with a memory budget of 0.8 the formula is an upper bound."""
+    from tuneforge.models.cost import compiled_activation_bytes_per_token
+
+    shape, targets = COMPILED_CASES[case]
+    args = SHAPES[shape]
+    lora_shape = lora = None
+    if targets is not None:
+        lora_shape, lora = LoraShape(16, tuple(targets)), {"target_modules": targets, "rank": 16}
+    predicted = compiled_activation_bytes_per_token(args, 0, 2, lora_shape)
+    measured = saved_bytes_per_token(args, torch.bfloat16, lora=lora, compile_budget=1.0)
+    assert predicted == pytest.approx(measured, rel=0.02)
+    eager = args.activation_bytes_per_token(0, "none", 2, lora_shape)
+    assert measured < 0.95 * eager
+    if case == "dense-all-linear":
+        bound = compiled_activation_bytes_per_token(args, 0, 2, lora_shape, memory_budget=0.8)
+        within = saved_bytes_per_token(args, torch.bfloat16, lora=lora, compile_budget=0.8)
+        assert 0.8 * bound <= within <= bound
 
 
 def test_lora_parameter_count_matches_the_module():

@@ -8,7 +8,7 @@ bf16 mixed precision of DeepSpeed and others (fp32 master weights, m and v). LoR
 fp32 with their own gradients and optimizer; the frozen base has neither.
 
 Activations come from the model's per-layer cost formulas (by checkpointing mode, frozen or
-training base) for one micro-batch, plus eager attention's score matrices and the loss's
+training base, eager or compiled blocks) for one micro-batch, plus eager attention's score matrices and the loss's
 buffers. Gradients and activations do not peak together: gradients are freed after each
 optimizer step and written during backward while activations are released, so the peak is the
 largest of three moments — the loss (all activations, the loss making its gradients, no
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
     LoraShape,
+    compiled_activation_bytes_per_token,
     layer_lora_params,
     lora_params,
     working_bytes_per_token,
@@ -57,6 +58,9 @@ class Setup:
     """Above 1, gradients stay allocated through the forward of the later micro-batches."""
     loss_chunk_tokens: int = 1024
     """Tokens per chunk of the loss: one chunk's logits exist at a time."""
+    compiled: bool = False
+    """Blocks (and the loss's softmax) compiled: they keep less than eager autograd."""
+    compile_memory_budget: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,12 @@ def _layer_bytes(setup: Setup, layer: int, checkpointing: str) -> float:
     args, b = setup.args, setup.param_bytes
     if checkpointing == "full" and setup.offload_checkpoints:
         return 0.0
-    kept = args.activation_bytes_per_token(layer, checkpointing, b, setup.lora)
+    if checkpointing == "none" and setup.compiled:
+        kept = compiled_activation_bytes_per_token(
+            args, layer, b, setup.lora, setup.compile_memory_budget
+        )
+    else:
+        kept = args.activation_bytes_per_token(layer, checkpointing, b, setup.lora)
     if checkpointing == "none" and setup.attention == "eager":
         kept += args.num_heads * setup.mean_doc_len * (b + 4)  # scores and softmax per head
     return kept
@@ -145,14 +154,14 @@ def _loss_bytes(setup: Setup) -> tuple[float, float, float]:
     """(kept through the step, transient while the loss runs, the output layer's gradient).
     Kept: the final norm's input and the hidden states' gradient, which the loss makes
     in its forward pass. Transient: one chunk of logits in fp32 (and their bf16 product and
-    gradient in a bf16 model). The output layer's gradient when it trains (unsharded under
+    gradient in a bf16 model; compiled, the bf16 logits and gradient only). The output layer's gradient when it trains (unsharded under
     FSDP2 until the root unit reduces it at the end of backward)."""
     args, tokens, b = setup.args, setup.tokens_per_micro_batch, setup.param_bytes
     trainable = setup.lora is None
     norm = args.dim * b + 4
     kept = tokens * (norm + args.dim * b)
     head_gradient = args.vocab_size * args.dim * b if trainable else 0
-    per_logit = 4 + (b if b != 4 else 0)
+    per_logit = 2 * b if setup.compiled else 4 + (b if b != 4 else 0)
     return kept, per_logit * min(tokens, setup.loss_chunk_tokens) * args.vocab_size, head_gradient
 
 

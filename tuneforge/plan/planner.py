@@ -159,6 +159,8 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         platform=hardware.platform,
         grad_accum_steps=config.train.grad_accum_steps,
         loss_chunk_tokens=config.train.loss_chunk_tokens,
+        compiled=config.train.compile,
+        compile_memory_budget=config.train.compile_memory_budget,
     )
 
 
