@@ -139,35 +139,63 @@ def test_offloaded_blocks_keep_only_host_copies():
     assert weight.grad is not None and weight.grad.abs().sum() > 0
 
 
-def test_offloaded_blocks_prefetch_the_previous_input_during_backward():
-    """When block i recomputes in backward, block i-1's input is already on its way back (and
-    nothing else is), and the gradients equal those of the unchained blocks."""
-    from tuneforge.train.offload import OffloadChain, offloaded_checkpoint
+def test_offloaded_blocks_prefetch_the_input_below_once_their_backward_is_queued(monkeypatch):
+    """Block i's backward, once queued, starts the copy back of block i-1's input: before block
+    i's input gradient is handed on (on the GPU the copy then runs during block i's backward
+    kernels); without a chain each input comes back only when its own block recomputes. The
+    gradients are the same."""
+    from tuneforge.train import offload
 
     weights = [torch.nn.Parameter(torch.randn(8, 8) / 3) for _ in range(3)]
     x = torch.randn(4, 8)
+    events = []
+    created = []
+    original_init, original_prefetch = offload.HostCopy.__init__, offload.HostCopy.prefetch
+
+    def init(self, tensor):
+        original_init(self, tensor)
+        created.append(self)
+
+    def prefetch(self):
+        if self.back is None:
+            events.append(f"copy {created.index(self)}")
+        original_prefetch(self)
+
+    monkeypatch.setattr(offload.HostCopy, "__init__", init)
+    monkeypatch.setattr(offload.HostCopy, "prefetch", prefetch)
 
     def chained_gradients(chain):
-        seen = []
+        events.clear()
+        created.clear()
 
         def block(index):
             def run(h):
-                if torch.is_grad_enabled() and chain is not None:  # the recomputation
-                    copies = [ref() for ref in chain.pending]
-                    seen.append((index, [c.prefetched for c in copies if c is not None]))
+                if torch.is_grad_enabled():  # the recomputation in backward
+                    events.append(f"run {index}")
                 return torch.tanh(h @ weights[index])
 
-            return offloaded_checkpoint(run, [weights[index]], chain)
+            return offload.offloaded_checkpoint(run, [weights[index]], chain)
 
-        blocks = [block(index) for index in range(3)]
         h = x
-        for run in blocks:
-            h = run(h)
-        return torch.autograd.grad(h.square().sum(), weights), seen
+        for index in range(3):
+            h = block(index)(h)
+            if index < 2:
+                h.register_hook(lambda grad, index=index: events.append(f"grad {index + 1}"))
+        return torch.autograd.grad(h.square().sum(), weights), list(events)
 
-    expected, _ = chained_gradients(None)
-    got, seen = chained_gradients(OffloadChain())
-    assert seen == [(2, [False, True]), (1, [True]), (0, [])]
+    expected, unchained = chained_gradients(None)
+    got, chained = chained_gradients(offload.OffloadChain())
+    assert unchained == [
+        "copy 2",
+        "run 2",
+        "grad 2",
+        "copy 1",
+        "run 1",
+        "grad 1",
+        "copy 0",
+        "run 0",
+    ]
+    assert chained == ["copy 2", "run 2", "copy 1", "grad 2", "run 1", "copy 0", "grad 1", "run 0"]
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
 

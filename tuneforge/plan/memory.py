@@ -8,8 +8,8 @@ bf16 mixed precision of DeepSpeed and others (fp32 master weights, m and v). LoR
 fp32 with their own gradients and optimizer; the frozen base has neither.
 
 Activations come from the model's per-layer cost formulas (by checkpointing mode, frozen or
-training base, eager or compiled blocks) for one micro-batch, plus eager attention's score matrices and the loss's
-buffers. Gradients and activations do not peak together: gradients are freed after each
+training base, eager or compiled blocks) for one micro-batch, plus eager attention's score
+matrices and the loss's buffers. Gradients and activations do not peak together: gradients are freed after each
 optimizer step and written during backward while activations are released, so the peak is the
 largest of three moments — the loss (all activations, the loss making its gradients, no
 weight gradient yet unless accumulated), a block's backward, and the end of backward — on top
@@ -61,6 +61,7 @@ class Setup:
     compiled: bool = False
     """Blocks (and the loss's softmax) compiled: they keep less than eager autograd."""
     compile_memory_budget: float = 1.0
+    """Below 1, compiled blocks keep at most that share of what they could (an upper bound)."""
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,9 @@ def _loss_bytes(setup: Setup) -> tuple[float, float, float]:
     """(kept through the step, transient while the loss runs, the output layer's gradient).
     Kept: the final norm's input and the hidden states' gradient, which the loss makes
     in its forward pass. Transient: one chunk of logits in fp32 (and their bf16 product and
-    gradient in a bf16 model; compiled, the bf16 logits and gradient only). The output layer's gradient when it trains (unsharded under
-    FSDP2 until the root unit reduces it at the end of backward)."""
+    gradient in a bf16 model; compiled, the bf16 logits and gradient only). The output layer's
+    gradient when it trains (unsharded under FSDP2 until the root unit reduces it at the end of
+    backward)."""
     args, tokens, b = setup.args, setup.tokens_per_micro_batch, setup.param_bytes
     trainable = setup.lora is None
     norm = args.dim * b + 4
@@ -220,15 +222,12 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     largest_block = max(_block_params(args, layer) for layer in range(args.num_layers))
     moments = [activations + (gradients if persistent else 0.0)]
     below, written = _adapter_casts(setup), sum(layer_gradients) + head_gradient
-    offloaded = setup.checkpointing == "full" and setup.offload_checkpoints
     for layer in range(args.num_layers):
         # this block's backward: the layers below keep theirs, this one is whole (rebuilt if
-        # checkpointed), the layers above have written their gradients; offloaded, the input
-        # of the block below is already coming back (prefetched)
-        prefetched = args.dim * setup.param_bytes * tokens if offloaded and layer > 0 else 0.0
+        # checkpointed), the layers above have written their gradients (an offloaded block's
+        # prefetched input arrives after this block's buffers are freed: not counted here)
         moments.append(
             below
-            + prefetched
             + _layer_bytes(setup, layer, "none") * tokens
             + working_bytes_per_token(args, layer, setup.param_bytes, setup.lora) * tokens
             + (gradients if persistent else written)

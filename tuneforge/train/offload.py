@@ -7,9 +7,11 @@ keeping anything; backward brings it back, runs the block again with gradients a
 differentiates it. The block's trainable parameters are inputs of the autograd function, so
 their gradients reach them through autograd's own accumulation (and its hooks).
 
-Blocks offloaded through one `OffloadChain` prefetch: when a block's backward starts, the input
-of the block before it starts its way back on the side stream, so that copy runs during this
-block's recomputation instead of on the compute stream.
+Blocks offloaded through one `OffloadChain` prefetch: when a block's backward has been queued,
+the input of the block below it starts its way back on the side stream, into memory of the
+side stream's own, while the GPU still runs the queued backward. Queued at that moment, after
+the block's own buffers were freed in the allocator's (the host's) order, the prefetched input
+does not add to the step's peak; and the copy leaves the compute stream.
 
 One process only, and no router auxiliary loss: the block's forward runs without gradients, so
 a loss taken from its intermediate values (the MoE router's) would get none.
@@ -33,8 +35,8 @@ def _copy_stream(device: torch.device) -> torch.cuda.Stream:
 
 class HostCopy:
     """`tensor` copied to pinned host memory on a side stream; `prefetch` starts the copy back
-    on the side stream, `restore` returns it on the device (waiting for the copy on the
-    compute stream, not on the host)."""
+    on the side stream, `restore` returns it on the device (the compute stream waits for the
+    copy, the host does not)."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.device, self.event, self.back = tensor.device, None, None
@@ -50,30 +52,26 @@ class HostCopy:
             self.event.record(stream)
         tensor.record_stream(stream)  # the GPU memory is not reused before the copy ends
 
-    @property
-    def prefetched(self) -> bool:
-        return self.back is not None
-
     def prefetch(self) -> None:
         if self.back is not None:
             return
         if self.event is None:
             self.back = self.host
             return
-        compute = torch.cuda.current_stream(self.device)
-        self.back = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
         stream = _copy_stream(self.device)
-        stream.wait_stream(compute)  # `back` may reuse memory the queued compute still reads
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream):  # after the copy to the host, on the same stream
+            self.back = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
             self.back.copy_(self.host, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record(stream)
 
     def restore(self) -> torch.Tensor:
         self.prefetch()
-        if self.event is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.event)
         back, self.back = self.back, None
+        if self.event is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_event(self.event)
+            back.record_stream(compute)  # made on the side stream, freed after compute's use
         return back
 
 
@@ -87,8 +85,8 @@ class OffloadChain:
         self.pending = [ref for ref in self.pending if ref() is not None]
         self.pending.append(weakref.ref(copy))
 
-    def take(self, copy: HostCopy) -> None:
-        """`copy` is being restored: drop it and prefetch the one pushed before it."""
+    def done(self, copy: HostCopy) -> None:
+        """`copy`'s block has queued its backward: drop it, prefetch the one pushed before it."""
         live = [ref for ref in self.pending if ref() is not None and ref() is not copy]
         self.pending = live
         if live:
@@ -111,16 +109,18 @@ class _OffloadedCheckpoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        if ctx.chain is not None:
-            ctx.chain.take(ctx.host)
-        x = ctx.host.restore().detach().requires_grad_(ctx.input_requires_grad)
+        host = ctx.host
         del ctx.host
+        x = host.restore().detach().requires_grad_(ctx.input_requires_grad)
         with torch.random.fork_rng(_rng_devices(x.device)):
             _set_rng_state(x.device, ctx.rng)
             with torch.enable_grad():
                 output = ctx.run(x, *ctx.rest)
         inputs = ([x] if ctx.input_requires_grad else []) + list(ctx.params)
         grads = list(torch.autograd.grad(output, inputs, grad, allow_unused=True))
+        del output, x
+        if ctx.chain is not None:
+            ctx.chain.done(host)
         input_grad = grads.pop(0) if ctx.input_requires_grad else None
         return None, None, input_grad, None, *grads
 
