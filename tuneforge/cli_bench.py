@@ -119,9 +119,15 @@ def _print_line(result: dict) -> None:
         )
     profile = result.get("profile")
     if profile:
-        console.print(f"  GPU busy {profile['gpu_busy_share']:.0%} of the step; top kernels:")
+        # against the unprofiled step: the profiler's own wall time is inflated by its overhead
+        busy, step_ms = profile["gpu_busy_ms_per_step"], result.get("ms_per_step")
+        share = f" ({busy / step_ms:.0%})" if step_ms else ""
+        console.print(f"  kernels {busy:.1f} ms per step{share}; top kernels:")
         for kernel in profile["top_kernels"][:8]:
             console.print(f"    {kernel['ms_per_step']:8.2f} ms  {kernel['kernel'][:90]}")
+        console.print("  most host time (profiled, so inflated):")
+        for op in profile.get("top_host_ops", [])[:5]:
+            console.print(f"    {op['host_ms_per_step']:8.2f} ms  {op['op'][:90]}")
         memory = profile.get("memory")
         if memory:
             console.print(

@@ -90,3 +90,27 @@ def test_a_run_over_its_time_limit_is_stopped_and_reported():
     result = execute(Run("llama3.2-1b-lora", "tuneforge", "eager"), 1, 1, 1, limit_s=0.5)
     assert result["error"] == "stopped after the 0.5 s limit per run"
     assert result["workload"] == "llama3.2-1b-lora"
+
+
+def test_a_profiled_result_is_printed_against_the_unprofiled_step(monkeypatch):
+    """The kernels' time is compared with the step measured without the profiler (whose own
+    wall time it inflates); the host's most expensive operators follow."""
+    from rich.console import Console
+
+    from tuneforge import cli_bench
+
+    console = Console(record=True, width=120)
+    monkeypatch.setattr(cli_bench, "console", console)
+    profile = {
+        "gpu_busy_ms_per_step": 25.0,
+        "wall_ms_per_step": 75.0,
+        "top_kernels": [{"kernel": "nvjet_gemm", "ms_per_step": 6.1, "calls_per_step": 4}],
+        "top_host_ops": [
+            {"op": "tuneforge::matmul_add_low_rank", "host_ms_per_step": 2.0, "calls_per_step": 29}
+        ],
+    }
+    result = {"tokens_per_s": 4096 / 0.03, "ms_per_step": 30.0, "peak_alloc_gib": 8.0, "mfu": 0.3}
+    cli_bench._print_line(result | {"profile": profile})
+    text = console.export_text()
+    assert "kernels 25.0 ms per step (83%)" in text
+    assert "nvjet_gemm" in text and "tuneforge::matmul_add_low_rank" in text
