@@ -34,7 +34,10 @@ def bench_command(
     warmup: Annotated[int, typer.Option(help="Untimed steps first (compilation included).")] = 6,
     out: Annotated[Path, typer.Option(help="Folder for the JSON results.")] = Path("bench/results"),
     profile: Annotated[
-        bool, typer.Option(help="Also profile tuneforge's runs: top kernels, host time, the memory peak.")
+        bool,
+        typer.Option(
+            help="Also profile tuneforge's runs: top kernels, host time, the memory peak."
+        ),
     ] = False,
     run_limit: Annotated[
         float | None,
