@@ -18,15 +18,16 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
             step()
         torch.cuda.synchronize()
     wall_ms = 1e3 * (time.perf_counter() - start) / steps
+    events = profiler.key_averages()
     kernels = [
         (event.key, _device_us(event) / 1e3 / steps, event.count // steps)
-        for event in profiler.key_averages()
+        for event in events
         if _device_us(event) > 0 and event.device_type == torch.autograd.DeviceType.CUDA
     ]
     kernels.sort(key=lambda kernel: -kernel[1])
     host = [
         (event.key, event.self_cpu_time_total / 1e3 / steps, event.count // steps)
-        for event in profiler.key_averages()
+        for event in events
         if event.self_cpu_time_total > 0
     ]
     host.sort(key=lambda op: -op[1])

@@ -82,17 +82,18 @@ class OffloadChain:
         self.pending: list[weakref.ref[HostCopy]] = []
 
     def push(self, copy: HostCopy) -> None:
-        self.pending = [ref for ref in self.pending if ref() is not None]
-        self.pending.append(weakref.ref(copy))
+        self.pending = [*self._live(copy), weakref.ref(copy)]
 
     def done(self, copy: HostCopy) -> None:
         """`copy`'s block has queued its backward: drop it, prefetch the one pushed before it."""
-        live = [ref for ref in self.pending if ref() is not None and ref() is not copy]
-        self.pending = live
-        if live:
-            earlier = live[-1]()
-            if earlier is not None:
-                earlier.prefetch()
+        self.pending = self._live(copy)
+        earlier = self.pending[-1]() if self.pending else None
+        if earlier is not None:
+            earlier.prefetch()
+
+    def _live(self, leaving: HostCopy) -> list[weakref.ref[HostCopy]]:
+        """The copies still held by a graph, but `leaving`."""
+        return [ref for ref in self.pending if ref() is not None and ref() is not leaving]
 
 
 class _OffloadedCheckpoint(torch.autograd.Function):
