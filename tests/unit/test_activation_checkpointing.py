@@ -71,7 +71,7 @@ def test_checkpointed_moe_blocks_keep_nothing_after_backward():
         torch.testing.assert_close(results[1][name], expected, msg=name)
 
 
-def lora_gradients(checkpointing="none", compile=False, offload=False, dropout=0.0):
+def lora_gradients(checkpointing="none", dropout=0.0, **wrap):
     """Gradients of a tiny LoRA model (the first block's input needs no gradient: the
     embedding is frozen) after one backward, and the loss."""
     from tuneforge.models.args import ModelArgs
@@ -89,7 +89,7 @@ def lora_gradients(checkpointing="none", compile=False, offload=False, dropout=0
             torch.nn.init.normal_(
                 module.lora_B, std=0.1, generator=torch.Generator().manual_seed(3)
             )
-    wrap_blocks(model, checkpointing, compile=compile, offload=offload)
+    wrap_blocks(model, checkpointing, **wrap)
     torch.manual_seed(5)  # the dropout masks
     loss = gradients_and_loss(model)
     return loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}

@@ -168,3 +168,31 @@ def test_offloaded_checkpoints_leave_the_block_inputs_off_the_gpu():
     assert not full.fits and offloaded.fits
     assert any("train.offload_checkpoints: true" in advice for advice in full.advice)
     assert not any("offload" in advice for advice in offloaded.advice)
+
+
+def test_blocks_with_offloaded_activations_keep_nothing_on_the_gpu_and_are_not_recomputed():
+    """Llama-3-8B LoRA, compiled: the activations of 8 of 32 blocks in host memory take exactly
+    their kept bytes off the step's activations; with all 32, the peak is full offloaded
+    checkpointing's (nothing kept, one block rebuilt at a time), without its recomputation."""
+    from tuneforge.models.cost import LoraShape, compiled_activation_bytes_per_token
+
+    shape = [
+        "model.name=llama-3-8b",
+        "model.dtype=bfloat16",
+        "data.max_seq_len=4096",
+        "train.tokens_per_micro_batch=4096",
+        "lora.enabled=true",
+        "lora.target_modules=[all-linear]",
+        "train.compile=true",
+    ]
+    hardware = Hardware(gpu="H200", memory_gib=141)
+    plain = plan_run(load_config(DEMO, shape), hardware)
+    eight = plan_run(load_config(DEMO, [*shape, "train.offload_activations=8"]), hardware)
+    block = compiled_activation_bytes_per_token(catalog_shape("llama-3-8b"), 0, 2, LoraShape(16))
+    assert plain.memory.activations - eight.memory.activations == pytest.approx(8 * block * 4096)
+    checkpointed = [*shape, "train.activation_checkpointing=full", "train.offload_checkpoints=true"]
+    offloaded = plan_run(load_config(DEMO, checkpointed), hardware)
+    on_host = plan_run(load_config(DEMO, [*checkpointed, "train.offload_activations=32"]), hardware)
+    assert on_host.memory.allocated == offloaded.memory.allocated
+    assert on_host.step_time_s < offloaded.step_time_s
+    assert on_host.step_time_s == pytest.approx(plain.step_time_s)

@@ -51,6 +51,7 @@ def run_ours(
         compile=settings.compiled,
         offload=settings.offload,
         memory_budget=settings.memory_budget,
+        offload_activations=settings.offload_activations,
     )
     parallel = ParallelSection(
         strategy="fsdp" if world.world_size > 1 else "single",

@@ -26,7 +26,7 @@ class Workload:
     variants: tuple[str, ...] = field(default=("eager", "compiled"))
     """tuneforge runs: `eager` or `compiled` (torch.compile per block), then options joined by
     `+`: `full` or `selective` activation checkpointing, `offload` (their inputs in host
-    memory), `budget0.8` (the compiled graph keeps that share of its activations), `chunk512`
+    memory), `hostN` (N blocks' activations in host memory instead), `budget0.8` (the compiled graph keeps that share of its activations), `chunk512`
     (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2: parameters kept gathered
     after forward, gradients reduced in bf16), `onedoc` (one 4096-token document, as the peers
     see it, instead of packed documents), `fp32lora` (adapter matmuls in fp32)."""
@@ -102,6 +102,7 @@ class Variant:
     compiled: bool
     checkpointing: str = "none"
     offload: bool = False
+    offload_activations: int = 0
     memory_budget: float = 1.0
     loss_chunk_tokens: int = 1024
     zero2: bool = False
@@ -126,10 +127,12 @@ class Variant:
                 settings["memory_budget"] = float(option.removeprefix("budget"))
             elif option.startswith("chunk") and option.removeprefix("chunk").isdigit():
                 settings["loss_chunk_tokens"] = int(option.removeprefix("chunk"))
+            elif option.startswith("host") and option.removeprefix("host").isdigit():
+                settings["offload_activations"] = int(option.removeprefix("host"))
             else:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
-                    "budget<share>, chunk<tokens>, zero2, bf16reduce, onedoc, fp32lora)"
+                    "host<blocks>, budget<share>, chunk<tokens>, zero2, bf16reduce, onedoc, fp32lora)"
                 )
         return cls(**settings)
 

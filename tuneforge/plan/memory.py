@@ -26,7 +26,7 @@ from tuneforge.models.cost import (
     lora_params,
     working_bytes_per_token,
 )
-from tuneforge.train.block_wrappers import checkpointed_blocks
+from tuneforge.train.block_wrappers import checkpointed_blocks, offloaded_blocks
 
 GIB = 2**30
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
@@ -46,6 +46,9 @@ class Setup:
     checkpoint_every: int = 2
     offload_checkpoints: bool = False
     """Checkpointed blocks keep their input in host memory: nothing on the GPU."""
+    offload_activations: int = 0
+    """Blocks whose saved activations wait in host memory: nothing on the GPU between their
+    forward and backward (and each comes back once the block above has done its backward)."""
     attention: str = "flash"
     """`flash` (sdpa/varlen: no score matrix) or `eager`."""
     mean_doc_len: float = 1024.0
@@ -208,8 +211,11 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     checkpointed = set(
         checkpointed_blocks(args.num_layers, setup.checkpointing, setup.checkpoint_every)
     )
+    on_host = set(offloaded_blocks(args.num_layers, setup.offload_activations))
     kept = [
-        _layer_bytes(setup, layer, "full" if layer in checkpointed else "none") * tokens
+        0.0
+        if layer in on_host
+        else _layer_bytes(setup, layer, "full" if layer in checkpointed else "none") * tokens
         for layer in range(args.num_layers)
     ]
     loss_kept, loss_transient, head_gradient = _loss_bytes(setup)

@@ -151,6 +151,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         checkpointing=config.train.activation_checkpointing,
         checkpoint_every=config.train.checkpoint_every,
         offload_checkpoints=config.train.offload_checkpoints,
+        offload_activations=config.train.offload_activations,
         attention=attention,
         mean_doc_len=mean_doc_len,
         data_parallel=hardware.data_parallel,
@@ -324,10 +325,12 @@ def plan_run(
 
 
 def _checkpointed(setup: Setup) -> set[int]:
-    from tuneforge.train.block_wrappers import checkpointed_blocks
+    """The recomputed blocks: those with offloaded activations run once."""
+    from tuneforge.train.block_wrappers import checkpointed_blocks, offloaded_blocks
 
-    return set(
-        checkpointed_blocks(setup.args.num_layers, setup.checkpointing, setup.checkpoint_every)
+    layers = setup.args.num_layers
+    return set(checkpointed_blocks(layers, setup.checkpointing, setup.checkpoint_every)) - set(
+        offloaded_blocks(layers, setup.offload_activations)
     )
 
 

@@ -1,7 +1,8 @@
 """Applied to the model's blocks from outside, before any parallel wrapping: `torch.compile` per
-block and activation checkpointing (every block, or every k-th), optionally with the kept input
-in host memory. The checkpoint wraps the compiled forward, so the recomputation runs compiled
-too. Module names, and so checkpoints, stay unchanged."""
+block, activation checkpointing (every block, or every k-th), optionally with the kept input
+in host memory, and blocks whose saved activations wait in host memory instead. The checkpoint
+wraps the compiled forward, so the recomputation runs compiled too. Module names, and so
+checkpoints, stay unchanged."""
 
 import functools
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from tuneforge.config.schema import TrainSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
+from tuneforge.train.activation_offload import offloaded_activations
 from tuneforge.train.offload import OffloadChain, offloaded_checkpoint
 
 
@@ -26,6 +28,13 @@ def checkpointed_blocks(num_layers: int, mode: str, every: int = 2) -> list[int]
     return []
 
 
+def offloaded_blocks(num_layers: int, count: int) -> list[int]:
+    """Indexes of `count` blocks spread evenly over the model, whose activations wait in host
+    memory (each in the middle of its share of the blocks)."""
+    count = min(count, num_layers)
+    return sorted({int((k + 0.5) * num_layers / count) for k in range(count)})
+
+
 def wrap_blocks(
     model: Decoder,
     checkpointing: str = "none",
@@ -33,15 +42,20 @@ def wrap_blocks(
     compile: bool = False,
     offload: bool = False,
     memory_budget: float = 1.0,
+    offload_activations: int = 0,
 ) -> None:
     """Compile each block's forward (`compile`; the compiled graph keeps at most
-    `memory_budget` of what it could keep for backward), then checkpoint the chosen blocks
-    around it, keeping their inputs in pinned host memory with `offload`."""
+    `memory_budget` of what it could keep for backward); keep the saved activations of
+    `offload_activations` blocks in pinned host memory; checkpoint the chosen blocks among the
+    others around it, keeping their inputs in pinned host memory with `offload`."""
     checkpointed = set(checkpointed_blocks(len(model.layers), checkpointing, every))
+    offloaded = set(offloaded_blocks(len(model.layers), offload_activations))
     chain = OffloadChain()
     for index, layer in enumerate(model.layers):
         forward = compiled(layer.forward, memory_budget) if compile else layer.forward
-        if index in checkpointed and offload:
+        if index in offloaded:
+            forward = offloaded_activations(forward, layer, chain)
+        elif index in checkpointed and offload:
             params = [p for p in layer.parameters() if p.requires_grad]
             forward = offloaded_checkpoint(forward, params, chain)
         elif index in checkpointed:
@@ -66,6 +80,15 @@ def compiled(forward: Callable, memory_budget: float = 1.0) -> Callable:
 
 
 def refuse_unsupported_offload(train: TrainSection, world_size: int, args: ModelArgs) -> None:
+    if train.offload_activations > args.num_layers:
+        raise TuneforgeError(
+            f"train.offload_activations is {train.offload_activations} but the model has "
+            f"{args.num_layers} blocks: lower it"
+        )
+    if train.offload_activations and world_size > 1:
+        raise TuneforgeError(
+            "train.offload_activations runs on one process; drop it with DDP or FSDP"
+        )
     if not train.offload_checkpoints:
         return
     where = "train.offload_checkpoints"

@@ -126,6 +126,7 @@ class Trainer:
             train.compile,
             train.offload_checkpoints,
             train.compile_memory_budget,
+            train.offload_activations,
         )
         self.objective = parallelize(
             NextTokenObjective(self.model, train.loss_chunk_tokens, train.compile),

@@ -23,27 +23,29 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+_COPY_STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 
 
-def _copy_stream(device: torch.device) -> torch.cuda.Stream:
-    stream = _COPY_STREAMS.get(device)
+def _copy_stream(device: torch.device, direction: str) -> torch.cuda.Stream:
+    """One side stream per device and direction, so that copies to the host and back overlap
+    (PCIe moves both ways at once)."""
+    stream = _COPY_STREAMS.get((device, direction))
     if stream is None:
-        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
+        stream = _COPY_STREAMS[device, direction] = torch.cuda.Stream(device)
     return stream
 
 
 class HostCopy:
     """`tensor` copied to pinned host memory on a side stream; `prefetch` starts the copy back
-    on the side stream, `restore` returns it on the device (the compute stream waits for the
-    copy, the host does not)."""
+    on another, `restore` returns it on the device (the compute stream waits for the copy, the
+    host does not)."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.device, self.event, self.back = tensor.device, None, None
         if tensor.device.type != "cuda":
             self.host = tensor.detach().clone()
             return
-        stream = _copy_stream(tensor.device)
+        stream = _copy_stream(tensor.device, "to_host")
         stream.wait_stream(torch.cuda.current_stream(tensor.device))
         with torch.cuda.stream(stream):
             self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -58,8 +60,9 @@ class HostCopy:
         if self.event is None:
             self.back = self.host
             return
-        stream = _copy_stream(self.device)
-        with torch.cuda.stream(stream):  # after the copy to the host, on the same stream
+        stream = _copy_stream(self.device, "to_device")
+        stream.wait_event(self.event)  # after the copy to the host
+        with torch.cuda.stream(stream):
             self.back = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
             self.back.copy_(self.host, non_blocking=True)
             self.event = torch.cuda.Event()
