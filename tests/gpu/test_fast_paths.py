@@ -130,8 +130,10 @@ def test_offloaded_activations_leave_the_gpu_and_come_back_equal(compiled):
     kept_held, expected = checkpointed_step(False, compiled, "none")
     checkpoint_held, _ = checkpointed_step(True, compiled)
     held, got = checkpointed_step(False, compiled, "none", offload_activations=4)
-    assert kept_held > 20 * 2**20 * 4  # tens of MiB per block kept without offloading
-    assert held == pytest.approx(checkpoint_held, abs=8 * 2**20)  # tensors under 1 MiB stay
+    # what the blocks would keep, less what stays (tensors under 1 MiB: adapter ranks, row norms)
+    blocks = kept_held - checkpoint_held
+    assert blocks > 4 * 50 * 2**20, blocks
+    assert held - checkpoint_held < 0.05 * blocks, (held, checkpoint_held, kept_held)
     assert set(got) == set(expected) and len(got) == 4 * 7 * 2
     for name in expected:
         error = (got[name] - expected[name]).norm() / expected[name].norm()

@@ -48,6 +48,14 @@ def test_offload_without_checkpointing():
     assert_clean_failure(result, "train.offload_checkpoints", "activation_checkpointing: full")
 
 
+def test_host_embedding_in_a_full_fine_tune():
+    result = run_cli(
+        "config", "validate", "examples/demo.yaml", "train.offload_embedding=true",
+        "lora.enabled=false",
+    )  # fmt: skip
+    assert_clean_failure(result, "train.offload_embedding", "lora.enabled: true")
+
+
 def test_validate_and_show_a_good_config():
     result = run_cli("config", "validate", "examples/demo.yaml")
     assert result.returncode == 0 and "is valid" in result.stdout

@@ -72,7 +72,8 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
     assert variant.compiled and variant.checkpointing == "full" and variant.offload
     assert variant.memory_budget == 0.8 and variant.loss_chunk_tokens == 512
     assert Variant.parse("eager") == Variant(compiled=False)
-    for bad in ("compiled+offlaod", "fast", "compiled+budget2", "compiled+chunkX"):
+    assert Variant.parse("compiled+full+host10").offload_activations == 10
+    for bad in ("compiled+offlaod", "fast", "compiled+budget2", "compiled+chunkX", "eager+hostX"):
         with pytest.raises(TuneforgeError, match="variant"):
             Variant.parse(bad)
 
@@ -110,7 +111,32 @@ def test_a_profiled_result_is_printed_against_the_unprofiled_step(monkeypatch):
         ],
     }
     result = {"tokens_per_s": 4096 / 0.03, "ms_per_step": 30.0, "peak_alloc_gib": 8.0, "mfu": 0.3}
-    cli_bench._print_line(result | {"profile": profile})
+    cli_bench._print_line(result | {"peak_reserved_gib": 9.5, "profile": profile})
     text = console.export_text()
+    assert "peak 8.00 GiB allocated, 9.50 reserved" in text
     assert "kernels 25.0 ms per step (83%)" in text
     assert "nvjet_gemm" in text and "tuneforge::matmul_add_low_rank" in text
+
+
+def test_an_enforced_cap_holds_the_allocator_to_it(monkeypatch):
+    """With `--enforce-cap` a capped workload's run may reserve no more than the cap, on any GPU
+    size: the allocator's fraction of the device is the cap over the device's memory."""
+    import types
+
+    import torch
+
+    from tuneforge.bench import child
+    from tuneforge.bench.runner import Run
+
+    fractions = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda index: types.SimpleNamespace(total_memory=150 * 2**30),
+    )
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fractions.append)
+    child.enforce_memory_cap(16.7)
+    assert fractions == [pytest.approx(16.7 / 150)]
+    spec = Run("llama3-8b-lora-capped", "unsloth", checkpointing=True).spec(1, 1, False, 16.7)
+    assert spec["memory_cap_gib"] == 16.7

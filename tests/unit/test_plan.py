@@ -196,3 +196,19 @@ def test_blocks_with_offloaded_activations_keep_nothing_on_the_gpu_and_are_not_r
     assert on_host.memory.allocated == offloaded.memory.allocated
     assert on_host.step_time_s < offloaded.step_time_s
     assert on_host.step_time_s == pytest.approx(plain.step_time_s)
+
+
+def test_an_embedding_in_host_memory_leaves_the_gpu():
+    """Llama-3-8B LoRA: the input embedding (128,256 x 4,096 bf16, ~1 GiB) off the GPU."""
+    shape = [
+        "model.name=llama-3-8b",
+        "model.dtype=bfloat16",
+        "data.max_seq_len=4096",
+        "train.tokens_per_micro_batch=4096",
+        "lora.enabled=true",
+    ]
+    hardware = Hardware(gpu="H200", memory_gib=141)
+    plain = plan_run(load_config(DEMO, shape), hardware)
+    hosted = plan_run(load_config(DEMO, [*shape, "train.offload_embedding=true"]), hardware)
+    assert plain.memory.weights - hosted.memory.weights == 128256 * 4096 * 2
+    assert plain.memory.allocated - hosted.memory.allocated == 128256 * 4096 * 2

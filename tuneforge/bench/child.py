@@ -13,6 +13,8 @@ def main(spec: dict) -> dict:
 
     workload = WORKLOADS[spec["workload"]]
     warmup, steps = spec["warmup"], spec["steps"]
+    if spec.get("memory_cap_gib"):
+        enforce_memory_cap(spec["memory_cap_gib"])
     system = spec["system"]
     if system == "tuneforge":
         from tuneforge.bench.ours import run_ours
@@ -28,6 +30,15 @@ def main(spec: dict) -> dict:
 
         return run_unsloth(workload, checkpointing, warmup, steps)
     raise ValueError(f"unknown system {system!r}")
+
+
+def enforce_memory_cap(cap_gib: float) -> None:
+    """The caching allocator may reserve at most `cap_gib` (as on a GPU of that size: past it,
+    it frees its cached blocks, waiting for the GPU, before it gives up)."""
+    import torch
+
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))
 
 
 if __name__ == "__main__":

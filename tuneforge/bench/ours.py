@@ -13,6 +13,7 @@ from tuneforge.models.cost import LoraShape
 from tuneforge.peft.apply import apply_lora
 from tuneforge.train.block_wrappers import wrap_blocks
 from tuneforge.train.distributed import init_distributed, parallelize, strategy_of
+from tuneforge.train.host_embedding import embedding_to_host
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import optimizer_step
@@ -45,6 +46,8 @@ def run_ours(
             "compute_dtype": "float32" if settings.fp32_lora else "model",
         }
         apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
+    if settings.offload_embedding:
+        embedding_to_host(model, world.world_size)
     wrap_blocks(
         model,
         settings.checkpointing,

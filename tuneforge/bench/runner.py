@@ -23,9 +23,12 @@ class Run:
     variant: str = ""
     checkpointing: bool = False
 
-    def spec(self, warmup: int, steps: int, profile: bool = False) -> dict:
+    def spec(
+        self, warmup: int, steps: int, profile: bool = False, memory_cap_gib: float | None = None
+    ) -> dict:
         return {
             "profile": profile and self.system == "tuneforge",
+            "memory_cap_gib": memory_cap_gib,
             "workload": self.workload,
             "system": self.system,
             "variant": self.variant,
@@ -72,9 +75,11 @@ def execute(
     gpus: int,
     profile: bool = False,
     limit_s: float | None = None,
+    memory_cap_gib: float | None = None,
 ) -> dict:
-    """One run in its own process (group: torchrun's workers too), killed after `limit_s`."""
-    spec = run.spec(warmup, steps, profile)
+    """One run in its own process (group: torchrun's workers too), killed after `limit_s`; with
+    `memory_cap_gib`, the process's allocator may hold no more than that."""
+    spec = run.spec(warmup, steps, profile, memory_cap_gib)
     if run.variant.endswith("+1gpu"):
         spec["variant"], gpus = run.variant.removesuffix("+1gpu"), 1
     if gpus > 1:

@@ -26,7 +26,8 @@ class Workload:
     variants: tuple[str, ...] = field(default=("eager", "compiled"))
     """tuneforge runs: `eager` or `compiled` (torch.compile per block), then options joined by
     `+`: `full` or `selective` activation checkpointing, `offload` (their inputs in host
-    memory), `hostN` (N blocks' activations in host memory instead), `budget0.8` (the compiled graph keeps that share of its activations), `chunk512`
+    memory), `hostN` (N blocks' activations in host memory instead), `hostembed` (the frozen
+    input embedding in host memory), `budget0.8` (the compiled graph keeps that share of its activations), `chunk512`
     (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2: parameters kept gathered
     after forward, gradients reduced in bf16), `onedoc` (one 4096-token document, as the peers
     see it, instead of packed documents), `fp32lora` (adapter matmuls in fp32)."""
@@ -103,6 +104,7 @@ class Variant:
     checkpointing: str = "none"
     offload: bool = False
     offload_activations: int = 0
+    offload_embedding: bool = False
     memory_budget: float = 1.0
     loss_chunk_tokens: int = 1024
     zero2: bool = False
@@ -116,7 +118,7 @@ class Variant:
         if mode not in ("eager", "compiled"):
             raise TuneforgeError(f"variant {name!r}: start with eager or compiled")
         settings: dict = {"compiled": mode == "compiled"}
-        flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce",
+        flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce", "hostembed": "offload_embedding",
                  "onedoc": "one_document", "fp32lora": "fp32_lora"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
@@ -132,7 +134,7 @@ class Variant:
             else:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
-                    "host<blocks>, budget<share>, chunk<tokens>, zero2, bf16reduce, onedoc, fp32lora)"
+                    "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, onedoc, fp32lora)"
                 )
         return cls(**settings)
 

@@ -81,6 +81,19 @@ def run_length(train) -> list[tuple[str, str, str]]:
     return problems
 
 
+@rule("train", "lora")
+def host_embedding_is_frozen(train, lora) -> list[tuple[str, str, str]]:
+    if train.offload_embedding and not lora.enabled:
+        return [
+            (
+                "train.offload_embedding",
+                "full fine-tuning trains the embedding, which must then stay on the GPU",
+                "drop it, or train with lora.enabled: true",
+            )
+        ]
+    return []
+
+
 @rule("train", "data")
 def micro_batch_fits_a_sequence(train, data) -> list[tuple[str, str, str]]:
     if train.tokens_per_micro_batch < data.max_seq_len:

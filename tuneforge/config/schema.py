@@ -176,7 +176,9 @@ class TrainSection(Section):
     """With activation checkpointing, keep each checkpointed block's input in pinned host memory
     instead of on the GPU (one process; no MoE router aux loss)."""
     offload_activations: int = Field(0, ge=0)
-    """Blocks, spread evenly, whose saved activations go to pinned host memory in the forward and come back for their backward, instead of staying on the GPU or being recomputed (one process). Each costs its activations' round trip over PCIe (Llama-3-8B, 4,096 tokens: ~0.4 GiB per block, ~8 ms each way), overlapped with compute: with checkpointing, a few blocks save their recomputation at no memory cost."""
+    """Blocks, spread evenly, whose saved activations go to pinned host memory in the forward and come back for their backward, instead of staying on the GPU or being recomputed (one process). Each costs its activations' round trip over PCIe (Llama-3-8B, 4,096 tokens: ~0.4 GiB per block, ~8 ms each way), overlapped with compute: with checkpointing, blocks save their recomputation at no cost in allocated memory (the copy streams' pools add to the reserved memory)."""
+    offload_embedding: bool = False
+    """Keep the frozen input embedding in pinned host memory: each micro-batch's rows are gathered there and copied to the GPU (Llama-3-8B: 1 GiB of weights off the GPU, 32 MiB copied per 4,096 tokens). Needs a frozen, untied embedding (a LoRA run) and one process."""
     compile: bool = False
     """Compile each block with torch.compile, and the loss's softmax and gradient per chunk."""
     compile_memory_budget: float = Field(1.0, gt=0, le=1)

@@ -39,9 +39,12 @@ class PackedBatch:
     def num_real_tokens(self) -> int:
         return self.tokens.numel() - self.num_padding
 
-    def to(self, device: torch.device | str) -> "PackedBatch":
+    def to(
+        self, device: torch.device | str, tokens_to: torch.device | str | None = None
+    ) -> "PackedBatch":
+        """The batch on `device`, its token ids on `tokens_to` if given (where the embedding is)."""
         return PackedBatch(
-            to_device(self.tokens, device),
+            to_device(self.tokens, device if tokens_to is None else tokens_to),
             to_device(self.labels, device),
             self.packed.to(device),
             self.num_loss_tokens,

@@ -15,7 +15,7 @@ from tuneforge.models.attention import BACKENDS
 from tuneforge.models.kv_cache import KVCache, LayerCache
 from tuneforge.models.moe import MoE, load_balancing_loss
 from tuneforge.models.norm import RMSNorm
-from tuneforge.models.packed import PackedSequences
+from tuneforge.models.packed import PackedSequences, to_device
 from tuneforge.models.rope import RotaryEmbedding, apply_rotary
 
 
@@ -119,7 +119,7 @@ class Decoder(nn.Module):
     ) -> torch.Tensor:
         """Final normalised hidden states [T, D] of a flat token stream [T]. With a cache, each
         document continues its cached sequence and is stored in it."""
-        x = self.embed(tokens)
+        x = self.embed_tokens(tokens)
         rope = self.rope(packed.position_ids, x.dtype)
         for index, layer in enumerate(self.layers):
             x = (
@@ -131,8 +131,16 @@ class Decoder(nn.Module):
             cache.advance(packed)
         return self.norm(x)
 
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings on the model's device; an embedding kept in host memory
+        (`train.offload_embedding`) is gathered there, from host ids without a wait."""
+        weight, device = self.embed.weight, self.lm_head.weight.device
+        if weight.device == device:
+            return self.embed(tokens)
+        return to_device(F.embedding(tokens.to(weight.device), weight), device)
+
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        weight = self.embed.weight
+        weight = self.lm_head.weight
         args = self.args
         return KVCache(
             args.num_layers,

@@ -17,7 +17,7 @@ def generate(
     generator: torch.Generator | None = None,
 ) -> list[list[int]]:
     """New tokens for each prompt, ending at (and excluding) the first stop token."""
-    device = model.embed.weight.device
+    device = model.lm_head.weight.device
     lengths = [len(prompt) for prompt in prompts]
     cache = model.new_cache(len(prompts), max(lengths) + max_new_tokens)
     tokens = torch.tensor([t for prompt in prompts for t in prompt], device=device)

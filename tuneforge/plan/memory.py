@@ -47,6 +47,8 @@ class Setup:
     offload_checkpoints: bool = False
     """Checkpointed blocks keep their input in host memory: nothing on the GPU."""
     offload_activations: int = 0
+    offload_embedding: bool = False
+    """The frozen, untied input embedding in host memory: its weights are not on the GPU."""
     """Blocks whose saved activations wait in host memory: nothing on the GPU between their
     forward and backward (and each comes back once the block above has done its backward)."""
     attention: str = "flash"
@@ -122,6 +124,8 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
     if setup.lora is not None:
         adapters = lora_params(args, setup.lora)
         base = total * b
+        if setup.offload_embedding and not args.tie_embeddings:
+            base -= args.vocab_size * args.dim * b
         weights = (base / shard if stage >= 3 else base) + adapters * 4
         gradients = adapters * 4 / (shard if stage >= 2 else 1)
         optimizer = adapters * 8 / (shard if stage >= 1 else 1)

@@ -152,6 +152,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         checkpoint_every=config.train.checkpoint_every,
         offload_checkpoints=config.train.offload_checkpoints,
         offload_activations=config.train.offload_activations,
+        offload_embedding=config.train.offload_embedding,
         attention=attention,
         mean_doc_len=mean_doc_len,
         data_parallel=hardware.data_parallel,

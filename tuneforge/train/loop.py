@@ -38,6 +38,7 @@ from tuneforge.train.distributed import (
 )
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.hardware import memory_stats, peak_tflops
+from tuneforge.train.host_embedding import embedding_to_host
 from tuneforge.train.metrics import MetricsLog, Pace
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer, learning_rate
@@ -119,6 +120,8 @@ class Trainer:
         self.lora_report = self._apply_lora(fresh=checkpoint is None)
         train = config.train
         refuse_unsupported_offload(train, self.world.world_size, self.model.args)
+        if train.offload_embedding:
+            embedding_to_host(self.model, self.world.world_size)
         wrap_blocks(
             self.model,
             train.activation_checkpointing,

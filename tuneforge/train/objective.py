@@ -58,7 +58,7 @@ def backward_micro_batches(
     loss weighted by `aux_weight` and averaged over them; gradients are reduced across ranks on
     the last one only. Returns this rank's sum of token losses, on the device (reading it waits
     for the GPU: the caller does so once per step)."""
-    total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].tokens.device)
+    total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].labels.device)
     for index, batch in enumerate(micro_batches):
         with gradient_sync(objective, index == len(micro_batches) - 1):
             loss_sum, aux = objective(

@@ -27,7 +27,8 @@ def optimizer_step(
     """Run one step at learning rate `lr`; its loss, gradient norm and token counts."""
     for group in optimizer.param_groups:
         group["lr"] = lr
-    micro_batches = [next(batches).to(device) for _ in range(train.grad_accum_steps)]
+    embedding = model.embed.weight.device  # the host with train.offload_embedding
+    micro_batches = [next(batches).to(device, embedding) for _ in range(train.grad_accum_steps)]
     # Normalise by the supervised tokens of the whole step on every rank: any split of the same
     # tokens over micro-batches and ranks gives the same update. DDP and FSDP average gradients
     # over ranks, hence the factor world_size.
