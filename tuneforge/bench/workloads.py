@@ -50,8 +50,8 @@ WORKLOADS = {
             memory_cap_gib=16.7,
             peer_checkpointing=(True,),
             variants=(
-                "compiled+full+offload+budget0.8",
                 "compiled+full+offload+budget0.8+chunk512",
+                "compiled+full+offload+budget0.8+chunk512+host16+hostembed",
             ),
         ),
         Workload(
