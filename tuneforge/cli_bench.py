@@ -138,6 +138,13 @@ def _print_line(result: dict) -> None:
         console.print(f"  kernels {busy:.1f} ms per step{share}; top kernels:")
         for kernel in profile["top_kernels"][:8]:
             console.print(f"    {kernel['ms_per_step']:8.2f} ms  {kernel['kernel'][:90]}")
+        spans = profile.get("timeline")
+        if spans:
+            console.print(
+                f"  timeline per step: compute {spans['compute']:.1f} ms, collectives "
+                f"{spans['collectives']:.1f} ms ({spans['exposed_collectives']:.1f} ms with no "
+                f"compute beside them), idle {spans['idle']:.1f} ms"
+            )
         console.print("  most host time (profiled, so inflated):")
         for op in profile.get("top_host_ops", [])[:5]:
             console.print(f"    {op['host_ms_per_step']:8.2f} ms  {op['op'][:90]}")

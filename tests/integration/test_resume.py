@@ -139,6 +139,19 @@ def test_a_checkpoint_killed_while_written_leaves_the_previous_one(tmp_path, ref
     assert losses(run) == references["full"] and not partial.exists()
 
 
+def test_host_memory_options_train_exactly_like_the_plain_run(tmp_path, references):
+    """`train.offload_activations` through `tuneforge train`: the saved-tensor hooks change
+    nothing in the numbers (on a CPU the tiny blocks' tensors stay under the copy size). The
+    demo model ties its embedding to the output layer: `train.offload_embedding` is refused."""
+    run = tmp_path / "run"
+    finish(cli(run, *MODES["lora"], "train.offload_activations=2"))
+    assert losses(run) == references["lora"]
+    refused = cli(tmp_path / "tied", *MODES["lora"], "train.offload_embedding=true")
+    out, err = refused.communicate(timeout=600)
+    assert refused.returncode == 2 and "Traceback" not in err
+    assert "train.offload_embedding: this model's output layer shares the embedding" in out + err
+
+
 def test_resume_refuses_changed_memory_settings_unless_forced(tmp_path):
     run = tmp_path / "run"
     finish(cli(run, "train.max_steps=4"))

@@ -140,3 +140,20 @@ def test_an_enforced_cap_holds_the_allocator_to_it(monkeypatch):
     assert fractions == [pytest.approx(16.7 / 150)]
     spec = Run("llama3-8b-lora-capped", "unsloth", checkpointing=True).spec(1, 1, False, 16.7)
     assert spec["memory_cap_gib"] == 16.7
+
+
+def test_the_timeline_separates_hidden_and_exposed_collectives_and_idle_time():
+    """Spans in microseconds: compute 0-10 and 12-20 (overlapping kernels 5-8), a collective
+    8-14 (hidden by compute but for 10-12) and one 25-30 (exposed), idle 20-25."""
+    from tuneforge.bench.profile import timeline
+
+    spans = [
+        (0, 10_000, False),
+        (5_000, 8_000, False),
+        (12_000, 20_000, False),
+        (8_000, 14_000, True),
+        (25_000, 30_000, True),
+    ]
+    got = timeline(spans)
+    assert got == {"compute": 18.0, "collectives": 11.0, "exposed_collectives": 7.0, "idle": 5.0}
+    assert timeline([])["idle"] == 0.0

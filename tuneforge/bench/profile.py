@@ -1,6 +1,7 @@
 """Where a step's GPU time goes: the kernels with the most device time over a few profiled
-steps, how busy the GPU was (device time over wall time), and the operators that took the
-most host time (a step that leaves the GPU idle is waiting on them)."""
+steps, how busy the GPU was (device time over wall time), the timeline (compute, collectives
+and how much of them no compute hides, idle time), and the operators that took the most host
+time (a step that leaves the GPU idle is waiting on them)."""
 
 import time
 from collections.abc import Callable
@@ -32,7 +33,13 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
     ]
     host.sort(key=lambda op: -op[1])
     busy_ms = sum(ms for _, ms, _ in kernels)
+    spans = [
+        (event.time_range.start, event.time_range.end, _is_collective(event.name))
+        for event in profiler.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA and _device_us(event) > 0
+    ]
     return {
+        "timeline": {key: ms / steps for key, ms in timeline(spans).items()},
         "wall_ms_per_step": wall_ms,
         "gpu_busy_ms_per_step": busy_ms,
         "gpu_busy_share": busy_ms / wall_ms,
@@ -45,6 +52,43 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
             for name, ms, calls in host[:top]
         ],
     }
+
+
+def _is_collective(name: str) -> bool:
+    return "nccl" in name.lower() or "rccl" in name.lower()
+
+
+def timeline(spans: list[tuple[float, float, bool]]) -> dict[str, float]:
+    """Milliseconds of the GPU timeline from kernel spans (start and end in microseconds, and
+    whether the kernel is a collective): `compute` covered by other kernels, `collectives`
+    covered by collectives, `exposed_collectives` covered by collectives and no compute, `idle`
+    covered by nothing between the first kernel's start and the last one's end."""
+    if not spans:
+        return {"compute": 0.0, "collectives": 0.0, "exposed_collectives": 0.0, "idle": 0.0}
+    compute = _union([(start, end) for start, end, collective in spans if not collective])
+    collectives = _union([(start, end) for start, end, collective in spans if collective])
+    every = _union([(start, end) for start, end, _ in spans])
+    first, last = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
+    return {
+        "compute": _length(compute) / 1e3,
+        "collectives": _length(collectives) / 1e3,
+        "exposed_collectives": (_length(every) - _length(compute)) / 1e3,
+        "idle": (last - first - _length(every)) / 1e3,
+    }
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
 
 
 def _device_us(event) -> float:

@@ -27,10 +27,11 @@ class Workload:
     """tuneforge runs: `eager` or `compiled` (torch.compile per block), then options joined by
     `+`: `full` or `selective` activation checkpointing, `offload` (their inputs in host
     memory), `hostN` (N blocks' activations in host memory instead), `hostembed` (the frozen
-    input embedding in host memory), `budget0.8` (the compiled graph keeps that share of its activations), `chunk512`
-    (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2: parameters kept gathered
-    after forward, gradients reduced in bf16), `onedoc` (one 4096-token document, as the peers
-    see it, instead of packed documents), `fp32lora` (adapter matmuls in fp32)."""
+    input embedding in host memory), `budget0.8` (the compiled graph keeps that share of its
+    activations), `chunk512` (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2:
+    parameters kept gathered after forward, gradients reduced in bf16), `onedoc` (one
+    4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
+    matmuls in fp32)."""
 
 
 WORKLOADS = {
@@ -118,8 +119,9 @@ class Variant:
         if mode not in ("eager", "compiled"):
             raise TuneforgeError(f"variant {name!r}: start with eager or compiled")
         settings: dict = {"compiled": mode == "compiled"}
-        flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce", "hostembed": "offload_embedding",
-                 "onedoc": "one_document", "fp32lora": "fp32_lora"}  # fmt: skip
+        flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce",
+                 "hostembed": "offload_embedding", "onedoc": "one_document",
+                 "fp32lora": "fp32_lora"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
                 settings["checkpointing"] = option
@@ -134,7 +136,8 @@ class Variant:
             else:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
-                    "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, onedoc, fp32lora)"
+                    "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, "
+                    "onedoc, fp32lora)"
                 )
         return cls(**settings)
 

@@ -47,10 +47,10 @@ class Setup:
     offload_checkpoints: bool = False
     """Checkpointed blocks keep their input in host memory: nothing on the GPU."""
     offload_activations: int = 0
-    offload_embedding: bool = False
-    """The frozen, untied input embedding in host memory: its weights are not on the GPU."""
     """Blocks whose saved activations wait in host memory: nothing on the GPU between their
     forward and backward (and each comes back once the block above has done its backward)."""
+    offload_embedding: bool = False
+    """The frozen, untied input embedding in host memory: its weights are not on the GPU."""
     attention: str = "flash"
     """`flash` (sdpa/varlen: no score matrix) or `eager`."""
     mean_doc_len: float = 1024.0
