@@ -4,6 +4,7 @@ tokens per step, in one call; a table, and a JSON file of every run."""
 import contextlib
 import datetime
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -90,6 +91,11 @@ def bench_command(
         "python": platform.python_version(),
         "versions": _versions(),
         "command": " ".join(["tuneforge", *sys.argv[1:]]),
+        "environment": {
+            key: value
+            for key, value in sorted(os.environ.items())
+            if key.startswith("NCCL_") or key == "PYTORCH_CUDA_ALLOC_CONF"
+        },
         "peers_left_out": missing,
         "results": [],
     }

@@ -29,8 +29,8 @@ def test_plan_runs_peers_per_workload():
     assert systems == {"tuneforge", "hf+peft"}  # Unsloth adapts modules, not expert banks
     runs = plan_runs([WORKLOADS["llama3.2-1b-full-fsdp2-2gpu"]], ["hf+peft"])
     assert [run.variant for run in runs] == [
-        "compiled",
         "compiled+zero2+bf16reduce",
+        "compiled+zero2+bf16reduce+nccl8",
         "compiled+1gpu",
     ]
 
@@ -73,7 +73,15 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
     assert variant.memory_budget == 0.8 and variant.loss_chunk_tokens == 512
     assert Variant.parse("eager") == Variant(compiled=False)
     assert Variant.parse("compiled+full+host10").offload_activations == 10
-    for bad in ("compiled+offlaod", "fast", "compiled+budget2", "compiled+chunkX", "eager+hostX"):
+    assert Variant.parse("compiled+zero2+nccl8").nccl_max_channels == 8
+    for bad in (
+        "compiled+offlaod",
+        "fast",
+        "compiled+budget2",
+        "compiled+chunkX",
+        "eager+hostX",
+        "compiled+ncclX",
+    ):
         with pytest.raises(TuneforgeError, match="variant"):
             Variant.parse(bad)
 
@@ -157,3 +165,15 @@ def test_the_timeline_separates_hidden_and_exposed_collectives_and_idle_time():
     got = timeline(spans)
     assert got == {"compute": 18.0, "collectives": 11.0, "exposed_collectives": 7.0, "idle": 5.0}
     assert timeline([])["idle"] == 0.0
+
+
+def test_nccl_channels_are_set_before_the_process_group_starts(monkeypatch):
+    import os
+
+    from tuneforge.train.distributed import init_distributed
+
+    monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
+    init_distributed()
+    assert "NCCL_MAX_NCHANNELS" not in os.environ
+    init_distributed(nccl_max_channels=8)
+    assert os.environ["NCCL_MAX_NCHANNELS"] == "8"

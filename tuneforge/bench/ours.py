@@ -33,7 +33,7 @@ def run_ours(
     workload: Workload, variant: str, warmup: int, steps: int, profile: bool = False
 ) -> dict:
     settings = Variant.parse(variant)
-    world = init_distributed()
+    world = init_distributed(settings.nccl_max_channels)
     torch.manual_seed(0)
     model = load_model(
         workload.shape, num_layers=workload.layers, dtype="bfloat16", device=world.device, seed=0

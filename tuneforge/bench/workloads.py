@@ -29,7 +29,8 @@ class Workload:
     memory), `hostN` (N blocks' activations in host memory instead), `hostembed` (the frozen
     input embedding in host memory), `budget0.8` (the compiled graph keeps that share of its
     activations), `chunk512` (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2:
-    parameters kept gathered after forward, gradients reduced in bf16), `onedoc` (one
+    parameters kept gathered after forward, gradients reduced in bf16), `ncclN` (at most N NCCL
+    channels per collective), `onedoc` (one
     4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
     matmuls in fp32)."""
 
@@ -91,7 +92,7 @@ WORKLOADS = {
             None,
             gpus=2,
             peer_checkpointing=(),
-            variants=("compiled", "compiled+zero2+bf16reduce"),
+            variants=("compiled+zero2+bf16reduce", "compiled+zero2+bf16reduce+nccl8"),
         ),
     )
 }
@@ -112,6 +113,7 @@ class Variant:
     bf16_reduce: bool = False
     one_document: bool = False
     fp32_lora: bool = False
+    nccl_max_channels: int | None = None
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -131,13 +133,15 @@ class Variant:
                 settings["memory_budget"] = float(option.removeprefix("budget"))
             elif option.startswith("chunk") and option.removeprefix("chunk").isdigit():
                 settings["loss_chunk_tokens"] = int(option.removeprefix("chunk"))
+            elif option.startswith("nccl") and option.removeprefix("nccl").isdigit():
+                settings["nccl_max_channels"] = int(option.removeprefix("nccl"))
             elif option.startswith("host") and option.removeprefix("host").isdigit():
                 settings["offload_activations"] = int(option.removeprefix("host"))
             else:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, "
-                    "onedoc, fp32lora)"
+                    "nccl<channels>, onedoc, fp32lora)"
                 )
         return cls(**settings)
 

@@ -32,9 +32,11 @@ class Dist:
         return self.world_size > 1
 
 
-def init_distributed() -> Dist:
-    """Join the process group `torchrun` describes (NCCL on GPUs, gloo on CPU); one process
-    without it."""
+def init_distributed(nccl_max_channels: int | None = None) -> Dist:
+    """Join the process group `torchrun` describes (NCCL on GPUs, gloo on CPU, with at most
+    `nccl_max_channels` channels per collective if given); one process without it."""
+    if nccl_max_channels is not None:
+        os.environ["NCCL_MAX_NCHANNELS"] = str(nccl_max_channels)  # read when NCCL starts
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()

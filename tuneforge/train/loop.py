@@ -100,7 +100,7 @@ class Trainer:
     def setup(self) -> None:
         config = self.config
         self._refuse_unsupported()
-        self.world = init_distributed()
+        self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
         self.strategy = strategy_of(config.parallel, self.world)
         checkpoint = self._prepare_run_dir()
