@@ -19,6 +19,13 @@ from tuneforge.plan.planner import Hardware, jobs_needed, plan_config, plan_run
 from tuneforge.plan.workload import epoch_workload, lengths_after_policy
 
 DEMO = "examples/demo.yaml"
+LLAMA3_8B_LORA = [
+    "model.name=llama-3-8b",
+    "model.dtype=bfloat16",
+    "data.max_seq_len=4096",
+    "train.tokens_per_micro_batch=4096",
+    "lora.enabled=true",
+]
 
 
 def qwen3_8b(*extra: str):
@@ -153,11 +160,7 @@ def test_offloaded_checkpoints_leave_the_block_inputs_off_the_gpu():
     4,096 x 4,096 bf16 values (1 GiB) on the GPU; offloaded, none of them, and the planner says
     so when only that fits."""
     shape = [
-        "model.name=llama-3-8b",
-        "model.dtype=bfloat16",
-        "data.max_seq_len=4096",
-        "train.tokens_per_micro_batch=4096",
-        "lora.enabled=true",
+        *LLAMA3_8B_LORA,
         "lora.target_modules=[all-linear]",
         "train.activation_checkpointing=full",
     ]
@@ -176,15 +179,7 @@ def test_blocks_with_offloaded_activations_keep_nothing_on_the_gpu_and_are_not_r
     checkpointing's (nothing kept, one block rebuilt at a time), without its recomputation."""
     from tuneforge.models.cost import LoraShape, compiled_activation_bytes_per_token
 
-    shape = [
-        "model.name=llama-3-8b",
-        "model.dtype=bfloat16",
-        "data.max_seq_len=4096",
-        "train.tokens_per_micro_batch=4096",
-        "lora.enabled=true",
-        "lora.target_modules=[all-linear]",
-        "train.compile=true",
-    ]
+    shape = [*LLAMA3_8B_LORA, "lora.target_modules=[all-linear]", "train.compile=true"]
     hardware = Hardware(gpu="H200", memory_gib=141)
     plain = plan_run(load_config(DEMO, shape), hardware)
     eight = plan_run(load_config(DEMO, [*shape, "train.offload_activations=8"]), hardware)
@@ -200,15 +195,24 @@ def test_blocks_with_offloaded_activations_keep_nothing_on_the_gpu_and_are_not_r
 
 def test_an_embedding_in_host_memory_leaves_the_gpu():
     """Llama-3-8B LoRA: the input embedding (128,256 x 4,096 bf16, ~1 GiB) off the GPU."""
-    shape = [
-        "model.name=llama-3-8b",
-        "model.dtype=bfloat16",
-        "data.max_seq_len=4096",
-        "train.tokens_per_micro_batch=4096",
-        "lora.enabled=true",
-    ]
+    shape = LLAMA3_8B_LORA
     hardware = Hardware(gpu="H200", memory_gib=141)
     plain = plan_run(load_config(DEMO, shape), hardware)
     hosted = plan_run(load_config(DEMO, [*shape, "train.offload_embedding=true"]), hardware)
     assert plain.memory.weights - hosted.memory.weights == 128256 * 4096 * 2
     assert plain.memory.allocated - hosted.memory.allocated == 128256 * 4096 * 2
+
+
+def test_the_planner_suggests_the_host_embedding_when_only_that_fits():
+    shape = [
+        *LLAMA3_8B_LORA,
+        "lora.target_modules=[all-linear]",
+        "train.activation_checkpointing=full",
+        "train.offload_checkpoints=true",
+    ]
+    hardware = Hardware(gpu="H200", memory_gib=16.5)
+    plan = plan_run(load_config(DEMO, shape), hardware)
+    hosted = plan_run(load_config(DEMO, [*shape, "train.offload_embedding=true"]), hardware)
+    assert not plan.fits and hosted.fits
+    assert any("train.offload_embedding: true" in advice for advice in plan.advice)
+    assert not any("offload_embedding" in advice for advice in hosted.advice)

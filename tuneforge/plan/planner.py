@@ -17,6 +17,7 @@ from tuneforge.models.catalog import CATALOG, catalog_shape
 from tuneforge.models.cost import LoraShape
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import read_hf_config
+from tuneforge.plan.advice import MemoryOptions, advise
 from tuneforge.plan.memory import GIB, Memory, Setup, predict_memory
 from tuneforge.plan.workload import Workload, epoch_workload, lengths_after_policy
 from tuneforge.train.distributed import reshard_after_forward
@@ -260,11 +261,16 @@ def plan_run(
     stage, stage_advice = zero_stage_advice(args, hardware.data_parallel)
     from dataclasses import replace
 
-    without = predict_memory(replace(setup, checkpointing="none")).total / GIB
-    with_full = predict_memory(replace(setup, checkpointing="full")).total / GIB
-    offloaded = replace(setup, checkpointing="full", offload_checkpoints=True)
-    with_offload = predict_memory(offloaded).total / GIB
-    needs_checkpointing = without > capacity >= with_full
+    options = MemoryOptions(
+        without_checkpointing=predict_memory(replace(setup, checkpointing="none")).total / GIB,
+        full_checkpointing=predict_memory(replace(setup, checkpointing="full")).total / GIB,
+        offloaded_checkpoints=predict_memory(
+            replace(setup, checkpointing="full", offload_checkpoints=True)
+        ).total
+        / GIB,
+        embedding_on_host=predict_memory(replace(setup, offload_embedding=True)).total / GIB,
+    )
+    needs_checkpointing = options.without_checkpointing > capacity >= options.full_checkpointing
     peak = PEAK_TFLOPS.get(hardware.gpu, PEAK_TFLOPS["H100"]) * 1e12
     mfu = hardware.mfu or DEFAULT_MFU
     if epoch is not None:
@@ -321,7 +327,7 @@ def plan_run(
                 f"checkpoint.save_steps={save_steps} exceeds the ~{steps_per_job} steps one job "
                 f"can do: set it to at most {max(1, steps_per_job // 2)}"
             )
-    _advise(plan, config, hardware, stage, without, (with_full, with_offload))
+    advise(plan, config, hardware, stage, options)
     return plan
 
 
@@ -333,54 +339,6 @@ def _checkpointed(setup: Setup) -> set[int]:
     return set(checkpointed_blocks(layers, setup.checkpointing, setup.checkpoint_every)) - set(
         offloaded_blocks(layers, setup.offload_activations)
     )
-
-
-def _advise(
-    plan: Plan,
-    config: RunConfig,
-    hardware: Hardware,
-    stage: int,
-    without: float,
-    checkpointed: tuple[float, float],
-) -> None:
-    """`checkpointed`: the total with full checkpointing, and with its inputs offloaded."""
-    capacity = plan.gpu_memory_gib
-    with_full, with_offload = checkpointed
-    total = plan.memory.total / GIB
-    if not plan.fits:
-        plan.problems.append(
-            f"predicted {total:.1f} GiB per GPU exceeds the {capacity:.0f} GiB of a {hardware.gpu}"
-        )
-    if plan.gradient_checkpointing_needed and config.train.activation_checkpointing == "none":
-        plan.advice.append(
-            f"activation checkpointing is needed: {without:.1f} GiB without it, {with_full:.1f} GiB "
-            "with train.activation_checkpointing: full"
-        )
-    if (
-        not plan.fits
-        and hardware.data_parallel == 1
-        and not config.train.offload_checkpoints
-        and with_full > capacity >= with_offload
-    ):
-        plan.advice.append(
-            f"full checkpointing with its inputs in host memory fits: {with_offload:.1f} GiB with "
-            "train.activation_checkpointing: full and train.offload_checkpoints: true"
-        )
-    if hardware.data_parallel > 1 and plan.zero_stage not in (0, stage):
-        plan.advice.append(f"the report's choice here is {plan.zero_stage_advice}")
-    if plan.largest_micro_batch_tokens < config.train.tokens_per_micro_batch:
-        plan.advice.append(
-            f"the largest micro-batch that fits is about {plan.largest_micro_batch_tokens} tokens "
-            "(train.tokens_per_micro_batch); keep the global batch with grad_accum_steps"
-        )
-    if (
-        plan.suggested_max_seq_len is not None
-        and plan.suggested_max_seq_len < config.data.max_seq_len
-    ):
-        plan.advice.append(
-            f"99% of the records fit in {plan.suggested_max_seq_len} tokens: "
-            f"data.max_seq_len={plan.suggested_max_seq_len} is enough"
-        )
 
 
 def plan_config(

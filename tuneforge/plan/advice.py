@@ -1,0 +1,79 @@
+"""What the planner tells the user to change: the problems of a plan and the settings that
+would make it fit (checkpointing, host memory, ZeRO stage, micro-batch, sequence length)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tuneforge.plan.memory import GIB
+
+if TYPE_CHECKING:
+    from tuneforge.config import RunConfig
+    from tuneforge.plan.planner import Hardware, Plan
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """Total GiB per GPU of the planned run with one memory setting changed."""
+
+    without_checkpointing: float
+    full_checkpointing: float
+    offloaded_checkpoints: float
+    """Full checkpointing with the blocks' inputs in host memory."""
+    embedding_on_host: float
+    """The frozen, untied input embedding in host memory (equal to the plan where it cannot be)."""
+
+
+def advise(
+    plan: Plan, config: RunConfig, hardware: Hardware, stage: int, options: MemoryOptions
+) -> None:
+    capacity = plan.gpu_memory_gib
+    total = plan.memory.total / GIB
+    train = config.train
+    if not plan.fits:
+        plan.problems.append(
+            f"predicted {total:.1f} GiB per GPU exceeds the {capacity:.0f} GiB of a {hardware.gpu}"
+        )
+    if plan.gradient_checkpointing_needed and train.activation_checkpointing == "none":
+        plan.advice.append(
+            f"activation checkpointing is needed: {options.without_checkpointing:.1f} GiB without "
+            f"it, {options.full_checkpointing:.1f} GiB with train.activation_checkpointing: full"
+        )
+    one_process = hardware.data_parallel == 1
+    if (
+        not plan.fits
+        and one_process
+        and not train.offload_checkpoints
+        and options.full_checkpointing > capacity >= options.offloaded_checkpoints
+    ):
+        plan.advice.append(
+            "full checkpointing with its inputs in host memory fits: "
+            f"{options.offloaded_checkpoints:.1f} GiB with train.activation_checkpointing: full "
+            "and train.offload_checkpoints: true"
+        )
+    if (
+        not plan.fits
+        and one_process
+        and not train.offload_embedding
+        and options.embedding_on_host <= capacity
+    ):
+        plan.advice.append(
+            f"the frozen embedding in host memory fits: {options.embedding_on_host:.1f} GiB with "
+            "train.offload_embedding: true"
+        )
+    if hardware.data_parallel > 1 and plan.zero_stage not in (0, stage):
+        plan.advice.append(f"the report's choice here is {plan.zero_stage_advice}")
+    if plan.largest_micro_batch_tokens < train.tokens_per_micro_batch:
+        plan.advice.append(
+            f"the largest micro-batch that fits is about {plan.largest_micro_batch_tokens} tokens "
+            "(train.tokens_per_micro_batch); keep the global batch with grad_accum_steps"
+        )
+    if (
+        plan.suggested_max_seq_len is not None
+        and plan.suggested_max_seq_len < config.data.max_seq_len
+    ):
+        plan.advice.append(
+            f"99% of the records fit in {plan.suggested_max_seq_len} tokens: "
+            f"data.max_seq_len={plan.suggested_max_seq_len} is enough"
+        )
