@@ -126,3 +126,17 @@ def test_a_block_below_comes_back_once_the_block_above_reached_its_input(offload
     assert events == ["unpack 2", "prefetch 1", "unpack 1", "prefetch 0", "unpack 0"]
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
+
+
+def test_offloaded_activations_refused_where_they_cannot_work():
+    from tuneforge.config.schema import TrainSection
+    from tuneforge.errors import TuneforgeError
+    from tuneforge.models.args import ModelArgs
+    from tuneforge.train.block_wrappers import refuse_unsupported_offload
+
+    args = ModelArgs(vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48)
+    refuse_unsupported_offload(TrainSection(max_steps=1, offload_activations=2), 1, args)
+    with pytest.raises(TuneforgeError, match="model has 2 blocks"):
+        refuse_unsupported_offload(TrainSection(max_steps=1, offload_activations=3), 1, args)
+    with pytest.raises(TuneforgeError, match="offload_activations runs on one process"):
+        refuse_unsupported_offload(TrainSection(max_steps=1, offload_activations=1), 2, args)

@@ -85,17 +85,11 @@ def refuse_unsupported_offload(train: TrainSection, world_size: int, args: Model
             f"train.offload_activations is {train.offload_activations} but the model has "
             f"{args.num_layers} blocks: lower it"
         )
-    if train.offload_activations and world_size > 1:
+    for name in ("offload_activations", "offload_checkpoints"):
+        if getattr(train, name) and world_size > 1:
+            raise TuneforgeError(f"train.{name} runs on one process; drop it with DDP or FSDP")
+    if train.offload_checkpoints and args.moe is not None and args.moe.router_aux_loss_coef > 0:
         raise TuneforgeError(
-            "train.offload_activations runs on one process; drop it with DDP or FSDP"
-        )
-    if not train.offload_checkpoints:
-        return
-    where = "train.offload_checkpoints"
-    if world_size > 1:
-        raise TuneforgeError(f"{where} runs on one process; drop it with DDP or FSDP")
-    if args.moe is not None and args.moe.router_aux_loss_coef > 0:
-        raise TuneforgeError(
-            f"{where} cannot carry the gradient of the MoE router's aux loss: drop it and "
-            "keep plain checkpointing for this model"
+            "train.offload_checkpoints cannot carry the gradient of the MoE router's aux loss: "
+            "drop it and keep plain checkpointing for this model"
         )
