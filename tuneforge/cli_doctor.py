@@ -132,7 +132,8 @@ def env(as_json: JsonOption = False) -> None:
         markup=False,
     )
     console.print(
-        f"varlen attention: {report.varlen_attention}, flex attention: {report.flex_attention}"
+        f"attention (auto): {report.attention_backend}; varlen attention: "
+        f"{report.varlen_attention}, flex attention: {report.flex_attention}"
     )
     console.print(f"NCCL/RCCL variables: {report.collective_env or 'none'}", markup=False)
     console.print(

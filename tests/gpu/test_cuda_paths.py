@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tests.helpers import save_tiny_model
+from tuneforge.models import flash4
 from tuneforge.models.args import MoEArgs
 from tuneforge.models.attention import resolve_backend, sdpa_attention, varlen_attention
 from tuneforge.models.moe import MoE
@@ -13,8 +14,9 @@ pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
 
 
-def test_auto_picks_varlen_on_this_gpu():
-    assert resolve_backend("auto", CUDA) == "varlen"
+def test_auto_picks_the_fastest_backend_installed_here():
+    expected = "flash4" if flash4.available(CUDA) else "varlen"
+    assert resolve_backend("auto", CUDA) == expected
 
 
 @pytest.mark.parametrize("kv_heads", [8, 2])

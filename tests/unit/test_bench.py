@@ -74,6 +74,8 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
     assert Variant.parse("eager") == Variant(compiled=False)
     assert Variant.parse("compiled+full+host10").offload_activations == 10
     assert Variant.parse("compiled+zero2+nccl8").nccl_max_channels == 8
+    assert Variant.parse("compiled+varlen").attention == "varlen"
+    assert Variant.parse("compiled").attention == "auto"
     for bad in (
         "compiled+offlaod",
         "fast",

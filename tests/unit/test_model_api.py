@@ -86,3 +86,26 @@ def test_truncated_safetensors_file_is_named(tmp_path):
     weights.write_bytes(weights.read_bytes()[:5000])
     with pytest.raises(CheckpointError, match=r"model\.safetensors"):
         tuneforge.load_model(tmp_path)
+
+
+def test_flash4_attention_asked_for_where_it_cannot_run_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"flash-attn-4.*model\.attention"):
+        tuneforge.load_model("demo-tiny", attention="flash4")
+
+
+def test_flash4_operators_report_their_output_shapes_without_running():
+    """What a compiled graph sees of the kernels: outputs shaped like q and the log-sum-exp
+    [heads, tokens] in fp32; gradients shaped like q, k and v (GQA: k and v have fewer heads)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tuneforge.models import flash4
+
+    with FakeTensorMode():
+        q = torch.empty(700, 8, 128, dtype=torch.bfloat16)
+        k = v = torch.empty(700, 2, 128, dtype=torch.bfloat16)
+        cu = torch.tensor([0, 300, 700], dtype=torch.int32)
+        out, lse = flash4.flash4_forward(q, k, v, cu, 400)
+        dq, dk, dv = flash4.flash4_backward(out, q, k, v, out, lse, cu, 400)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert lse.shape == (8, 700) and lse.dtype == torch.float32
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)

@@ -36,7 +36,12 @@ def run_ours(
     world = init_distributed(settings.nccl_max_channels)
     torch.manual_seed(0)
     model = load_model(
-        workload.shape, num_layers=workload.layers, dtype="bfloat16", device=world.device, seed=0
+        workload.shape,
+        num_layers=workload.layers,
+        dtype="bfloat16",
+        device=world.device,
+        attention=settings.attention,
+        seed=0,
     )
     if workload.targets is not None:
         lora = {

@@ -30,7 +30,8 @@ class Workload:
     input embedding in host memory), `budget0.8` (the compiled graph keeps that share of its
     activations), `chunk512` (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2:
     parameters kept gathered after forward, gradients reduced in bf16), `ncclN` (at most N NCCL
-    channels per collective), `onedoc` (one
+    channels per collective), `flash4`, `varlen` or `sdpa` (the attention backend; default: what
+    `auto` picks), `onedoc` (one
     4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
     matmuls in fp32)."""
 
@@ -114,6 +115,7 @@ class Variant:
     one_document: bool = False
     fp32_lora: bool = False
     nccl_max_channels: int | None = None
+    attention: str = "auto"
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -127,6 +129,8 @@ class Variant:
         for option in options:
             if option in ("full", "selective"):
                 settings["checkpointing"] = option
+            elif option in ("flash4", "varlen", "sdpa"):
+                settings["attention"] = option
             elif option in flags:
                 settings[flags[option]] = True
             elif option.startswith("budget") and _is_share(option.removeprefix("budget")):
@@ -141,7 +145,7 @@ class Variant:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, "
-                    "nccl<channels>, onedoc, fp32lora)"
+                    "nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora)"
                 )
         return cls(**settings)
 

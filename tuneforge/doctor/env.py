@@ -9,6 +9,9 @@ from pathlib import Path
 
 import torch
 
+from tuneforge.models import flash4
+from tuneforge.models.attention import resolve_backend
+
 SMALL_CACHE_GIB = 50.0
 ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
@@ -25,6 +28,8 @@ class EnvReport:
     """From a probe allocation on the GPU; None without one."""
     varlen_attention: bool = False
     flex_attention: bool = False
+    attention_backend: str = "sdpa"
+    """What `model.attention: auto` runs here."""
     collective_env: dict[str, str] = field(default_factory=dict)
     hf_home: str = ""
     hf_home_free_gib: float | None = None
@@ -82,6 +87,17 @@ def inspect_environment() -> EnvReport:
         )
     report.varlen_attention = _module_has("torch.nn.attention.varlen", "varlen_attn")
     report.flex_attention = _module_has("torch.nn.attention.flex_attention", "flex_attention")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    report.attention_backend = resolve_backend("auto", device)
+    if (
+        platform == "cuda"
+        and report.attention_backend != "flash4"
+        and torch.cuda.get_device_capability()[0] in flash4.SUPPORTED_MAJORS
+    ):
+        report.warnings.append(
+            "this GPU runs FlashAttention-4's kernels, faster than PyTorch's own: "
+            "pip install flash-attn-4 (model.attention: auto then picks it)"
+        )
     report.collective_env = {
         k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "RCCL_", "FI_", "GLOO_"))
     }

@@ -1,6 +1,7 @@
 """Causal attention over packed documents: no token attends across a document boundary.
 
 Backends, all taking q [T, H, D] and k, v [T, H_kv, D]:
+- `flash4`: FlashAttention-4's kernels for Hopper and Blackwell (`flash-attn-4`, optional), GQA native;
 - `varlen`: flash kernels through `torch.nn.attention.varlen.varlen_attn` (CUDA), GQA native;
 - `sdpa`: `scaled_dot_product_attention` once per document;
 - `eager`: the explicit softmax(q kᵀ / √d) v per document, the reference.
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from tuneforge.models import flash4
 from tuneforge.models.packed import PackedSequences
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,14 @@ def _varlen_parameters() -> set[str]:
     return set(inspect.signature(varlen_attn).parameters)
 
 
+def flash4_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+) -> torch.Tensor:
+    return flash4.flash4_forward(q, k, v, packed.cu_seqlens, packed.max_seqlen)[0]
+
+
 BACKENDS: dict[str, AttentionFn] = {
+    "flash4": flash4_attention,
     "varlen": varlen_attention,
     "sdpa": sdpa_attention,
     "eager": eager_attention,
@@ -93,7 +102,17 @@ def varlen_available(device: torch.device) -> bool:
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
-    """The backend that will run: `auto` becomes `varlen` where it works, else `sdpa`."""
+    """The backend that will run: `auto` becomes `flash4` where its package is installed and the
+    GPU is one it supports, else `varlen` where that works, else `sdpa`. `flash4` asked for where
+    it cannot run is an error, not a silent fallback."""
+    if name == "flash4" and not flash4.available(device):
+        raise ValueError(
+            "attention 'flash4' needs the flash-attn-4 package and a CUDA GPU of compute "
+            "capability 9.x or 10.x (Hopper, Blackwell); install it (pip install flash-attn-4) "
+            "or set model.attention to auto"
+        )
     if name != "auto":
         return name
+    if flash4.available(device):
+        return "flash4"
     return "varlen" if varlen_available(device) else "sdpa"

@@ -1,0 +1,146 @@
+"""Kernel timings behind the Llama-3-8B LoRA step, one GPU: attention backends over a packed
+step (forward + backward, checked against PyTorch's flash varlen: FlashAttention-4 where
+installed, cuDNN through nested tensors) and the block's GEMMs run separately or
+fused (q, k, v as one; gate and up as one). `python bench/kernel_probe.py`."""
+
+import traceback
+
+import numpy as np
+import torch
+
+from tuneforge.bench.batches import document_lengths
+from tuneforge.models.packed import PackedSequences
+
+TOKENS, HEADS, KV_HEADS, HEAD_DIM, DIM, FFN = 4096, 32, 8, 128, 4096, 14336
+
+
+def median_ms(fn, repeats: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def flash_varlen(q, k, v, packed):
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu = packed.cu_seqlens
+    return varlen_attn(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen, window_size=(-1, 0))
+
+
+def cudnn_nested(q, k, v, packed):
+    """cuDNN through SDPA on nested jagged tensors: [B, j, H, D] transposed to [B, H, j, D]."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    groups = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+    offsets = packed.cu_seqlens.long()
+    nested = [
+        torch.nested.nested_tensor_from_jagged(t, offsets, max_seqlen=packed.max_seqlen).transpose(
+            1, 2
+        )
+        for t in (q, k, v)
+    ]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = torch.nn.functional.scaled_dot_product_attention(*nested, is_causal=True)
+    return out.transpose(1, 2).values()
+
+
+def flash4_varlen(q, k, v, packed):
+    from tuneforge.models.attention import flash4_attention
+
+    return flash4_attention(q, k, v, packed)
+
+
+def probe_attention() -> None:
+    lengths = document_lengths(TOKENS, np.random.default_rng(0))
+    packed = PackedSequences.from_lengths(lengths, "cuda")
+    pairs = sum(n * (n + 1) // 2 for n in lengths)
+    flops = 4 * HEADS * HEAD_DIM * pairs * 3.5  # forward 2 GEMMs, backward 5 (2.5x)
+    print(f"attention: {len(lengths)} documents, max {max(lengths)}, {flops / 1e9:.0f} GFLOP")
+    gen = torch.Generator("cuda").manual_seed(0)
+    q = torch.randn(TOKENS, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(TOKENS, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn_like(k)
+    grad = torch.randn_like(q)
+    reference = None
+    for name, fn in (
+        ("flash varlen", flash_varlen),
+        ("flash4", flash4_varlen),
+        ("cudnn nested", cudnn_nested),
+    ):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        try:
+            out = fn(*leaves, packed)
+            out.backward(grad)
+        except Exception as error:  # report and go on: this is a probe
+            print(f"  {name}: failed: {type(error).__name__}: {str(error)[:300]}")
+            traceback.print_exc(limit=-3)
+            continue
+        results = [out.detach()] + [t.grad.clone() for t in leaves]
+        if reference is None:
+            reference = results
+        errors = [
+            (a.float() - b.float()).abs().max().item()
+            for a, b in zip(results, reference, strict=True)
+        ]
+
+        def step(fn=fn, leaves=leaves):
+            fn(*leaves, packed).backward(grad)
+
+        forward_ms = median_ms(lambda fn=fn, leaves=leaves: fn(*leaves, packed))
+        total_ms = median_ms(step)
+        print(
+            f"  {name}: forward {forward_ms:.3f} ms, forward+backward {total_ms:.3f} ms "
+            f"({flops / total_ms / 1e9:.0f} TFLOP/s); max |diff| out/dq/dk/dv vs flash "
+            + " ".join(f"{e:.3g}" for e in errors)
+        )
+
+
+def print_rows(name: str, rows: dict, flops: float) -> None:
+    for row, fn in rows.items():
+        ms = median_ms(fn)
+        print(f"  {name} {row}: {ms:.3f} ms ({flops / ms / 1e9:.0f} TFLOP/s)")
+
+
+def probe_fusion(name: str, x: torch.Tensor, outs: tuple[int, ...]) -> None:
+    weights = [torch.randn(n, DIM, device="cuda", dtype=torch.bfloat16) / 64 for n in outs]
+    fused = torch.cat(weights)
+    grads = [torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16) for n in outs]
+    fused_grad = torch.cat(grads, dim=1)
+    rows = {
+        "forward, separate": lambda: [x @ w.T for w in weights],
+        "forward, fused": lambda: x @ fused.T,
+        "input grad, separate": lambda: sum(g @ w for g, w in zip(grads, weights, strict=True)),
+        "input grad, fused": lambda: fused_grad @ fused,
+    }
+    print_rows(name, rows, 2 * TOKENS * DIM * sum(outs))
+
+
+def probe_single(name: str, n: int, k: int) -> None:
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 64
+    a = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16)
+    print_rows(name, {"forward": lambda: a @ w.T, "input grad": lambda: g @ w}, 2 * TOKENS * n * k)
+
+
+def probe_gemms() -> None:
+    x = torch.randn(TOKENS, DIM, device="cuda", dtype=torch.bfloat16)
+    probe_fusion("q,k,v", x, (DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM))
+    probe_fusion("gate,up", x, (FFN, FFN))
+    probe_single("o", DIM, DIM)
+    probe_single("down", DIM, FFN)
+
+
+if __name__ == "__main__":
+    print(torch.__version__, torch.cuda.get_device_name(), "cudnn", torch.backends.cudnn.version())
+    probe_attention()
+    print("GEMMs (bf16, 4,096 tokens):")
+    probe_gemms()
