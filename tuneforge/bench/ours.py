@@ -16,7 +16,7 @@ from tuneforge.train.distributed import init_distributed, parallelize, strategy_
 from tuneforge.train.host_embedding import embedding_to_host
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
-from tuneforge.train.step import optimizer_step
+from tuneforge.train.step import StepResult, optimizer_step
 
 DISTINCT_BATCHES = 4
 
@@ -85,10 +85,17 @@ def run_ours(
         for index in range(DISTINCT_BATCHES)
     ]
     counter = iter(range(10**9))
+    queued: list[StepResult] = []
 
     def step() -> None:
+        """As the trainer's loop: a step's numbers are read once the next step is queued."""
         batch = batches[next(counter) % len(batches)]
-        optimizer_step(objective, model, optimizer, iter([batch]), train, 1e-4, world.device)
+        result = optimizer_step(
+            objective, model, optimizer, iter([batch]), train, 1e-4, world.device
+        )
+        if queued:
+            queued.pop().get()
+        queued.append(result)
 
     result = time_steps(step, warmup, steps)
     if profile:

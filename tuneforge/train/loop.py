@@ -53,8 +53,9 @@ from tuneforge.train.run_dir import (
     memory_settings,
     prepare_run_dir,
 )
-from tuneforge.train.step import optimizer_step
-from tuneforge.train.time_budget import Deadline, StopSignals, find_deadline, time_needed_to_stop
+from tuneforge.train.step import HostValues, StepResult, optimizer_step
+from tuneforge.train.stopping import STOP_REASONS, agree_on_stop, local_stop_code
+from tuneforge.train.time_budget import StopSignals, find_deadline
 
 log = logging.getLogger(__name__)
 
@@ -302,11 +303,44 @@ class Trainer:
         nonfinite_in_row = 0
         lora_shape = self.lora_report.shape(self.config.lora) if self.config.lora.enabled else None
         batches = iter(self.loader)
+        # A step's numbers are read once the next step is queued, so the GPU never waits for
+        # the host between steps; a step that the loop acts on (evaluation, checkpoint, stop,
+        # the last one) is read before anything else is queued.
+        # A step's time runs from the previous step's numbers read (or its own start, when
+        # nothing was queued before it) to its own numbers read: in steady state, the period.
+        pending: tuple[StepResult, int] | None = None
+        agreed_stop: HostValues | None = None
+        last_read = time.perf_counter()
+
+        def finish(queued: tuple[StepResult, int]) -> None:
+            nonlocal nonfinite_in_row, last_read
+            result, step = queued[0].get(), queued[1]
+            step_s, last_read = time.perf_counter() - last_read, time.perf_counter()
+            pace.add(step_s)
+            self.tokens_seen += result["tokens"]
+            if not result["finite"]:
+                self.nonfinite_steps += 1
+                nonfinite_in_row += 1
+                log.warning("step %d: non-finite loss or gradient norm; update skipped", step)
+            else:
+                nonfinite_in_row = 0
+            elapsed = self.elapsed_before + time.time() - started
+            record = self._record(step, result, step_s, elapsed, pace, checkpoint_s, lora_shape)
+            summary.steps, summary.final_loss = step, result["loss"]
+            summary.skipped_steps = self.nonfinite_steps
+            if self.metrics is not None and (
+                step % config.logging.log_steps == 0 or step == self.total_steps
+            ):
+                self.metrics.write(record)
+            if on_step:
+                on_step(record)
+
         self.objective.train()
         with StopSignals() as signals:
             while self.step < self.total_steps:
-                step_start = time.perf_counter()
-                result = optimizer_step(
+                if pending is None:
+                    last_read = time.perf_counter()
+                queued = optimizer_step(
                     self.objective,
                     self.model,
                     self.optimizer,
@@ -316,42 +350,47 @@ class Trainer:
                     self.device,
                 )
                 self.step += 1
-                step_s = time.perf_counter() - step_start
-                pace.add(step_s)
-                self.tokens_seen += result["tokens"]
-                if not result["finite"]:
-                    self.nonfinite_steps += 1
-                    nonfinite_in_row += 1
-                    log.warning(
-                        "step %d: non-finite loss or gradient norm; update skipped", self.step
-                    )
-                else:
-                    nonfinite_in_row = 0
-                elapsed = self.elapsed_before + time.time() - started
-                record = self._record(result, step_s, elapsed, pace, checkpoint_s, lora_shape)
-                summary.steps, summary.final_loss = self.step, result["loss"]
-                summary.skipped_steps = self.nonfinite_steps
-                if self.metrics is not None and (
-                    self.step % config.logging.log_steps == 0 or self.step == self.total_steps
-                ):
-                    self.metrics.write(record)
-                if on_step:
-                    on_step(record)
-                if self.step == config.logging.projection_step and self.world.is_main:
-                    for level, line in project(
-                        self.step, self.total_steps, elapsed, pace, deadline, started, config
-                    ):
-                        log.log(level, line)
-                if (
+                if pending is not None:
+                    finish(pending)
+                pending = (queued, self.step)
+                save_steps = config.checkpoint.save_steps
+                periodic = save_steps is not None and self.step % save_steps == 0
+                evaluating = bool(
                     self.eval_batches
                     and train.eval_steps
                     and self.step % train.eval_steps == 0
                     and self.step < self.total_steps
-                ):
+                )
+                scheduled = (
+                    periodic
+                    or evaluating
+                    or train.on_nonfinite == "stop"
+                    or self.step in (self.total_steps, config.logging.projection_step)
+                )
+                if scheduled:
+                    finish(pending)
+                    pending = None
+                code = local_stop_code(
+                    config, signals, deadline, pace, checkpoint_s, nonfinite_in_row
+                )
+                if dist.is_initialized():  # every rank stops at the same step
+                    code, agreed_stop = agree_on_stop(code, agreed_stop, scheduled, self.device)
+                if code and pending is not None:
+                    finish(pending)
+                    pending = None
+                    if not dist.is_initialized():  # the step just read may add a reason
+                        code = local_stop_code(
+                            config, signals, deadline, pace, checkpoint_s, nonfinite_in_row
+                        )
+                if self.step == config.logging.projection_step and self.world.is_main:
+                    elapsed = self.elapsed_before + time.time() - started
+                    for level, line in project(
+                        self.step, self.total_steps, elapsed, pace, deadline, started, config
+                    ):
+                        log.log(level, line)
+                if evaluating:
                     evaluate(self.step)
-                stop = self._stop_reason(signals, deadline, pace, checkpoint_s, nonfinite_in_row)
-                save_steps = config.checkpoint.save_steps
-                periodic = save_steps is not None and self.step % save_steps == 0
+                stop = STOP_REASONS[code]
                 if self.step < self.total_steps and (periodic or stop in ("time limit", "signal")):
                     _, seconds = save_checkpoint(
                         self.run_dir,
@@ -373,6 +412,7 @@ class Trainer:
 
     def _record(
         self,
+        step: int,
         result: dict[str, Any],
         step_s: float,
         elapsed: float,
@@ -383,9 +423,9 @@ class Trainer:
         tokens_per_s = result["tokens"] / step_s
         flops = training_flops_per_token(self.model.args, round(result["mean_doc_len"]), lora_shape)
         tflops = tokens_per_s * flops / self.world.world_size / 1e12
-        eta = pace.eta_s(self.total_steps - self.step)
+        eta = pace.eta_s(self.total_steps - step)
         record = {
-            "step": self.step,
+            "step": step,
             "loss": result["loss"],
             "lr": result["lr"],
             "grad_norm": result["grad_norm"],
@@ -402,35 +442,6 @@ class Trainer:
             "nonfinite_steps": self.nonfinite_steps,
         }
         return record | memory_stats(self.device)
-
-    def _stop_reason(
-        self,
-        signals: StopSignals,
-        deadline: Deadline,
-        pace: Pace,
-        checkpoint_s: float | None,
-        nonfinite_in_row: int,
-    ) -> str | None:
-        """Why to stop after this step, agreed by every rank (the most urgent reason wins)."""
-        train = self.config.train
-        code = 0
-        if nonfinite_in_row and (
-            train.on_nonfinite == "stop" or nonfinite_in_row >= train.max_nonfinite_steps
-        ):
-            code = 3
-        elif signals.received is not None:
-            code = 2
-        elif deadline.at is not None:
-            step_s = pace.steady_step_s or 0.0
-            needed = time_needed_to_stop(step_s, checkpoint_s, self.config.checkpoint.exit_margin_s)
-            remaining = deadline.remaining()
-            if remaining is not None and remaining < needed:
-                code = 1
-        if dist.is_initialized():
-            flag = torch.tensor([code], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            code = int(flag.item())
-        return {0: None, 1: "time limit", 2: "signal", 3: "non-finite"}[code]
 
     def save(self) -> Path | None:
         """The final weights (or adapter); marks the run finished."""

@@ -1,5 +1,6 @@
 """One optimizer step: forward and backward of its micro-batches, the loss normalised by the
-supervised tokens of the whole step on every rank, clipping, and the update unless non-finite."""
+supervised tokens of the whole step on every rank, clipping, and the update unless non-finite —
+queued without waiting for the GPU where the optimizer can skip a non-finite update itself."""
 
 import math
 from collections.abc import Iterator
@@ -23,8 +24,9 @@ def optimizer_step(
     train: TrainSection,
     lr: float,
     device: torch.device,
-) -> dict[str, Any]:
-    """Run one step at learning rate `lr`; its loss, gradient norm and token counts."""
+) -> "StepResult":
+    """Queue one step at learning rate `lr`; its loss, gradient norm and token counts come with
+    `get()` on the result."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     embedding = model.embed.weight.device  # the host with train.offload_embedding
@@ -48,31 +50,86 @@ def optimizer_step(
     max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    # One wait for the GPU per step: the loss and the norm read together (with the token
-    # counts, summed over ranks by the same all-reduce as the loss).
     counts = [
         float(sum(b.num_real_tokens for b in micro_batches)),
         float(sum(b.packed.cu_seqlens.numel() - 1 for b in micro_batches)),
     ]
     totals = local_loss.reshape(1)
-    if distributed:
+    if distributed:  # the token counts summed over ranks by the same all-reduce as the loss
         totals = torch.cat([totals, torch.tensor(counts, dtype=torch.float64, device=device)])
         torch.distributed.all_reduce(totals)
     norm = norm.detach().reshape(1).to(torch.float64)
-    values = torch.cat([totals, norm, token_total]).tolist()
-    loss_sum, *reduced, grad_norm, step_tokens = values
-    real, documents = reduced or counts
-    loss = loss_sum / max(step_tokens, 1)
-    finite = math.isfinite(loss) and math.isfinite(grad_norm)
-    if finite:
+    result = StepResult(values_to_host(torch.cat([totals, norm, token_total])), lr, counts)
+    if skips_on_device(optimizer):
+        # The update is skipped by the optimizer's kernel when the loss or the norm is not
+        # finite, so nothing waits for the GPU here: the host goes on to queue the next step.
+        optimizer.found_inf = _not_finite(totals[0], norm[0], params)
+        optimizer.step()
+    elif result.get()["finite"]:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {
-        "loss": loss,
-        "lr": lr,
-        "grad_norm": grad_norm,
-        "finite": finite,
-        "tokens": int(real),
-        "loss_tokens": int(step_tokens),
-        "mean_doc_len": real / max(documents, 1),
-    }
+    return result
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Fused Adam and AdamW take a `found_inf` flag and skip their update (step count too)."""
+    return bool(optimizer.defaults.get("fused"))
+
+
+def _not_finite(loss_sum: torch.Tensor, norm: torch.Tensor, params: list) -> torch.Tensor:
+    flag = (~(torch.isfinite(loss_sum) & torch.isfinite(norm))).float()
+    if params and hasattr(params[0], "device_mesh"):  # FSDP2: the optimizer sees DTensors
+        from torch.distributed.tensor import DTensor, Replicate
+
+        mesh = params[0].device_mesh
+        flag = DTensor.from_local(flag, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return flag
+
+
+HostValues = tuple[torch.Tensor, "torch.cuda.Event | None"]
+
+
+def values_to_host(values: torch.Tensor) -> HostValues:
+    """`values` on their way to host memory, and the event that says they arrived: reading them
+    waits for the GPU only up to this point of its queue."""
+    if values.device.type != "cuda":
+        return values, None
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
+
+
+def read_host_values(values: HostValues) -> list:
+    host, ready = values
+    if ready is not None:
+        ready.synchronize()
+    return host.tolist()
+
+
+class StepResult:
+    """A queued step's loss, gradient norm and token counts. `get()` waits for the GPU only up to
+    the end of that step's backward (the update may still run), so the trainer reads a step's
+    numbers after queueing the next one: the GPU never idles between steps."""
+
+    def __init__(self, values: HostValues, lr: float, counts: list[float]) -> None:
+        self._values = values
+        self._lr, self._counts = lr, counts
+        self._resolved: dict[str, Any] | None = None
+
+    def get(self) -> dict[str, Any]:
+        if self._resolved is None:
+            loss_sum, *reduced, grad_norm, step_tokens = read_host_values(self._values)
+            real, documents = reduced or self._counts
+            loss = loss_sum / max(step_tokens, 1)
+            self._resolved = {
+                "loss": loss,
+                "lr": self._lr,
+                "grad_norm": grad_norm,
+                "finite": math.isfinite(loss) and math.isfinite(grad_norm),
+                "tokens": int(real),
+                "loss_tokens": int(step_tokens),
+                "mean_doc_len": real / max(documents, 1),
+            }
+        return self._resolved
