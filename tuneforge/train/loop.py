@@ -305,9 +305,9 @@ class Trainer:
         batches = iter(self.loader)
         # A step's numbers are read once the next step is queued, so the GPU never waits for
         # the host between steps; a step that the loop acts on (evaluation, checkpoint, stop,
-        # the last one) is read before anything else is queued.
-        # A step's time runs from the previous step's numbers read (or its own start, when
-        # nothing was queued before it) to its own numbers read: in steady state, the period.
+        # the last one) is read before anything else is queued. A step's time runs from the
+        # previous step's numbers read (or its own start, when nothing was queued before it)
+        # to its own numbers read: in steady state, the period.
         pending: tuple[StepResult, int] | None = None
         agreed_stop: HostValues | None = None
         last_read = time.perf_counter()
@@ -315,7 +315,8 @@ class Trainer:
         def finish(queued: tuple[StepResult, int]) -> None:
             nonlocal nonfinite_in_row, last_read
             result, step = queued[0].get(), queued[1]
-            step_s, last_read = time.perf_counter() - last_read, time.perf_counter()
+            now = time.perf_counter()
+            step_s, last_read = now - last_read, now
             pace.add(step_s)
             self.tokens_seen += result["tokens"]
             if not result["finite"]:

@@ -21,6 +21,11 @@ MEMORY_SETTINGS = (
     ("train", "activation_checkpointing"),
     ("train", "checkpoint_every"),
     ("train", "tokens_per_micro_batch"),
+    ("train", "loss_chunk_tokens"),
+    ("train", "offload_checkpoints"),
+    ("train", "offload_activations"),
+    ("train", "offload_embedding"),
+    ("train", "compile_memory_budget"),
     ("data", "max_seq_len"),
     ("model", "dtype"),
     ("precision", "fp8"),
@@ -41,11 +46,12 @@ def is_finished(run_dir: Path) -> bool:
 
 
 def changed_settings(saved: dict[str, Any], config: RunConfig) -> list[str]:
-    """`key: old -> new` for every memory-critical setting that differs from the saved run's."""
+    """`key: old -> new` for every memory-critical setting that differs from the saved run's
+    (a setting the saved run did not record yet is not compared)."""
     return [
-        f"{key}: {saved.get(key)!r} -> {value!r}"
+        f"{key}: {saved[key]!r} -> {value!r}"
         for key, value in memory_settings(config).items()
-        if saved.get(key) != value
+        if key in saved and saved[key] != value
     ]
 
 

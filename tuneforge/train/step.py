@@ -72,8 +72,9 @@ def optimizer_step(
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Fused Adam and AdamW take a `found_inf` flag and skip their update (step count too)."""
-    return bool(optimizer.defaults.get("fused"))
+    """Fused Adam and AdamW take a `found_inf` flag and skip their update (step count too). Read
+    per group: a resumed optimizer state brings its groups' settings along."""
+    return all(group.get("fused") for group in optimizer.param_groups)
 
 
 def _not_finite(loss_sum: torch.Tensor, norm: torch.Tensor, params: list) -> torch.Tensor:
