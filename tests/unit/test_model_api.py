@@ -109,3 +109,21 @@ def test_flash4_operators_report_their_output_shapes_without_running():
     assert out.shape == q.shape and out.dtype == torch.bfloat16
     assert lse.shape == (8, 700) and lse.dtype == torch.float32
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+
+
+def test_auto_attention_picks_by_dtype_and_head_size(monkeypatch):
+    """On a GPU where both flash backends run: bf16 with a head size the kernels take gets
+    FlashAttention-4, float32 (which no flash kernel takes) gets SDPA, a head size over 256 too."""
+    from tuneforge.models import attention, flash4
+
+    monkeypatch.setattr(flash4, "available", lambda device: True)
+    monkeypatch.setattr(flash4, "supports", lambda head_dim, device: head_dim <= 256)
+    monkeypatch.setattr(attention, "varlen_available", lambda device: True)
+    gpu = torch.device("cuda")
+    assert attention.resolve_backend("auto", gpu, torch.bfloat16, 128) == "flash4"
+    assert attention.resolve_backend("auto", gpu, torch.float32, 128) == "sdpa"
+    assert attention.resolve_backend("auto", gpu, torch.bfloat16, 512) == "sdpa"
+    monkeypatch.setattr(flash4, "supports", lambda head_dim, device: head_dim <= 128)
+    assert attention.resolve_backend("auto", gpu, torch.float16, 256) == "varlen"
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        attention.resolve_backend("flash4", gpu, torch.float32, 128)

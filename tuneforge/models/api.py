@@ -38,8 +38,10 @@ def load_model(
     random weights (normal, `init_std`). `dtype` defaults to the checkpoint's own (bfloat16 for
     catalog shapes). The attention backend that runs is `model.attention_backend`."""
     target = torch.device(device) if device is not None else torch.device("cpu")
-    backend = resolve_backend(attention, target)
+    if attention != "auto":
+        resolve_backend(attention, target)  # one that cannot run here fails before loading
     dtype_name = _dtype_name(dtype)
+    backend = "sdpa"  # until the dtype and head size are known
     path = Path(path_or_shape)
     if path.is_dir():
         hf_config = read_hf_config(path)
@@ -58,6 +60,9 @@ def load_model(
         raise FileNotFoundError(
             f"{path_or_shape} is neither a model directory nor a catalog shape ({', '.join(CATALOG)})"
         )
+    model.set_attention_backend(
+        resolve_backend(attention, target, model.embed.weight.dtype, model.args.head_dim)
+    )
     return model.to(target)
 
 

@@ -101,18 +101,27 @@ def varlen_available(device: torch.device) -> bool:
     return True
 
 
-def resolve_backend(name: str, device: torch.device) -> str:
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
+FLASH_MAX_HEAD_DIM = 256
+
+
+def resolve_backend(
+    name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128
+) -> str:
     """The backend that will run: `auto` becomes `flash4` where its package is installed and the
-    GPU is one it supports, else `varlen` where that works, else `sdpa`. `flash4` asked for where
-    it cannot run is an error, not a silent fallback."""
-    if name == "flash4" and not flash4.available(device):
+    GPU, dtype and head size are ones it takes, else `varlen` where that works, else `sdpa`.
+    `flash4` asked for where it cannot run is an error, not a silent fallback."""
+    flash_ok = dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM
+    if name == "flash4" and not (flash4.available(device) and flash_ok):
         raise ValueError(
-            "attention 'flash4' needs the flash-attn-4 package and a CUDA GPU of compute "
-            "capability 9.x or 10.x (Hopper, Blackwell); install it (pip install flash-attn-4) "
-            "or set model.attention to auto"
+            "attention 'flash4' needs the flash-attn-4 package, a CUDA GPU of compute "
+            "capability 9.x or 10.x (Hopper, Blackwell) and bfloat16 or float16 weights; install "
+            "it (pip install flash-attn-4) or set model.attention to auto"
         )
     if name != "auto":
         return name
-    if flash4.available(device):
+    if not flash_ok:
+        return "sdpa"
+    if flash4.available(device) and flash4.supports(head_dim, device):
         return "flash4"
     return "varlen" if varlen_available(device) else "sdpa"

@@ -20,6 +20,14 @@ def _interface():
     return importlib.import_module(PACKAGE)
 
 
+def supports(head_dim: int, device: torch.device) -> bool:
+    """Head sizes the kernels take: multiples of 8, up to 256 on Hopper, up to 128 (or 256) on
+    Blackwell."""
+    major = torch.cuda.get_device_capability(device)[0]
+    largest = 256 if major == 9 else 128
+    return head_dim % 8 == 0 and (8 <= head_dim <= largest or head_dim == 256)
+
+
 def available(device: torch.device) -> bool:
     if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
         return False
