@@ -151,6 +151,14 @@ def _print_line(result: dict) -> None:
                 f"{spans['collectives']:.1f} ms ({spans['exposed_collectives']:.1f} ms with no "
                 f"compute beside them), idle {spans['idle']:.1f} ms"
             )
+        gaps = profile.get("idle_gaps")
+        if gaps:
+            bins = ", ".join(f"{key} {ms:.1f} ms" for key, ms in gaps["ms_per_step"].items())
+            console.print(f"  idle gaps per step ({gaps['count_per_step']:.0f}): {bins}; longest:")
+            for gap in gaps["longest"][:5]:
+                console.print(
+                    f"    {gap['ms']:8.3f} ms  after {gap['after'][:40]} before {gap['before'][:40]}"
+                )
         console.print("  most host time (profiled, so inflated):")
         for op in profile.get("top_host_ops", [])[:5]:
             console.print(f"    {op['host_ms_per_step']:8.2f} ms  {op['op'][:90]}")

@@ -169,6 +169,28 @@ def test_the_timeline_separates_hidden_and_exposed_collectives_and_idle_time():
     assert timeline([])["idle"] == 0.0
 
 
+def test_idle_gaps_are_binned_by_length_with_the_kernels_around_the_longest():
+    """Over two steps: a 5 µs gap, a 50 µs one (after an overlapping pair, so measured from the
+    later end) and a 300 µs one."""
+    from tuneforge.bench.profile import idle_gaps
+
+    kernels = [
+        (0, 100, "a"),
+        (105, 200, "b"),
+        (150, 400, "c"),
+        (180, 300, "d"),
+        (450, 500, "e"),
+        (800, 900, "f"),
+    ]
+    got = idle_gaps(kernels, steps=2)
+    assert got["ms_per_step"] == pytest.approx(
+        {"under_10us": 0.0025, "10_to_100us": 0.025, "over_100us": 0.15}
+    )
+    assert got["count_per_step"] == 1.5
+    assert got["longest"][0] == {"ms": 0.3, "after": "e", "before": "f"}
+    assert got["longest"][1] == {"ms": 0.05, "after": "c", "before": "e"}
+
+
 def test_nccl_channels_are_set_before_the_process_group_starts(monkeypatch):
     import os
 

@@ -30,8 +30,14 @@ def lora_shape(workload: Workload) -> LoraShape | None:
 
 
 def run_ours(
-    workload: Workload, variant: str, warmup: int, steps: int, profile: bool = False
+    workload: Workload,
+    variant: str,
+    warmup: int,
+    steps: int,
+    profile: bool = False,
+    host_profiler=None,
 ) -> dict:
+    """`host_profiler` (a `cProfile.Profile`) runs over the timed steps only."""
     settings = Variant.parse(variant)
     world = init_distributed(settings.nccl_max_channels)
     torch.manual_seed(0)
@@ -97,7 +103,7 @@ def run_ours(
             queued.pop().get()
         queued.append(result)
 
-    result = time_steps(step, warmup, steps)
+    result = time_steps(step, warmup, steps, host_profiler)
     if profile:
         from tuneforge.bench.profile import peak_breakdown, profile_steps
 

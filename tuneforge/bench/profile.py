@@ -33,13 +33,15 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
     ]
     host.sort(key=lambda op: -op[1])
     busy_ms = sum(ms for _, ms, _ in kernels)
-    spans = [
-        (event.time_range.start, event.time_range.end, _is_collective(event.name))
+    named = [
+        (event.time_range.start, event.time_range.end, event.name)
         for event in profiler.events()
         if event.device_type == torch.autograd.DeviceType.CUDA and _device_us(event) > 0
     ]
+    spans = [(start, end, _is_collective(name)) for start, end, name in named]
     return {
         "timeline": {key: ms / steps for key, ms in timeline(spans).items()},
+        "idle_gaps": idle_gaps(named, steps),
         "wall_ms_per_step": wall_ms,
         "gpu_busy_ms_per_step": busy_ms,
         "gpu_busy_share": busy_ms / wall_ms,
@@ -74,6 +76,33 @@ def timeline(spans: list[tuple[float, float, bool]]) -> dict[str, float]:
         "collectives": _length(collectives) / 1e3,
         "exposed_collectives": (_length(every) - _length(compute)) / 1e3,
         "idle": (last - first - _length(every)) / 1e3,
+    }
+
+
+def idle_gaps(kernels: list[tuple[float, float, str]], steps: int, top: int = 12) -> dict:
+    """Where the GPU waits: idle milliseconds per step by gap length (a launch-bound stream
+    has many short gaps, a host wait a few long ones) and the longest gaps with the kernels
+    on either side (start and end in microseconds)."""
+    ordered = sorted(kernels)
+    gaps: list[tuple[float, str, str]] = []
+    busy_until, last_name = None, ""
+    for start, end, name in ordered:
+        if busy_until is not None and start > busy_until:
+            gaps.append((start - busy_until, last_name, name))
+        if busy_until is None or end >= busy_until:
+            busy_until, last_name = end, name
+    bins = {"under_10us": 0.0, "10_to_100us": 0.0, "over_100us": 0.0}
+    for length, _, _ in gaps:
+        key = "under_10us" if length < 10 else "10_to_100us" if length < 100 else "over_100us"
+        bins[key] += length / 1e3 / steps
+    longest = sorted(gaps, key=lambda gap: -gap[0])[:top]
+    return {
+        "ms_per_step": bins,
+        "count_per_step": len(gaps) / steps,
+        "longest": [
+            {"ms": round(length / 1e3, 3), "after": before[:80], "before": after[:80]}
+            for length, before, after in longest
+        ],
     }
 
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 import torch
 
 
-def time_steps(step: Callable[[], None], warmup: int, steps: int) -> dict:
-    """On a CPU (the tests) each step is timed on the host clock and the peaks are 0."""
+def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=None) -> dict:
+    """On a CPU (the tests) each step is timed on the host clock and the peaks are 0.
+    `host_profiler` (a `cProfile.Profile`) is enabled over the timed steps."""
     cuda = torch.cuda.is_available()
     synchronize = torch.cuda.synchronize if cuda else lambda: None
     for _ in range(warmup):
@@ -22,6 +23,8 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int) -> dict:
         torch.cuda.reset_peak_memory_stats()
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
     host_marks = []
+    if host_profiler is not None:
+        host_profiler.enable()
     start = time.perf_counter()
     for index in range(steps):
         host_marks.append(time.perf_counter())
@@ -32,6 +35,8 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int) -> dict:
         marks[-1].record()
     synchronize()
     wall = time.perf_counter() - start
+    if host_profiler is not None:
+        host_profiler.disable()
     host_marks.append(time.perf_counter())
     if cuda:
         durations = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(marks)]
