@@ -76,7 +76,7 @@ def _varlen_parameters() -> set[str]:
 def flash4_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
 ) -> torch.Tensor:
-    return flash4.Flash4Attention.apply(q, k, v, packed.cu_seqlens, packed.max_seqlen)
+    return flash4.flash4_forward(q, k, v, packed.cu_seqlens, packed.max_seqlen)[0]
 
 
 BACKENDS: dict[str, AttentionFn] = {

@@ -2,8 +2,8 @@
 `flash-attn-4` package), which use Hopper's and Blackwell's own instructions (wgmma, TMA)
 where the flash kernels PyTorch ships do not (bench/RESULTS.md has the two side by side).
 
-The kernels are wrapped as two operators with known output shapes, so a compiled block treats
-each as one opaque call, and an autograd function pairs the forward with its backward. The package is
+The kernels are wrapped as two custom operators, so a compiled block treats them as one opaque
+call with known output shapes, and autograd pairs the forward with its backward. The package is
 optional: `available()` says whether it imports and the GPU is one it supports (SM 9.x, 10.x)."""
 
 import functools
@@ -40,18 +40,8 @@ def available(device: torch.device) -> bool:
     return True
 
 
-OPERATORS = torch.library.Library("tuneforge", "FRAGMENT")
-OPERATORS.define(
-    "flash4_forward(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, int max_seqlen) "
-    "-> (Tensor, Tensor)"
-)
-OPERATORS.define(
-    "flash4_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-    "Tensor cu_seqlens, int max_seqlen) -> (Tensor, Tensor, Tensor)"
-)
-
-
-def _forward(
+@torch.library.custom_op("tuneforge::flash4_forward", mutates_args=())
+def flash4_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Output [T, H, D] and the softmax's log-sum-exp [H, T] (fp32) for the backward."""
@@ -64,7 +54,14 @@ def _forward(
     return out, lse
 
 
-def _backward(
+@flash4_forward.register_fake
+def _(q, k, v, cu_seqlens, max_seqlen):
+    out = q.new_empty(*q.shape[:-1], v.shape[-1])
+    return out, q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("tuneforge::flash4_backward", mutates_args=())
+def flash4_backward(
     grad_out: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -84,37 +81,22 @@ def _backward(
     return dq, dk, dv
 
 
-# Registered through the dispatcher directly rather than `torch.library.custom_op`, whose
-# Python wrappers cost tens of microseconds per call; autograd pairs them in `Flash4Attention`.
-OPERATORS.impl("flash4_forward", _forward, "CompositeExplicitAutograd")
-OPERATORS.impl("flash4_backward", _backward, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("tuneforge::flash4_forward")
-def _(q, k, v, cu_seqlens, max_seqlen):
-    out = q.new_empty(*q.shape[:-1], v.shape[-1])
-    return out, q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
-
-
-@torch.library.register_fake("tuneforge::flash4_backward")
+@flash4_backward.register_fake
 def _(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-flash4_forward = torch.ops.tuneforge.flash4_forward.default
-flash4_backward = torch.ops.tuneforge.flash4_backward.default
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_seqlens, max_seqlen = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
+    ctx.max_seqlen = max_seqlen
 
 
-class Flash4Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        out, lse = flash4_forward(q, k, v, cu_seqlens, max_seqlen)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens)
-        ctx.max_seqlen = max_seqlen
-        return out
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = flash4_backward(grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen)
+    return dq, dk, dv, None, None
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
-        dq, dk, dv = flash4_backward(grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen)
-        return dq, dk, dv, None, None
+
+flash4_forward.register_autograd(_backward, setup_context=_setup_context)
