@@ -24,8 +24,7 @@ def main() -> None:
     for count in map(int, tokens):
         workload = dataclasses.replace(WORKLOADS[name], tokens=count)
         profiler = cProfile.Profile() if os.environ.get("HOST_PROFILE") else None
-        options = {"host_profiler": profiler} if profiler is not None else {}
-        result = run_ours(workload, variant, warmup=4, steps=8, **options)
+        result = run_ours(workload, variant, warmup=4, steps=8, host_profiler=profiler)
         print(
             json.dumps(
                 {
