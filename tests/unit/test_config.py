@@ -239,3 +239,21 @@ def test_source_rules_point_at_the_source_line(data_dir):
     found = issues_of(raised.value)
     assert "only applies to format mlperf" in found["data.train.0.metadata"]
     assert "run.yaml:8" in found["data.train.0.metadata"]
+
+
+def test_a_captured_step_refuses_what_it_cannot_replay(data_dir):
+    text = MINIMAL.replace(
+        "max_steps: 10",
+        "max_steps: 10\n  cuda_graph: true\n  activation_checkpointing: full\n"
+        "  offload_checkpoints: true",
+    )
+    text += "parallel:\n  strategy: ddp\nmodel:\n  name: demo-tiny\n  attention: sdpa\n"
+    text = text.replace("model:\n  name: demo-tiny\ntokenizer", "tokenizer", 1)
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "run.yaml", text))
+    messages = [str(issue) for issue in raised.value.issues if issue.path == "train.cuda_graph"]
+    assert any("host memory (offload_checkpoints)" in m for m in messages)
+    assert any("parallel.strategy ddp" in m for m in messages)
+    assert any("attention sdpa" in m for m in messages)
+    ok = MINIMAL.replace("max_steps: 10", "max_steps: 10\n  cuda_graph: true")
+    assert load_config(write(data_dir / "ok.yaml", ok)).train.cuda_graph

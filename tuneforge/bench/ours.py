@@ -12,6 +12,7 @@ from tuneforge.models.api import load_model
 from tuneforge.models.cost import LoraShape
 from tuneforge.peft.apply import apply_lora
 from tuneforge.train.block_wrappers import wrap_blocks
+from tuneforge.train.captured_step import CapturedStep
 from tuneforge.train.distributed import init_distributed, parallelize, strategy_of
 from tuneforge.train.host_embedding import embedding_to_host
 from tuneforge.train.objective import NextTokenObjective
@@ -92,18 +93,26 @@ def run_ours(
     ]
     counter = iter(range(10**9))
     queued: list[StepResult] = []
+    captured = (
+        CapturedStep(objective, model, optimizer, train, world.device)
+        if settings.cuda_graph
+        else None
+    )
 
     def step() -> None:
         """As the trainer's loop: a step's numbers are read once the next step is queued."""
-        batch = batches[next(counter) % len(batches)]
-        result = optimizer_step(
-            objective, model, optimizer, iter([batch]), train, 1e-4, world.device
-        )
+        batch = iter([batches[next(counter) % len(batches)]])
+        if captured is not None:
+            result = captured(batch, 1e-4)
+        else:
+            result = optimizer_step(objective, model, optimizer, batch, train, 1e-4, world.device)
         if queued:
             queued.pop().get()
         queued.append(result)
 
     result = time_steps(step, warmup, steps, host_profiler)
+    if captured is not None:  # replays allocate nothing: the peak is the captured step's
+        result["peak_alloc_gib"] = max(result["peak_alloc_gib"], captured.peak_allocated / 2**30)
     if profile:
         from tuneforge.bench.profile import peak_breakdown, profile_steps
 

@@ -33,7 +33,7 @@ class Workload:
     channels per collective), `flash4`, `varlen` or `sdpa` (the attention backend; default: what
     `auto` picks), `onedoc` (one
     4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
-    matmuls in fp32)."""
+    matmuls in fp32), `graph` (the whole step captured as one CUDA graph, `train.cuda_graph`)."""
 
 
 WORKLOADS = {
@@ -116,6 +116,7 @@ class Variant:
     fp32_lora: bool = False
     nccl_max_channels: int | None = None
     attention: str = "auto"
+    cuda_graph: bool = False
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -125,7 +126,7 @@ class Variant:
         settings: dict = {"compiled": mode == "compiled"}
         flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce",
                  "hostembed": "offload_embedding", "onedoc": "one_document",
-                 "fp32lora": "fp32_lora"}  # fmt: skip
+                 "fp32lora": "fp32_lora", "graph": "cuda_graph"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
                 settings["checkpointing"] = option
@@ -145,7 +146,7 @@ class Variant:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, "
-                    "nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora)"
+                    "nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph)"
                 )
         return cls(**settings)
 

@@ -94,6 +94,43 @@ def host_embedding_is_frozen(train, lora) -> list[tuple[str, str, str]]:
     return []
 
 
+@rule("train", "parallel", "model")
+def captured_step_runs_on_one_gpu(train, parallel, model) -> list[tuple[str, str, str]]:
+    if not train.cuda_graph:
+        return []
+    problems = []
+    offloaded = [
+        name
+        for name in ("offload_checkpoints", "offload_activations", "offload_embedding")
+        if getattr(train, name)
+    ]
+    if offloaded:
+        problems.append(
+            (
+                "train.cuda_graph",
+                f"a captured step cannot copy to and from host memory ({', '.join(offloaded)})",
+                f"drop train.cuda_graph or {', '.join('train.' + n for n in offloaded)}",
+            )
+        )
+    if parallel.strategy in ("ddp", "fsdp"):
+        problems.append(
+            (
+                "train.cuda_graph",
+                f"steps of parallel.strategy {parallel.strategy} are not captured",
+                "drop train.cuda_graph, or run on one GPU (parallel.strategy: single)",
+            )
+        )
+    if model.attention in ("sdpa", "eager"):
+        problems.append(
+            (
+                "train.cuda_graph",
+                f"attention {model.attention} reads the document lengths on the host each step",
+                "set model.attention: auto, flash4 or varlen",
+            )
+        )
+    return problems
+
+
 @rule("train", "data")
 def micro_batch_fits_a_sequence(train, data) -> list[tuple[str, str, str]]:
     if train.tokens_per_micro_batch < data.max_seq_len:

@@ -183,6 +183,8 @@ class TrainSection(Section):
     """Compile each block with torch.compile, and the loss's softmax and gradient per chunk."""
     compile_memory_budget: float = Field(1.0, gt=0, le=1)
     """With compile: the share of its activations each compiled block may keep for backward (torch's activation_memory_budget); below 1, cheap values (norm outputs, the SwiGLU product) are recomputed in backward instead."""
+    cuda_graph: bool = False
+    """Capture the whole optimizer step as one CUDA graph after two eager steps and replay it: the host queues one launch per step instead of thousands (for runs where Python cannot keep the GPU busy: small models, MoE). Batches are brought to a fixed shape (padded to tokens_per_micro_batch, document slots for the most documents seen), and the loss projects every row. One CUDA GPU, attention flash4 or varlen, nothing offloaded to host memory; memory stays reserved for the graph."""
     eval_steps: int | None = Field(None, ge=1)
     """Evaluate held-out loss every N steps (and at the start and the end)."""
     on_nonfinite: Literal["skip", "stop"] = "skip"

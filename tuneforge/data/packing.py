@@ -39,6 +39,10 @@ class PackedBatch:
     def num_real_tokens(self) -> int:
         return self.tokens.numel() - self.num_padding
 
+    @property
+    def num_documents(self) -> int:
+        return self.packed.cu_seqlens.numel() - 1
+
     def to(
         self, device: torch.device | str, tokens_to: torch.device | str | None = None
     ) -> "PackedBatch":

@@ -1,10 +1,11 @@
 """The training loop: `setup`, `train`, `save` — one readable recipe, no framework trainer."""
 
+import functools
 import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 from tuneforge.config import RunConfig, dump_config
 from tuneforge.data.dataset import DatasetStats
+from tuneforge.data.packing import PackedBatch
 from tuneforge.data.records import DataError
 from tuneforge.data.training_data import load_training_data
 from tuneforge.errors import TuneforgeError
@@ -23,6 +25,7 @@ from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.targets import LoraTargetError
 from tuneforge.train.block_wrappers import refuse_unsupported_offload, wrap_blocks
 from tuneforge.train.build import build_model, load_tokenizer
+from tuneforge.train.captured_step import CapturedStep
 from tuneforge.train.checkpoint import (
     LoopState,
     load_checkpoint,
@@ -152,6 +155,19 @@ class Trainer:
         elif self.world.is_main:
             (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
         self.peak_tflops = peak_tflops(self.device, config.logging.peak_tflops)
+
+    def _step_function(self) -> Callable[[Iterator[PackedBatch], float], StepResult]:
+        """(batches, learning rate) -> the queued step: captured as a CUDA graph, or eager."""
+        train = self.config.train
+        if train.cuda_graph:
+            try:
+                return CapturedStep(self.objective, self.model, self.optimizer, train, self.device)
+            except ValueError as error:
+                raise TuneforgeError(f"{error}: drop train.cuda_graph") from None
+        return functools.partial(
+            optimizer_step, self.objective, self.model, self.optimizer, train=train,
+            device=self.device,
+        )  # fmt: skip
 
     def _refuse_unsupported(self) -> None:
         precision = self.config.precision
@@ -303,6 +319,7 @@ class Trainer:
         nonfinite_in_row = 0
         lora_shape = self.lora_report.shape(self.config.lora) if self.config.lora.enabled else None
         batches = iter(self.loader)
+        queue_step = self._step_function()
         # A step's numbers are read once the next step is queued, so the GPU never waits for
         # the host between steps; a step that the loop acts on (evaluation, checkpoint, stop,
         # the last one) is read before anything else is queued. A step's time runs from the
@@ -341,15 +358,7 @@ class Trainer:
             while self.step < self.total_steps:
                 if pending is None:
                     last_read = time.perf_counter()
-                queued = optimizer_step(
-                    self.objective,
-                    self.model,
-                    self.optimizer,
-                    batches,
-                    train,
-                    learning_rate(self.step, self.total_steps, train),
-                    self.device,
-                )
+                queued = queue_step(batches, learning_rate(self.step, self.total_steps, train))
                 self.step += 1
                 if pending is not None:
                     finish(pending)

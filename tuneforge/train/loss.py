@@ -8,6 +8,9 @@ bf16 logits to their loss and bf16 gradient is one compiled function (two fused 
 the logits, no fp32 copy of them: about 1 GB of memory traffic per 1,024 x 152k chunk instead
 of 5). `checkpointed_cross_entropy` (each chunk's loss recomputed in backward by autograd) is
 the reference path both are tested against.
+
+Normally only the supervised rows are projected. With `every_row`, all rows are, the ignored
+ones weighted 0: the shapes then do not depend on the labels, as a captured CUDA graph needs.
 """
 
 import torch
@@ -20,7 +23,10 @@ from tuneforge.data.packing import IGNORE_INDEX
 def _loss_and_grad_logits_in_place(
     logits: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of the rows' cross-entropy, d(sum)/d(logits) in `dtype`); one fp32 buffer."""
+    """(sum of the rows' cross-entropy, d(sum)/d(logits) in `dtype`); one fp32 buffer. Rows
+    whose target is IGNORE_INDEX count 0 and get a zero gradient."""
+    supervised = targets != IGNORE_INDEX
+    targets = targets.clamp(min=0)
     logits = logits.float()
     target_logits = logits.gather(1, targets[:, None]).squeeze(1)
     # d(loss)/d(logits) = softmax - one_hot, made in place (no second fp32 buffer)
@@ -30,27 +36,31 @@ def _loss_and_grad_logits_in_place(
     logsumexp = (row_max + sums.log()).squeeze(1)
     grad_logits.div_(sums)
     grad_logits.scatter_add_(1, targets[:, None], grad_logits.new_full((len(targets), 1), -1.0))
-    return (logsumexp - target_logits).sum(), grad_logits.to(dtype)
+    grad_logits.mul_(supervised[:, None])
+    return ((logsumexp - target_logits) * supervised).sum(), grad_logits.to(dtype)
 
 
 def _loss_and_grad_logits(
     logits: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same as a plain expression, for torch.compile to fuse (fp32 only in registers)."""
+    supervised = (targets != IGNORE_INDEX).float()
+    targets = targets.clamp(min=0)
     logits = logits.float()
     logsumexp = torch.logsumexp(logits, dim=-1)
     target_logits = logits.gather(1, targets[:, None]).squeeze(1)
     columns = torch.arange(logits.shape[1], device=logits.device)
     one_hot = (columns[None, :] == targets[:, None]).float()
-    grad_logits = torch.exp(logits - logsumexp[:, None]) - one_hot
-    return (logsumexp - target_logits).sum(), grad_logits.to(dtype)
+    grad_logits = (torch.exp(logits - logsumexp[:, None]) - one_hot) * supervised[:, None]
+    return ((logsumexp - target_logits) * supervised).sum(), grad_logits.to(dtype)
 
 
 _compiled_loss_and_grad_logits = torch.compile(_loss_and_grad_logits)
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """Sum over rows of cross-entropy(hidden · weightᵀ, labels); no ignored labels here."""
+    """Sum over rows of cross-entropy(hidden · weightᵀ, labels); rows labelled IGNORE_INDEX count
+    0."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, chunk_size: int, compiled: bool = False):
@@ -89,7 +99,9 @@ class LinearCrossEntropy(torch.autograd.Function):
 def _chunk_loss_sum(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
 ) -> torch.Tensor:
-    return F.cross_entropy(F.linear(hidden, weight).float(), labels, reduction="sum")
+    return F.cross_entropy(
+        F.linear(hidden, weight).float(), labels, reduction="sum", ignore_index=IGNORE_INDEX
+    )
 
 
 def checkpointed_cross_entropy(
@@ -118,14 +130,16 @@ def chunked_cross_entropy(
     fused: bool = True,
     compiled: bool = False,
     num_loss_tokens: int | None = None,
+    every_row: bool = False,
 ) -> tuple[torch.Tensor, int]:
-    """Sum of token losses and the number of supervised tokens.
+    """Sum of token losses and the number of rows projected to the vocabulary.
 
-    Only rows with a label are projected to the vocabulary; the peak is one chunk of logits.
-    Given `num_loss_tokens` (known on the host from the batch), picking those rows does not
-    wait for the device; without it, it must.
+    Only rows with a label are projected; the peak is one chunk of logits. Given
+    `num_loss_tokens` (known on the host from the batch), picking those rows does not wait for
+    the device; without it, it must. With `every_row`, every row is projected and the ignored
+    ones count 0: no picking, shapes that do not depend on the labels.
     """
-    if num_loss_tokens == labels_T.numel():
+    if every_row or num_loss_tokens == labels_T.numel():
         hidden, labels = hidden_TD, labels_T
     else:
         supervised = labels_T != IGNORE_INDEX

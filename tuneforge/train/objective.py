@@ -22,6 +22,8 @@ class NextTokenObjective(nn.Module):
         """The loss's gradients made in its forward pass (False: the checkpointed reference)."""
         self.compiled_loss = compiled_loss
         """Each chunk's softmax and gradient as one compiled function (with the fused loss)."""
+        self.every_row_loss = False
+        """Every row projected to the vocabulary, the ignored ones weighted 0 (fixed shapes)."""
 
     def forward(
         self,
@@ -42,6 +44,7 @@ class NextTokenObjective(nn.Module):
             self.fused_loss,
             self.compiled_loss,
             num_loss_tokens,
+            self.every_row_loss,
         )
         aux = self.model.aux_loss()
         self.model.record_router_logits(False)

@@ -31,16 +31,47 @@ def optimizer_step(
         group["lr"] = lr
     embedding = model.embed.weight.device  # the host with train.offload_embedding
     micro_batches = [next(batches).to(device, embedding) for _ in range(train.grad_accum_steps)]
-    # Normalise by the supervised tokens of the whole step on every rank: any split of the same
-    # tokens over micro-batches and ranks gives the same update. DDP and FSDP average gradients
-    # over ranks, hence the factor world_size.
     # The sum stays on the device (no wait for the GPU before the forward is queued).
+    token_total = to_device(loss_token_count(micro_batches), device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(token_total)
+    counts = step_counts(micro_batches)
+    values = queue_update(objective, model, optimizer, micro_batches, token_total, train, counts)
+    return StepResult(values_to_host(values), lr, counts)
+
+
+def loss_token_count(micro_batches: list[PackedBatch]) -> torch.Tensor:
+    """The supervised tokens of this rank's micro-batches, float64 [1] on the host."""
+    local = sum(batch.num_loss_tokens for batch in micro_batches)
+    return torch.tensor([float(local)], dtype=torch.float64)
+
+
+def step_counts(micro_batches: list[PackedBatch]) -> list[float]:
+    """[real tokens, documents] of this rank's micro-batches."""
+    return [
+        float(sum(b.num_real_tokens for b in micro_batches)),
+        float(sum(b.num_documents for b in micro_batches)),
+    ]
+
+
+def queue_update(
+    objective: nn.Module,
+    model: Decoder,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[PackedBatch],
+    token_total: torch.Tensor,
+    train: TrainSection,
+    counts: list[float],
+) -> torch.Tensor:
+    """Forward and backward of the micro-batches, clipping, the update and zeroed gradients;
+    returns [loss sum, (real tokens, documents: summed over ranks), gradient norm, supervised
+    tokens] on the device. Nothing here waits for the GPU where the optimizer skips non-finite
+    updates itself, so the whole of it can also be captured as a CUDA graph."""
+    # Normalise by the supervised tokens of the whole step on every rank (`token_total`, summed
+    # over ranks): any split of the same tokens over micro-batches and ranks gives the same
+    # update. DDP and FSDP average gradients over ranks, hence the factor world_size.
     distributed = torch.distributed.is_initialized()
     world_size = torch.distributed.get_world_size() if distributed else 1
-    local_tokens = sum(batch.num_loss_tokens for batch in micro_batches)
-    token_total = to_device(torch.tensor([float(local_tokens)], dtype=torch.float64), device)
-    if distributed:
-        torch.distributed.all_reduce(token_total)
     scale = (world_size / token_total.clamp(min=1)).float().squeeze(0)
     moe = model.args.moe
     local_loss = backward_micro_batches(
@@ -50,25 +81,21 @@ def optimizer_step(
     max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    counts = [
-        float(sum(b.num_real_tokens for b in micro_batches)),
-        float(sum(b.packed.cu_seqlens.numel() - 1 for b in micro_batches)),
-    ]
     totals = local_loss.reshape(1)
     if distributed:  # the token counts summed over ranks by the same all-reduce as the loss
-        totals = torch.cat([totals, torch.tensor(counts, dtype=torch.float64, device=device)])
+        totals = torch.cat([totals, torch.tensor(counts, dtype=torch.float64, device=norm.device)])
         torch.distributed.all_reduce(totals)
     norm = norm.detach().reshape(1).to(torch.float64)
-    result = StepResult(values_to_host(torch.cat([totals, norm, token_total])), lr, counts)
+    values = torch.cat([totals, norm, token_total])
     if skips_on_device(optimizer):
         # The update is skipped by the optimizer's kernel when the loss or the norm is not
         # finite, so nothing waits for the GPU here: the host goes on to queue the next step.
         optimizer.found_inf = _not_finite(totals[0], norm[0], params)
         optimizer.step()
-    elif result.get()["finite"]:
+    elif all(math.isfinite(value) for value in values.tolist()):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return result
+    return values
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:

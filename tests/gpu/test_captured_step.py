@@ -1,0 +1,76 @@
+"""The step captured as a CUDA graph against the eager step (`train.step.optimizer_step`): the
+same batches, the same losses and gradient norms, and the same adapters at the end, through
+warm-up, capture, replays and a new capture when a batch brings more documents."""
+
+import pytest
+import torch
+
+from tuneforge.bench.batches import synthetic_batch
+from tuneforge.config.schema import TrainSection
+from tuneforge.models.api import load_model
+from tuneforge.peft.apply import apply_lora
+from tuneforge.train.block_wrappers import wrap_blocks
+from tuneforge.train.captured_step import CapturedStep
+from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.optim import build_optimizer
+from tuneforge.train.step import optimizer_step
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+TOKENS = 2048
+
+
+def batches() -> list:
+    """Packed batches (a few documents), one short batch (padded), and one of many documents
+    (more than the first capture's slots)."""
+    packed = [synthetic_batch(2000, TOKENS, False, seed) for seed in range(6)]
+    short = synthetic_batch(2000, TOKENS - 300, False, 6)
+    many = synthetic_batch(2000, TOKENS, False, 7)
+    many.packed.cu_seqlens = torch.arange(0, TOKENS + 1, 64, dtype=torch.int32)
+    many.packed.position_ids = torch.arange(TOKENS) % 64
+    return [*packed, short, *packed[:2], many, *packed[2:4]]
+
+
+def run(captured: bool, compiled: bool, attention: str, moe: bool = False):
+    torch.manual_seed(0)
+    shape = "qwen3-30b-a3b" if moe else "llama-3.2-1b"
+    model = load_model(
+        shape, num_layers=2, dtype="bfloat16", device="cuda", seed=0, attention=attention
+    )
+    lora = {"target_modules": ["all-linear"], "rank": 16, "alpha": 32}
+    apply_lora(model, lora, torch.Generator("cuda").manual_seed(1), torch.float32)
+    wrap_blocks(model, compile=compiled)
+    objective = NextTokenObjective(model, compiled_loss=compiled)
+    train = TrainSection(max_steps=20, tokens_per_micro_batch=TOKENS, lr=1e-3)
+    optimizer = build_optimizer(model, train, torch.device("cuda"))
+    step = CapturedStep(objective, model, optimizer, train, torch.device("cuda")) if captured else None
+    history = []
+    for index, batch in enumerate(batches()):
+        lr = 1e-3 * (1 + index % 3)  # the learning rate changes between replays
+        if step is not None:
+            result = step(iter([batch]), lr)
+        else:
+            result = optimizer_step(
+                objective, model, optimizer, iter([batch]), train, lr, torch.device("cuda")
+            )
+        history.append(result.get())
+    adapters = {n: p.detach().float() for n, p in model.named_parameters() if p.requires_grad}
+    return history, adapters, step
+
+
+@pytest.mark.parametrize(
+    ("compiled", "attention", "moe"),
+    [(False, "varlen", False), (True, "auto", False), (True, "auto", True)],
+)
+def test_the_captured_step_trains_as_the_eager_step(compiled, attention, moe):
+    eager, eager_adapters, _ = run(False, compiled, attention, moe)
+    captured, captured_adapters, step = run(True, compiled, attention, moe)
+    assert step.graph is not None and step.slots == 32  # captured again for 32 documents
+    assert eager[-1]["loss"] < eager[0]["loss"] - 0.5  # it learns
+    for index, (got, expected) in enumerate(zip(captured, eager, strict=True)):
+        assert got["loss"] == pytest.approx(expected["loss"], rel=2e-2), index
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=5e-2), index
+        assert got["tokens"] == expected["tokens"] and got["loss_tokens"] == expected["loss_tokens"]
+    for name, expected in eager_adapters.items():
+        error = (captured_adapters[name] - expected).norm() / expected.norm()
+        assert error.item() < 5e-2, name
