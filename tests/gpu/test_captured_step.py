@@ -43,7 +43,9 @@ def run(captured: bool, compiled: bool, attention: str, moe: bool = False):
     objective = NextTokenObjective(model, compiled_loss=compiled)
     train = TrainSection(max_steps=20, tokens_per_micro_batch=TOKENS, lr=1e-3)
     optimizer = build_optimizer(model, train, torch.device("cuda"))
-    step = CapturedStep(objective, model, optimizer, train, torch.device("cuda")) if captured else None
+    step = (
+        CapturedStep(objective, model, optimizer, train, torch.device("cuda")) if captured else None
+    )
     history = []
     for index, batch in enumerate(batches()):
         lr = 1e-3 * (1 + index % 3)  # the learning rate changes between replays

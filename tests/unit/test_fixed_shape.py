@@ -97,5 +97,5 @@ def test_the_captured_step_says_what_stands_in_its_way():
     assert any("not on a CUDA GPU" in b for b in blockers)
     assert any("attention ['sdpa']" in b for b in blockers)
     objective = NextTokenObjective(model)
-    with pytest.raises(ValueError, match="train.cuda_graph: the model is not on a CUDA GPU"):
+    with pytest.raises(ValueError, match=r"train\.cuda_graph: the model is not on a CUDA GPU"):
         CapturedStep(objective, model, optimizer, train, torch.device("cpu"))
