@@ -4,11 +4,13 @@ gradients as the batch as it came, with padding and empty document slots that ch
 import pytest
 import torch
 
+from tests.helpers import save_tiny_model
 from tuneforge.bench.batches import synthetic_batch
 from tuneforge.config.schema import TrainSection
 from tuneforge.data.fixed_shape import documents_needed, to_fixed_shape
 from tuneforge.data.packing import IGNORE_INDEX, PAD_TOKEN
 from tuneforge.models.api import load_model
+from tuneforge.models.hf.checkpoint import load_hf_model
 from tuneforge.peft.apply import apply_lora
 from tuneforge.train.captured_step import CapturedStep, captured_step_blockers
 from tuneforge.train.loss import chunked_cross_entropy
@@ -87,6 +89,33 @@ def test_a_fixed_shape_batch_trains_as_the_batch_it_came_from():
     assert grads.keys() == reference_grads.keys() and grads
     for name, grad in grads.items():
         torch.testing.assert_close(grad, reference_grads[name], rtol=1e-4, atol=1e-6)
+
+
+def test_padding_stays_out_of_the_moe_load_balancing_loss(tmp_path):
+    """A tiny Qwen3-MoE model: the padded batch's losses and every gradient (the router's
+    included) equal the batch's own; counting the padding would change the router's."""
+    save_tiny_model(tmp_path, "qwen3_moe")
+    results = []
+    for fixed in (False, True, "padding counted"):
+        model = load_hf_model(tmp_path, "float32", "eager")
+        objective = NextTokenObjective(model)
+        batch = synthetic_batch(model.args.vocab_size, 40, False, seed=1)
+        if fixed:
+            objective.every_row_loss = True
+            batch = to_fixed_shape(batch, 64, 8)
+        real = None if fixed == "padding counted" else batch.real_tokens
+        loss_sum, aux = objective(
+            batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens, real
+        )
+        (loss_sum + aux).backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        results.append((loss_sum.detach(), aux.detach(), grads))
+    (loss, aux, grads), (fixed_loss, fixed_aux, fixed_grads), (_, counted_aux, _) = results
+    torch.testing.assert_close(fixed_loss, loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fixed_aux, aux, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(counted_aux, aux, rtol=1e-3)
+    for name, grad in grads.items():
+        torch.testing.assert_close(fixed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_the_captured_step_says_what_stands_in_its_way():

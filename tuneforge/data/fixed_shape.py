@@ -1,6 +1,7 @@
 """A packed micro-batch brought to a fixed shape: exactly `tokens` tokens in `documents` document
 slots, so that every step has the same tensor shapes and kernel arguments (what a captured CUDA
-graph replays). Missing tokens become one last document of padding without labels; unused slots
+graph replays). Missing tokens become one last document of padding without labels (and out of
+the MoE load-balancing loss: `real_tokens`); unused slots
 are empty documents at the end of `cu_seqlens`; `max_seqlen` becomes `tokens`, a bound that
 holds for every batch."""
 
@@ -39,4 +40,5 @@ def to_fixed_shape(batch: PackedBatch, tokens: int, documents: int) -> PackedBat
         PackedSequences(cu_seqlens, tokens, positions),
         batch.num_loss_tokens,
         batch.num_padding + padding,
+        torch.tensor(count),
     )

@@ -34,6 +34,9 @@ class PackedBatch:
     num_loss_tokens: int
     num_padding: int = 0
     """Padding tokens in `tokens` (0 when packed)."""
+    real_tokens: torch.Tensor | None = None
+    """With a fixed shape (`data.fixed_shape`): the tokens before the padding at the end, as a
+    0-d tensor that the device reads (the MoE load-balancing loss leaves the padding out)."""
 
     @property
     def num_real_tokens(self) -> int:
@@ -53,6 +56,7 @@ class PackedBatch:
             self.packed.to(device),
             self.num_loss_tokens,
             self.num_padding,
+            None if self.real_tokens is None else to_device(self.real_tokens, device),
         )
 
 

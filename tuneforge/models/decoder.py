@@ -178,14 +178,16 @@ class Decoder(nn.Module):
     def _moes(self) -> list[MoE]:
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)]
 
-    def aux_loss(self) -> torch.Tensor | None:
-        """Load-balancing loss of the last forward (MoE models only), unscaled."""
+    def aux_loss(self, real_tokens: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Load-balancing loss of the last forward (MoE models only), unscaled; over the first
+        `real_tokens` tokens only where given (the rest padding)."""
         moes = self._moes()
         if not moes or any(moe.last_router_logits is None for moe in moes):
             return None
         assert self.args.moe is not None
         logits = [moe.last_router_logits for moe in moes]
-        return load_balancing_loss(logits, self.args.moe.num_experts, self.args.moe.top_k)
+        moe = self.args.moe
+        return load_balancing_loss(logits, moe.num_experts, moe.top_k, real_tokens)
 
     def record_router_logits(self, enabled: bool) -> None:
         """Keep each forward's router logits for `aux_loss` (on), or drop them and keep none

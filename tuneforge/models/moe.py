@@ -166,18 +166,27 @@ class MoE(nn.Module):
 
 
 def load_balancing_loss(
-    router_logits: list[torch.Tensor], num_experts: int, top_k: int
+    router_logits: list[torch.Tensor],
+    num_experts: int,
+    top_k: int,
+    real_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Switch-Transformer auxiliary loss as transformers computes it for Qwen3-MoE: expert load
-    fractions and mean router probabilities are pooled over all layers, then multiplied."""
-    assignments = torch.zeros(num_experts, dtype=torch.float32, device=router_logits[0].device)
+    fractions and mean router probabilities are pooled over all layers, then multiplied.
+    `real_tokens` (a 0-d tensor): only the first that many rows count, the rest being padding
+    (a batch brought to a fixed shape), without the host reading the count."""
+    device = router_logits[0].device
+    assignments = torch.zeros(num_experts, dtype=torch.float32, device=device)
     prob_sum = torch.zeros_like(assignments)
-    rows = 0
+    rows = torch.zeros((), dtype=torch.float32, device=device)
     for logits in router_logits:
         probs = torch.softmax(logits.float(), dim=-1)
         selected = torch.topk(probs, top_k, dim=-1).indices
-        ones = torch.ones(selected.numel(), dtype=torch.float32, device=selected.device)
+        counted = torch.ones(probs.shape[0], dtype=torch.float32, device=device)
+        if real_tokens is not None:
+            counted = (torch.arange(probs.shape[0], device=device) < real_tokens).float()
+        ones = counted[:, None].expand(-1, top_k).reshape(-1)
         assignments = assignments.scatter_add(0, selected.reshape(-1), ones)  # no host wait
-        prob_sum = prob_sum + probs.sum(dim=0)
-        rows += probs.shape[0]
+        prob_sum = prob_sum + (probs * counted[:, None]).sum(dim=0)
+        rows = rows + counted.sum()
     return num_experts * torch.sum((assignments / rows) * (prob_sum / rows))

@@ -127,6 +127,7 @@ class CapturedStep:
                 (static.labels, batch.labels),
                 (static.packed.cu_seqlens, batch.packed.cu_seqlens),
                 (static.packed.position_ids, batch.packed.position_ids),
+                (static.real_tokens, batch.real_tokens),
             ):
                 target.copy_(source.pin_memory(), non_blocking=True)
 

@@ -1,6 +1,5 @@
 """The training loop: `setup`, `train`, `save` — one readable recipe, no framework trainer."""
 
-import functools
 import logging
 import math
 import random
@@ -155,6 +154,7 @@ class Trainer:
         elif self.world.is_main:
             (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
         self.peak_tflops = peak_tflops(self.device, config.logging.peak_tflops)
+        self.queue_step = self._step_function()  # after the resume: it reads the optimizer
 
     def _step_function(self) -> Callable[[Iterator[PackedBatch], float], StepResult]:
         """(batches, learning rate) -> the queued step: captured as a CUDA graph, or eager."""
@@ -164,10 +164,13 @@ class Trainer:
                 return CapturedStep(self.objective, self.model, self.optimizer, train, self.device)
             except ValueError as error:
                 raise TuneforgeError(f"{error}: drop train.cuda_graph") from None
-        return functools.partial(
-            optimizer_step, self.objective, self.model, self.optimizer, train=train,
-            device=self.device,
-        )  # fmt: skip
+
+        def eager_step(batches: Iterator[PackedBatch], lr: float) -> StepResult:
+            return optimizer_step(
+                self.objective, self.model, self.optimizer, batches, train, lr, self.device
+            )
+
+        return eager_step
 
     def _refuse_unsupported(self) -> None:
         precision = self.config.precision
@@ -319,7 +322,6 @@ class Trainer:
         nonfinite_in_row = 0
         lora_shape = self.lora_report.shape(self.config.lora) if self.config.lora.enabled else None
         batches = iter(self.loader)
-        queue_step = self._step_function()
         # A step's numbers are read once the next step is queued, so the GPU never waits for
         # the host between steps; a step that the loop acts on (evaluation, checkpoint, stop,
         # the last one) is read before anything else is queued. A step's time runs from the
@@ -358,7 +360,8 @@ class Trainer:
             while self.step < self.total_steps:
                 if pending is None:
                     last_read = time.perf_counter()
-                queued = queue_step(batches, learning_rate(self.step, self.total_steps, train))
+                lr = learning_rate(self.step, self.total_steps, train)
+                queued = self.queue_step(batches, lr)
                 self.step += 1
                 if pending is not None:
                     finish(pending)

@@ -31,9 +31,11 @@ class NextTokenObjective(nn.Module):
         labels: torch.Tensor,
         packed: PackedSequences,
         num_loss_tokens: int | None = None,
+        real_tokens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of token losses, load-balancing loss or 0); `num_loss_tokens`, the labels that
-        are not ignored, spares the loss a wait for the device to count them."""
+        are not ignored, spares the loss a wait for the device to count them; `real_tokens`
+        (on the device) keeps padding at the end out of the load-balancing loss."""
         self.model.record_router_logits(True)
         hidden = self.model.hidden_states(tokens, packed)
         loss_sum, _ = chunked_cross_entropy(
@@ -46,7 +48,7 @@ class NextTokenObjective(nn.Module):
             num_loss_tokens,
             self.every_row_loss,
         )
-        aux = self.model.aux_loss()
+        aux = self.model.aux_loss(real_tokens)
         self.model.record_router_logits(False)
         return loss_sum, aux if aux is not None else loss_sum.new_zeros(())
 
@@ -65,7 +67,7 @@ def backward_micro_batches(
     for index, batch in enumerate(micro_batches):
         with gradient_sync(objective, index == len(micro_batches) - 1):
             loss_sum, aux = objective(
-                batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens
+                batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens, batch.real_tokens
             )
             loss = loss_sum * scale
             if aux_weight:
