@@ -63,7 +63,7 @@ WORKLOADS = {
             ATTENTION,
             layers=4,
             peer_checkpointing=(False,),
-            variants=("compiled",),
+            variants=("compiled", "compiled+graph+chunk4096"),
         ),
         Workload(
             "qwen3-moe-4l-lora-attn-experts",
@@ -71,21 +71,21 @@ WORKLOADS = {
             ATTENTION + EXPERT_BANKS,
             layers=4,
             peer_checkpointing=(False,),
-            variants=("compiled",),
+            variants=("compiled", "compiled+graph"),
         ),
         Workload(
             "llama3.2-1b-lora",
             "llama-3.2-1b",
             ALL_LINEAR,
             peer_checkpointing=(False,),
-            variants=("compiled",),
+            variants=("compiled", "compiled+graph"),
         ),
         Workload(
             "llama3.2-1b-full",
             "llama-3.2-1b",
             None,
             peer_checkpointing=(False,),
-            variants=("compiled",),
+            variants=("compiled", "compiled+graph"),
         ),
         Workload(
             "llama3.2-1b-full-fsdp2-2gpu",
