@@ -32,6 +32,7 @@ def batches() -> list:
 
 
 def run(captured: bool, compiled: bool, attention: str, moe: bool = False):
+    torch._dynamo.reset()  # each run compiles its own blocks, within the recompile limit
     torch.manual_seed(0)
     shape = "qwen3-30b-a3b" if moe else "llama-3.2-1b"
     model = load_model(
