@@ -70,13 +70,14 @@ def test_the_captured_step_trains_as_the_eager_step(compiled, attention, moe):
     captured, captured_adapters, step = run(True, compiled, attention, moe)
     assert step.graph is not None and step.slots == 32  # captured again for 32 documents
     assert eager[-1]["loss"] < eager[0]["loss"] - 0.5  # it learns
+    # Top-k routing turns bf16 rounding differences into different experts for a few tokens,
+    # so the MoE model's gradients and adapters drift further apart over the steps than the
+    # dense model's (tests/unit/test_fixed_shape.py checks the same computation exactly, fp32).
+    tolerance = 1e-1 if moe else 5e-2
     for index, (got, expected) in enumerate(zip(captured, eager, strict=True)):
         assert got["loss"] == pytest.approx(expected["loss"], rel=2e-2), index
-        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=5e-2), index
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=tolerance), index
         assert got["tokens"] == expected["tokens"] and got["loss_tokens"] == expected["loss_tokens"]
-    # Top-k routing turns bf16 rounding differences into different experts for a few tokens,
-    # so the MoE model's adapters drift further apart over the steps than the dense model's.
-    tolerance = 1e-1 if moe else 5e-2
     for name, expected in eager_adapters.items():
         error = (captured_adapters[name] - expected).norm() / expected.norm()
         assert error.item() < tolerance, name
