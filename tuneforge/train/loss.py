@@ -25,19 +25,19 @@ def _loss_and_grad_logits_in_place(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the rows' cross-entropy, d(sum)/d(logits) in `dtype`); one fp32 buffer. Rows
     whose target is IGNORE_INDEX count 0 and get a zero gradient."""
-    supervised = targets != IGNORE_INDEX
+    supervised = (targets != IGNORE_INDEX).float()[:, None]
     targets = targets.clamp(min=0)
     logits = logits.float()
     target_logits = logits.gather(1, targets[:, None]).squeeze(1)
-    # d(loss)/d(logits) = softmax - one_hot, made in place (no second fp32 buffer)
+    # d(loss)/d(logits) = softmax - one_hot, made in place (no second fp32 buffer); the ignored
+    # rows' zeros come with the softmax's normalisation (no extra pass over the logits)
     row_max = logits.amax(dim=-1, keepdim=True)
     grad_logits = logits.sub_(row_max).exp_()
     sums = grad_logits.sum(dim=-1, keepdim=True)
     logsumexp = (row_max + sums.log()).squeeze(1)
-    grad_logits.div_(sums)
-    grad_logits.scatter_add_(1, targets[:, None], grad_logits.new_full((len(targets), 1), -1.0))
-    grad_logits.mul_(supervised[:, None])
-    return ((logsumexp - target_logits) * supervised).sum(), grad_logits.to(dtype)
+    grad_logits.mul_(supervised / sums)
+    grad_logits.scatter_add_(1, targets[:, None], -supervised)
+    return ((logsumexp - target_logits) * supervised.squeeze(1)).sum(), grad_logits.to(dtype)
 
 
 def _loss_and_grad_logits(
