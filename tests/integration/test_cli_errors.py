@@ -56,6 +56,18 @@ def test_host_embedding_in_a_full_fine_tune():
     assert_clean_failure(result, "train.offload_embedding", "lora.enabled: true")
 
 
+def test_a_captured_step_where_it_cannot_run(tmp_path):
+    """On a CPU: refused before the first step, saying why, and the run directory untouched
+    by any step."""
+    result = run_cli(
+        "train", "examples/demo.yaml", "train.cuda_graph=true", "train.max_steps=2",
+        f"run.output_dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert_clean_failure(result, "train.cuda_graph", "not on a CUDA GPU", "drop train.cuda_graph")
+    assert "eval: step" not in result.stdout
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_validate_and_show_a_good_config():
     result = run_cli("config", "validate", "examples/demo.yaml")
     assert result.returncode == 0 and "is valid" in result.stdout

@@ -14,7 +14,7 @@ replayed; every call is a real training step.
 Needs one CUDA GPU, fused AdamW (it skips non-finite updates itself) and everything on the GPU
 (no offloading to host memory); `captured_step_blockers` says what stands in the way."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -27,6 +27,7 @@ from tuneforge.models.packed import to_device
 from tuneforge.train.step import (
     StepResult,
     loss_token_count,
+    optimizer_step,
     queue_update,
     skips_on_device,
     step_counts,
@@ -37,6 +38,24 @@ EAGER_STEPS = 2
 """Steps run eagerly before each capture: compilation and lazy initialisation happen there."""
 MIN_DOCUMENT_SLOTS = 8
 CAPTURABLE_ATTENTION = ("flash4", "varlen")
+
+
+def step_function(
+    objective: nn.Module,
+    model: Decoder,
+    optimizer: torch.optim.Optimizer,
+    train: TrainSection,
+    device: torch.device,
+) -> Callable[[Iterator[PackedBatch], float], StepResult]:
+    """(batches, learning rate) -> the queued step: captured as a CUDA graph with
+    `train.cuda_graph` (ValueError where it cannot be), else eager."""
+    if train.cuda_graph:
+        return CapturedStep(objective, model, optimizer, train, device)
+
+    def eager_step(batches: Iterator[PackedBatch], lr: float) -> StepResult:
+        return optimizer_step(objective, model, optimizer, batches, train, lr, device)
+
+    return eager_step
 
 
 def captured_step_blockers(

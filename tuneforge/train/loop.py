@@ -4,7 +4,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,6 @@ import torch.distributed as dist
 
 from tuneforge.config import RunConfig, dump_config
 from tuneforge.data.dataset import DatasetStats
-from tuneforge.data.packing import PackedBatch
 from tuneforge.data.records import DataError
 from tuneforge.data.training_data import load_training_data
 from tuneforge.errors import TuneforgeError
@@ -24,7 +23,7 @@ from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.targets import LoraTargetError
 from tuneforge.train.block_wrappers import refuse_unsupported_offload, wrap_blocks
 from tuneforge.train.build import build_model, load_tokenizer
-from tuneforge.train.captured_step import CapturedStep
+from tuneforge.train.captured_step import step_function
 from tuneforge.train.checkpoint import (
     LoopState,
     load_checkpoint,
@@ -55,7 +54,7 @@ from tuneforge.train.run_dir import (
     memory_settings,
     prepare_run_dir,
 )
-from tuneforge.train.step import HostValues, StepResult, optimizer_step
+from tuneforge.train.step import HostValues, StepResult
 from tuneforge.train.stopping import STOP_REASONS, agree_on_stop, local_stop_code
 from tuneforge.train.time_budget import StopSignals, find_deadline
 
@@ -154,23 +153,12 @@ class Trainer:
         elif self.world.is_main:
             (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
         self.peak_tflops = peak_tflops(self.device, config.logging.peak_tflops)
-        self.queue_step = self._step_function()  # after the resume: it reads the optimizer
-
-    def _step_function(self) -> Callable[[Iterator[PackedBatch], float], StepResult]:
-        """(batches, learning rate) -> the queued step: captured as a CUDA graph, or eager."""
-        train = self.config.train
-        if train.cuda_graph:
-            try:
-                return CapturedStep(self.objective, self.model, self.optimizer, train, self.device)
-            except ValueError as error:
-                raise TuneforgeError(f"{error}: drop train.cuda_graph") from None
-
-        def eager_step(batches: Iterator[PackedBatch], lr: float) -> StepResult:
-            return optimizer_step(
-                self.objective, self.model, self.optimizer, batches, train, lr, self.device
+        try:  # after the resume: a captured step keeps the optimizer's state tensors
+            self.queue_step = step_function(
+                self.objective, self.model, self.optimizer, train, self.device
             )
-
-        return eager_step
+        except ValueError as error:
+            raise TuneforgeError(f"{error}: drop train.cuda_graph") from None
 
     def _refuse_unsupported(self) -> None:
         precision = self.config.precision
