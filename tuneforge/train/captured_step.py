@@ -14,6 +14,7 @@ replayed; every call is a real training step.
 Needs one CUDA GPU, fused AdamW (it skips non-finite updates itself) and everything on the GPU
 (no offloading to host memory); `captured_step_blockers` says what stands in the way."""
 
+import logging
 from collections.abc import Callable, Iterator
 
 import torch
@@ -33,6 +34,8 @@ from tuneforge.train.step import (
     step_counts,
     values_to_host,
 )
+
+log = logging.getLogger(__name__)
 
 EAGER_STEPS = 2
 """Steps run eagerly before each capture: compilation and lazy initialisation happen there."""
@@ -131,6 +134,8 @@ class CapturedStep:
         return StepResult(values_to_host(values), lr, counts)
 
     def _start_over(self, slots: int) -> None:
+        if self.graph is not None:
+            log.info("a batch of more documents than %d: the step is captured again", self.slots)
         self.slots, self.inputs, self.graph, self.values = slots, None, None, None
         self.eager_steps_left = EAGER_STEPS
 
@@ -186,3 +191,10 @@ class CapturedStep:
             for group, (lr, capturable) in zip(groups, saved, strict=True):
                 group["lr"], group["capturable"] = lr, capturable
         self.peak_allocated = torch.cuda.max_memory_allocated(self.device)
+        log.info(
+            "step captured as a CUDA graph: %d tokens in %d document slots per micro-batch, "
+            "%.2f GiB at its peak",
+            self.train.tokens_per_micro_batch,
+            self.slots,
+            self.peak_allocated / 2**30,
+        )
