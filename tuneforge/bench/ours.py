@@ -12,12 +12,12 @@ from tuneforge.models.api import load_model
 from tuneforge.models.cost import LoraShape
 from tuneforge.peft.apply import apply_lora
 from tuneforge.train.block_wrappers import wrap_blocks
-from tuneforge.train.captured_step import CapturedStep
+from tuneforge.train.captured_step import CapturedStep, step_function
 from tuneforge.train.distributed import init_distributed, parallelize, strategy_of
 from tuneforge.train.host_embedding import embedding_to_host
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
-from tuneforge.train.step import StepResult, optimizer_step
+from tuneforge.train.step import StepResult
 
 DISTINCT_BATCHES = 4
 
@@ -80,7 +80,11 @@ def run_ours(
         parallel,
         world,
     )
-    train = TrainSection(max_steps=warmup + steps, tokens_per_micro_batch=workload.tokens)
+    train = TrainSection(
+        max_steps=warmup + steps,
+        tokens_per_micro_batch=workload.tokens,
+        cuda_graph=settings.cuda_graph,
+    )
     optimizer = build_optimizer(model, train, world.device)
     batches = [
         synthetic_batch(
@@ -93,26 +97,18 @@ def run_ours(
     ]
     counter = iter(range(10**9))
     queued: list[StepResult] = []
-    captured = (
-        CapturedStep(objective, model, optimizer, train, world.device)
-        if settings.cuda_graph
-        else None
-    )
+    queue_step = step_function(objective, model, optimizer, train, world.device)
 
     def step() -> None:
         """As the trainer's loop: a step's numbers are read once the next step is queued."""
-        batch = iter([batches[next(counter) % len(batches)]])
-        if captured is not None:
-            result = captured(batch, 1e-4)
-        else:
-            result = optimizer_step(objective, model, optimizer, batch, train, 1e-4, world.device)
+        result = queue_step(iter([batches[next(counter) % len(batches)]]), 1e-4)
         if queued:
             queued.pop().get()
         queued.append(result)
 
     result = time_steps(step, warmup, steps, host_profiler)
-    if captured is not None:  # replays allocate nothing: the peak is the captured step's
-        result["peak_alloc_gib"] = max(result["peak_alloc_gib"], captured.peak_allocated / 2**30)
+    if isinstance(queue_step, CapturedStep):  # replays allocate nothing: the captured step's peak
+        result["peak_alloc_gib"] = max(result["peak_alloc_gib"], queue_step.peak_allocated / 2**30)
     if profile:
         from tuneforge.bench.profile import peak_breakdown, profile_steps
 

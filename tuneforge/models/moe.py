@@ -182,9 +182,11 @@ def load_balancing_loss(
     for logits in router_logits:
         probs = torch.softmax(logits.float(), dim=-1)
         selected = torch.topk(probs, top_k, dim=-1).indices
-        counted = torch.ones(probs.shape[0], dtype=torch.float32, device=device)
-        if real_tokens is not None:
-            counted = (torch.arange(probs.shape[0], device=device) < real_tokens).float()
+        counted = (
+            torch.ones(probs.shape[0], dtype=torch.float32, device=device)
+            if real_tokens is None
+            else (torch.arange(probs.shape[0], device=device) < real_tokens).float()
+        )
         ones = counted[:, None].expand(-1, top_k).reshape(-1)
         assignments = assignments.scatter_add(0, selected.reshape(-1), ones)  # no host wait
         prob_sum = prob_sum + (probs * counted[:, None]).sum(dim=0)
