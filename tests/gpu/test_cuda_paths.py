@@ -138,3 +138,23 @@ def test_expert_lora_grouped_equals_the_loop_on_a_bf16_bank(rank):
     ):
         assert a.grad.dtype == torch.float32 and torch.isfinite(a.grad).all()
         torch.testing.assert_close(a.grad, b.grad, atol=5e-2, rtol=5e-2, msg=name)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dim", [2048, 100])
+def test_gather_sum_kernel_equals_the_fp32_sum(weighted, dim):
+    """The Triton kernel (fp32 sums of bf16 rows) against the same sum in fp32 on the CPU."""
+    from tuneforge.models.gather_sum import _gather_sum, _triton_kernel, gather_sum
+
+    assert _triton_kernel() is not None, "Triton is installed with CUDA builds of torch"
+    generator = torch.Generator().manual_seed(0)
+    tokens, top_k = 513, 8
+    rows = torch.randn(tokens * top_k, dim, generator=generator).bfloat16()
+    index = torch.randperm(tokens * top_k, generator=generator)
+    weights = torch.rand(tokens, top_k, generator=generator).bfloat16() if weighted else None
+    got = gather_sum(
+        rows.to(CUDA), index.to(CUDA), None if weights is None else weights.to(CUDA), top_k
+    )
+    expected = _gather_sum(rows.float(), index, None if weights is None else weights.float(), top_k)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.cpu().float(), expected, rtol=8e-3, atol=8e-3)

@@ -84,3 +84,20 @@ def test_grouped_experts_compile_to_one_graph():
     explained = torch._dynamo.explain(grouped)(x)
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
     assert explained.graph_count == 1
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gather_sum_adds_each_tokens_rows_with_their_weights(weighted):
+    from tuneforge.models.gather_sum import gather_sum
+
+    generator = torch.Generator().manual_seed(5)
+    tokens, top_k = 7, 3
+    rows = torch.randn(tokens * top_k, 10, generator=generator)
+    index = torch.randperm(tokens * top_k, generator=generator)
+    weights = torch.rand(tokens, top_k, generator=generator) if weighted else None
+    expected = torch.zeros(tokens, 10)
+    for token in range(tokens):
+        for slot in range(top_k):
+            scale = weights[token, slot] if weighted else 1.0
+            expected[token] += scale * rows[index[token * top_k + slot]]
+    torch.testing.assert_close(gather_sum(rows, index, weights, top_k), expected)

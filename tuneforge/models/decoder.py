@@ -19,6 +19,15 @@ from tuneforge.models.packed import PackedSequences, to_device
 from tuneforge.models.rope import RotaryEmbedding, apply_rotary
 
 
+def project_each(x: torch.Tensor, *linears: nn.Module) -> list[torch.Tensor]:
+    """Each linear applied to the same input; linears that can compute together (LoRA adapters,
+    which then read the input once) have a `project_together`."""
+    together = getattr(linears[0], "project_together", None)
+    if together is None:
+        return [linear(x) for linear in linears]
+    return together(x, list(linears))
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, backend: str) -> None:
         super().__init__()
@@ -42,9 +51,10 @@ class Attention(nn.Module):
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         num_tokens = x_TD.shape[0]
-        q = self.q_norm(self.q_proj(x_TD).view(num_tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x_TD).view(num_tokens, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x_TD).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = project_each(x_TD, self.q_proj, self.k_proj, self.v_proj)
+        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = (
             BACKENDS[self.backend](q, k, v, packed)
@@ -62,7 +72,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(ffn_dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project_each(x, self.gate_proj, self.up_proj)
+        return self.down_proj(F.silu(gate) * up)
 
 
 def build_mlp(args: ModelArgs, layer: int) -> nn.Module:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tuneforge.models.args import MoEArgs
+from tuneforge.models.gather_sum import gather_sum
 
 
 def grouped_linear(
@@ -39,13 +40,8 @@ def _to_rows(x: torch.Tensor, token_of_row: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, token_of_row)
 
 
-def _to_tokens(rows: torch.Tensor, inverse: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Each token's k rows gathered back to token order and summed: no atomic adds."""
-    return rows.index_select(0, inverse).view(-1, top_k, rows.shape[-1]).sum(1)
-
-
 class _Dispatch(torch.autograd.Function):
-    """`_to_rows`; backward is `_to_tokens`."""
+    """`_to_rows`; backward sums each token's k rows back (`gather_sum`, no atomic adds)."""
 
     @staticmethod
     def forward(ctx, x, token_of_row, inverse, top_k: int):
@@ -56,21 +52,28 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_rows):
         (inverse,) = ctx.saved_tensors
-        return _to_tokens(grad_rows, inverse, ctx.top_k), None, None, None
+        return gather_sum(grad_rows, inverse, None, ctx.top_k), None, None, None
 
 
 class _Combine(torch.autograd.Function):
-    """`_to_tokens`, the transpose of `_Dispatch`; backward is `_to_rows`."""
+    """Each token's k expert rows weighted by its router weights [T, k] and summed
+    (`gather_sum`); backward sends the gradient back to the rows and makes the weights'."""
 
     @staticmethod
-    def forward(ctx, rows, token_of_row, inverse, top_k: int):
-        ctx.save_for_backward(token_of_row)
-        return _to_tokens(rows, inverse, top_k)
+    def forward(ctx, rows, weights, token_of_row, inverse, order):
+        ctx.save_for_backward(rows, weights, token_of_row, inverse, order)
+        return gather_sum(rows, inverse, weights, weights.shape[1])
 
     @staticmethod
     def backward(ctx, grad):
-        (token_of_row,) = ctx.saved_tensors
-        return _to_rows(grad, token_of_row), None, None, None
+        rows, weights, token_of_row, inverse, order = ctx.saved_tensors
+        grad_of_row = _to_rows(grad, token_of_row)
+        weight_of_row = weights.reshape(-1)[order, None].to(rows.dtype)
+        grad_weights = None
+        if ctx.needs_input_grad[1]:
+            per_row = (grad_of_row.float() * rows.float()).sum(-1)
+            grad_weights = per_row[inverse].view_as(weights).to(weights.dtype)
+        return grad_of_row * weight_of_row, grad_weights, None, None, None
 
 
 class ExpertBank(nn.Module):
@@ -138,8 +141,7 @@ class ExpertBank(nn.Module):
         y = grouped_linear(act, self.down_proj, offsets)
         if "down_proj" in self.adapters:
             y = y + self.adapters["down_proj"].grouped(act, offsets)
-        y = y * weights.reshape(-1)[order, None].to(y.dtype)
-        return _Combine.apply(y.to(x.dtype), token_of_row, inverse, top_k)
+        return _Combine.apply(y.to(x.dtype), weights, token_of_row, inverse, order)
 
 
 class MoE(nn.Module):

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tuneforge.peft.fused_lora import FusedLoRALinear
+from tuneforge.peft.shared_input_lora import SharedInputLoRA
 
 
 def lora_scaling(rank: int, alpha: float, use_rslora: bool) -> float:
@@ -97,25 +98,49 @@ class LoRALinear(nn.Module):
         with torch.no_grad():
             self.lora_B.zero_()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = adapter_compute_dtype(self.compute_dtype, x, self.lora_A)
-        base = self.base
-        if (
+    def runs_fused(self, x: torch.Tensor) -> bool:
+        """Whether `FusedLoRALinear` computes this adapter on `x`: frozen base (and bias), no
+        dropout, the adapter computing in the activations' dtype."""
+        bias = self.base.bias
+        return (
             self.fused
-            and dtype == x.dtype
+            and adapter_compute_dtype(self.compute_dtype, x, self.lora_A) == x.dtype
             and self.dropout.p == 0
-            and not base.weight.requires_grad
-        ):
-            bias = base.bias
-            if bias is None or not bias.requires_grad:
-                rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-                y = FusedLoRALinear.apply(
-                    rows, base.weight, bias, self.lora_A, self.lora_B, self.scaling
-                )
-                return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+            and not self.base.weight.requires_grad
+            and (bias is None or not bias.requires_grad)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        base = self.base
+        if self.runs_fused(x):
+            rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+            y = FusedLoRALinear.apply(
+                rows, base.weight, base.bias, self.lora_A, self.lora_B, self.scaling
+            )
+            return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+        dtype = adapter_compute_dtype(self.compute_dtype, x, self.lora_A)
         h = self.dropout.pre(x).to(dtype)
         update = (h @ self.lora_A.to(dtype).t()) @ self.lora_B.to(dtype).t()
-        return self.base(x) + self.dropout.post(update * self.scaling).to(x.dtype)
+        return base(x) + self.dropout.post(update * self.scaling).to(x.dtype)
+
+    @staticmethod
+    def project_together(x: torch.Tensor, linears: list[nn.Module]) -> list[torch.Tensor]:
+        """Each of `linears` applied to `x`; where all are adapters running fused, as one
+        `SharedInputLoRA` (their adapters read `x` once)."""
+        if len(linears) < 2 or not all(
+            isinstance(linear, LoRALinear) and linear.runs_fused(x) for linear in linears
+        ):
+            return [linear(x) for linear in linears]
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        outputs = SharedInputLoRA.apply(
+            rows,
+            tuple(linear.scaling for linear in linears),
+            *(linear.base.weight for linear in linears),
+            *(linear.base.bias for linear in linears),
+            *(linear.lora_A for linear in linears),
+            *(linear.lora_B for linear in linears),
+        )
+        return [y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1]) for y in outputs]
 
     @torch.no_grad()
     def delta_weight(self) -> torch.Tensor:
