@@ -72,9 +72,6 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(ffn_dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = getattr(self.down_proj, "swiglu_mlp", None)  # LoRA adapters: one function
-        if fused is not None:
-            return fused(x, self.gate_proj, self.up_proj, self.down_proj)
         gate, up = project_each(x, self.gate_proj, self.up_proj)
         return self.down_proj(F.silu(gate) * up)
 

@@ -5,11 +5,9 @@ as PEFT) or on the update (`post`, as Megatron allows)."""
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tuneforge.peft.fused_lora import FusedLoRALinear
-from tuneforge.peft.lora_mlp import LoRASwiGLUMLP
 from tuneforge.peft.shared_input_lora import SharedInputLoRA
 
 
@@ -124,29 +122,6 @@ class LoRALinear(nn.Module):
         h = self.dropout.pre(x).to(dtype)
         update = (h @ self.lora_A.to(dtype).t()) @ self.lora_B.to(dtype).t()
         return base(x) + self.dropout.post(update * self.scaling).to(x.dtype)
-
-    @staticmethod
-    def swiglu_mlp(
-        x: torch.Tensor, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Module
-    ) -> torch.Tensor:
-        """down(silu(gate(x)) · up(x)); where all three are adapters running fused, as one
-        `LoRASwiGLUMLP`."""
-        linears = (gate_proj, up_proj, down_proj)
-        if not all(
-            isinstance(linear, LoRALinear) and linear.runs_fused(x) and linear.base.bias is None
-            for linear in linears
-        ):
-            gate, up = LoRALinear.project_together(x, [gate_proj, up_proj])
-            return down_proj(F.silu(gate) * up)
-        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        y = LoRASwiGLUMLP.apply(
-            rows,
-            tuple(linear.scaling for linear in linears),
-            *(linear.base.weight for linear in linears),
-            *(linear.lora_A for linear in linears),
-            *(linear.lora_B for linear in linears),
-        )
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def project_together(x: torch.Tensor, linears: list[nn.Module]) -> list[torch.Tensor]:
