@@ -44,7 +44,7 @@ WORKLOADS = {
             "llama-3-8b",
             ALL_LINEAR,
             peer_checkpointing=(False,),
-            variants=("compiled", "compiled+budget0.8", "compiled+onedoc"),
+            variants=("compiled", "compiled+budget0.8+chunk2048", "compiled+onedoc"),
         ),
         Workload(
             "llama3-8b-lora-capped",
