@@ -120,8 +120,7 @@ def test_expert_lora_grouped_equals_the_loop_on_a_bf16_bank(rank):
             moe.experts.adapters[projection] = adapter
         moe.to(CUDA)
         moe.router.to(torch.bfloat16)
-        moe.experts.gate_proj.data = moe.experts.gate_proj.data.bfloat16()
-        moe.experts.up_proj.data = moe.experts.up_proj.data.bfloat16()
+        moe.experts.gate_up_proj.data = moe.experts.gate_up_proj.data.bfloat16()
         moe.experts.down_proj.data = moe.experts.down_proj.data.bfloat16()
         return moe
 

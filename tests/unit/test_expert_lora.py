@@ -73,8 +73,7 @@ def test_expert_lora_equals_the_experts_with_merged_weights():
         down = moe.experts.adapters["down_proj"]
         for e in range(6):  # W_e + scale * B_e A_e, one expert at a time
             delta = gate_up.scaling * gate_up.lora_B[e] @ gate_up.lora_A[e]
-            reference.experts.gate_proj[e] += delta[:24]
-            reference.experts.up_proj[e] += delta[24:]
+            reference.experts.gate_up_proj[e] += delta  # gate rows, then up rows
             reference.experts.down_proj[e] += down.scaling * down.lora_B[e] @ down.lora_A[e]
         torch.testing.assert_close(adapted, reference(x), rtol=1e-5, atol=1e-5)
 

@@ -65,20 +65,10 @@ def test_gradients_match_hf(tmp_path, family):
     adapter = adapter_for(ours.args.family)
     for name, param in ours.named_parameters():
         if ".mlp.experts." in name:
-            # transformers keeps experts fused in memory: gate_up_proj [E, 2I, D], down_proj [E, D, I]
-            layer = name.split(".")[1]
-            fused = hf_params[
-                f"model.layers.{layer}.mlp.experts.{'down_proj' if 'down' in name else 'gate_up_proj'}"
-            ]
-            half = param.shape[1]
-            expected = {
-                "gate_proj": fused.grad[:, :half],
-                "up_proj": fused.grad[:, half:],
-                "down_proj": fused.grad,
-            }
-            torch.testing.assert_close(
-                param.grad, expected[name.rsplit(".", 1)[1]], atol=1e-6, rtol=1e-4, msg=name
-            )
+            # transformers holds experts as we do: gate_up_proj [E, 2I, D], down_proj [E, D, I]
+            layer, projection = name.split(".")[1], name.rsplit(".", 1)[1]
+            fused = hf_params[f"model.layers.{layer}.mlp.experts.{projection}"]
+            torch.testing.assert_close(param.grad, fused.grad, atol=1e-6, rtol=1e-4, msg=name)
             continue
         hf_grad = hf_params[hf_name_of(adapter, name)].grad
         torch.testing.assert_close(param.grad, hf_grad, atol=1e-6, rtol=1e-5, msg=name)

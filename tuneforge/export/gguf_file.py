@@ -40,16 +40,19 @@ def permute_for_llama(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 def hf_tensors(model: Decoder) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) of every weight; stacked experts keep their [E, out, in] stack under
-    the bank's name (`...mlp.experts.gate_proj.weight`), as gguf's name map expects."""
+    the bank's name (`...mlp.experts.gate_proj.weight`), as gguf's name map expects; the stacked
+    gate and up (`gate_up_proj`) go out as two such stacks."""
     args = model.args
     family = adapter_for(args.family)
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and args.tie_embeddings:
             continue
         if ".mlp.experts." in name:
-            hf_name = family.to_hf(name, 0)
-            assert hf_name is not None
-            yield hf_name.replace(".experts.0.", ".experts."), tensor
+            for half in family.halves(name):
+                hf_name = family.to_hf(name, 0, half)
+                assert hf_name is not None
+                part = tensor if half is None else tensor.chunk(2, dim=1)[half]
+                yield hf_name.replace(".experts.0.", ".experts."), part
             continue
         hf_name = family.to_hf(name)
         if hf_name is None:

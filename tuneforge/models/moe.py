@@ -1,6 +1,7 @@
 """Sparse mixture-of-experts MLP (Qwen3-MoE): a softmax router picks top-k experts per token.
 
-Expert weights are stacked 3-D tensors, `gate_proj`/`up_proj` [E, I, D] and `down_proj` [E, D, I].
+Expert weights are stacked 3-D tensors: `gate_up_proj` [E, 2I, D] (each expert's gate rows, then
+its up rows, as transformers holds them: one GEMM makes both) and `down_proj` [E, D, I].
 `grouped` runs all experts in one grouped GEMM per projection (`torch._grouped_mm`) on tokens
 sorted by expert; `loop` is the per-expert reference.
 """
@@ -81,8 +82,7 @@ class ExpertBank(nn.Module):
         self, num_experts: int, dim: int, ffn_dim: int, implementation: str = "grouped"
     ) -> None:
         super().__init__()
-        self.gate_proj = nn.Parameter(torch.empty(num_experts, ffn_dim, dim))
-        self.up_proj = nn.Parameter(torch.empty(num_experts, ffn_dim, dim))
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * ffn_dim, dim))
         self.down_proj = nn.Parameter(torch.empty(num_experts, dim, ffn_dim))
         self.implementation = implementation
         self.adapters = nn.ModuleDict()
@@ -92,7 +92,7 @@ class ExpertBank(nn.Module):
 
     @property
     def num_experts(self) -> int:
-        return self.gate_proj.shape[0]
+        return self.gate_up_proj.shape[0]
 
     def forward(
         self, x_TD: torch.Tensor, expert_ids_TK: torch.Tensor, weights_TK: torch.Tensor
@@ -110,10 +110,10 @@ class ExpertBank(nn.Module):
             if token.numel() == 0:
                 continue
             h = x[token]
-            gate, up = h @ self.gate_proj[expert].t(), h @ self.up_proj[expert].t()
+            gate_up = h @ self.gate_up_proj[expert].t()
             if "gate_up_proj" in self.adapters:
-                gate_delta, up_delta = self.adapters["gate_up_proj"].single(h, expert).chunk(2, -1)
-                gate, up = gate + gate_delta, up + up_delta
+                gate_up = gate_up + self.adapters["gate_up_proj"].single(h, expert)
+            gate, up = gate_up.chunk(2, -1)
             act = F.silu(gate) * up
             y = act @ self.down_proj[expert].t()
             if "down_proj" in self.adapters:
@@ -132,11 +132,10 @@ class ExpertBank(nn.Module):
         )
         offsets = expert_offsets(sorted_ids, self.num_experts)
         h = _Dispatch.apply(x, token_of_row, inverse, top_k)
-        gate = grouped_linear(h, self.gate_proj, offsets)
-        up = grouped_linear(h, self.up_proj, offsets)
+        gate_up = grouped_linear(h, self.gate_up_proj, offsets)
         if "gate_up_proj" in self.adapters:
-            gate_delta, up_delta = self.adapters["gate_up_proj"].grouped(h, offsets).chunk(2, -1)
-            gate, up = gate + gate_delta, up + up_delta
+            gate_up = gate_up + self.adapters["gate_up_proj"].grouped(h, offsets)
+        gate, up = gate_up.chunk(2, -1)
         act = F.silu(gate) * up
         y = grouped_linear(act, self.down_proj, offsets)
         if "down_proj" in self.adapters:

@@ -163,7 +163,7 @@ def _attach(
         return
     assert isinstance(module, ExpertBank)
     if candidate.projection == "gate_up_proj":
-        out_features, in_features = 2 * module.gate_proj.shape[1], module.gate_proj.shape[2]
+        out_features, in_features = module.gate_up_proj.shape[1], module.gate_up_proj.shape[2]
     else:
         out_features, in_features = module.down_proj.shape[1], module.down_proj.shape[2]
     bank_adapter = ExpertLoRA(
@@ -174,8 +174,8 @@ def _attach(
         alpha,
         shared=lora.share_expert_adapters,
         dropout=lora.dropout,
-        dtype=dtype or module.gate_proj.dtype,
-        device=module.gate_proj.device,
+        dtype=dtype or module.down_proj.dtype,
+        device=module.down_proj.device,
         **options,
     )
     bank_adapter.reset_lora_parameters(generator)
@@ -206,12 +206,6 @@ def merge_lora(model: nn.Module) -> nn.Module:
             continue
         bank_name, _, projection = name.rpartition(".adapters.")
         bank = model.get_submodule(bank_name)
-        delta = module.delta_weight()
-        if projection == "gate_up_proj":
-            gate_delta, up_delta = delta.chunk(2, dim=1)
-            _add_in_fp32(bank.gate_proj, gate_delta)
-            _add_in_fp32(bank.up_proj, up_delta)
-        else:
-            _add_in_fp32(bank.down_proj, delta)
+        _add_in_fp32(getattr(bank, projection), module.delta_weight())
         del bank.adapters[projection]
     return model

@@ -61,9 +61,9 @@ def candidates(model: nn.Module, family: StateDictAdapter) -> list[Candidate]:
         elif isinstance(module, nn.Linear) and name not in wrapped:
             found.append(Candidate(name, family.module_to_hf(name)))
         elif isinstance(module, ExpertBank):
-            first_expert = family.to_hf(f"{name}.gate_proj", expert=0)
+            first_expert = family.to_hf(f"{name}.down_proj", expert=0)
             assert first_expert is not None
-            bank = first_expert.removesuffix(".0.gate_proj.weight")
+            bank = first_expert.removesuffix(".0.down_proj.weight")
             found += [Candidate(name, f"{bank}.{p}", p) for p in BANK_PROJECTIONS]
     return found
 

@@ -1,13 +1,17 @@
 """Name maps between our modules and each family's Hugging Face checkpoint layout.
 
 One `StateDictAdapter` per `model_type`. Templates use `{i}` for the layer and `{j}` for the
-expert: HF stores one matrix per expert, we stack them into a 3-D tensor indexed by `{j}`.
+expert: HF stores one matrix per expert, we stack them into a 3-D tensor indexed by `{j}`; a target
+ending in `[0]` or `[1]` is the first or second half of each expert's rows (gate and up stacked in
+`gate_up_proj`).
 """
 
 import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from tuneforge.models.args import ModelArgs, MoEArgs, RopeScaling
 
@@ -34,8 +38,8 @@ QK_NORM_KEYS = {
 }
 MOE_KEYS = {
     "model.layers.{i}.mlp.gate.weight": "layers.{i}.mlp.router.weight",
-    "model.layers.{i}.mlp.experts.{j}.gate_proj.weight": "layers.{i}.mlp.experts.gate_proj",
-    "model.layers.{i}.mlp.experts.{j}.up_proj.weight": "layers.{i}.mlp.experts.up_proj",
+    "model.layers.{i}.mlp.experts.{j}.gate_proj.weight": "layers.{i}.mlp.experts.gate_up_proj[0]",
+    "model.layers.{i}.mlp.experts.{j}.up_proj.weight": "layers.{i}.mlp.experts.gate_up_proj[1]",
     "model.layers.{i}.mlp.experts.{j}.down_proj.weight": "layers.{i}.mlp.experts.down_proj",
 }
 
@@ -46,17 +50,38 @@ def _pattern(template: str) -> re.Pattern[str]:
     return re.compile("^" + escaped + "$")
 
 
-def _translate(name: str, key_map: dict[str, str]) -> tuple[str, int | None] | None:
+def _split_half(template: str) -> tuple[str, int | None]:
+    """`name[0]` -> (`name`, 0); a template without a half -> (template, None)."""
+    if template.endswith(("[0]", "[1]")):
+        return template[:-3], int(template[-2])
+    return template, None
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one HF tensor lives in ours: a parameter and, in a stacked bank, the expert and
+    which half of its rows (0 or 1; None: all of them)."""
+
+    name: str
+    expert: int | None = None
+    half: int | None = None
+
+    def of(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The part of our parameter `tensor` that this place names (a view)."""
+        part = tensor if self.expert is None else tensor[self.expert]
+        return part if self.half is None else part.chunk(2, dim=0)[self.half]
+
+
+def _translate(name: str, key_map: dict[str, str]) -> Place | None:
     """Map `name` through the first matching template; the expert index when `{j}` matched."""
     for source, target in key_map.items():
         match = _pattern(source).match(name)
         if match:
             groups = match.groupdict()
+            target, half = _split_half(target)
             translated = target.replace("{i}", groups["i"]) if "i" in groups else target
-            if "j" in groups and "{j}" in target:
-                translated = translated.replace("{j}", groups["j"])
-            expert = int(groups["j"]) if "j" in groups and "{j}" not in target else None
-            return translated, expert
+            expert = int(groups["j"]) if "j" in groups else None
+            return Place(translated, expert, half)
     return None
 
 
@@ -71,21 +96,30 @@ class StateDictAdapter:
     qk_norm: bool = False
     extra_config: dict[str, Any] = field(default_factory=dict)
 
-    def from_hf(self, hf_name: str) -> tuple[str, int | None] | None:
-        """Our parameter name for a HF tensor name, and the expert index for stacked experts."""
+    def from_hf(self, hf_name: str) -> Place | None:
+        """Where a HF tensor goes in ours (None: not part of this family's layout)."""
         return _translate(hf_name, self.key_map)
 
     @functools.cached_property
-    def _reverse_key_map(self) -> dict[str, str]:
-        return {ours: theirs for theirs, ours in self.key_map.items()}
+    def _reverse_key_map(self) -> list[tuple[str, int | None, str]]:
+        return [(*_split_half(ours), theirs) for theirs, ours in self.key_map.items()]
 
-    def to_hf(self, name: str, expert: int | None = None) -> str | None:
-        for ours, theirs in self._reverse_key_map.items():
+    def to_hf(self, name: str, expert: int | None = None, half: int | None = None) -> str | None:
+        for ours, ours_half, theirs in self._reverse_key_map:
             match = _pattern(ours).match(name)
-            if match:
+            if match and ours_half == half:
                 hf_name = theirs.replace("{i}", match.groupdict().get("i", ""))
                 return hf_name.replace("{j}", str(expert)) if expert is not None else hf_name
         return None
+
+    def halves(self, name: str) -> tuple[int | None, ...]:
+        """(0, 1) for a parameter stored as two HF tensors per expert, else (None,)."""
+        found = tuple(
+            half
+            for ours, half, _ in self._reverse_key_map
+            if half is not None and _pattern(ours).match(name)
+        )
+        return tuple(sorted(found)) or (None,)
 
     def module_to_hf(self, module_name: str) -> str:
         """HF name of one of our modules (e.g. `layers.0.attn.q_proj` -> `model.layers.0.self_attn.q_proj`)."""

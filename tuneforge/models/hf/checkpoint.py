@@ -82,7 +82,7 @@ def load_hf_model(
     expected = set(params) - ({"lm_head.weight"} if args.tie_embeddings else set())
     loaded: set[str] = set()
     unexpected: list[str] = []
-    experts_loaded: dict[str, set[int]] = {}
+    experts_loaded: dict[str, set[tuple[int, int | None]]] = {}
     for file in safetensors_files(model_dir):
         try:
             handle_context = safe_open(str(file), framework="pt")
@@ -94,7 +94,7 @@ def load_hf_model(
                 if translated is None:
                     unexpected.append(hf_name)
                     continue
-                name, expert = translated
+                name = translated.name
                 layer = LAYER_INDEX.match(name)
                 if layer and int(layer.group(1)) >= args.num_layers:
                     continue
@@ -104,19 +104,20 @@ def load_hf_model(
                     unexpected.append(hf_name)
                     continue
                 tensor = handle.get_tensor(hf_name)
-                target = params[name] if expert is None else params[name][expert]
+                target = translated.of(params[name])
                 if tensor.shape != target.shape:
                     raise CheckpointError(
                         f"{file.name}: {hf_name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
                     )
                 with torch.no_grad():
                     target.copy_(tensor)
-                if expert is None:
+                if translated.expert is None:
                     loaded.add(name)
                 else:
-                    experts_loaded.setdefault(name, set()).add(expert)
-    for name, experts in experts_loaded.items():
-        if len(experts) == params[name].shape[0]:
+                    parts = experts_loaded.setdefault(name, set())
+                    parts.add((translated.expert, translated.half))
+    for name, parts in experts_loaded.items():
+        if len(parts) == params[name].shape[0] * len(adapter.halves(name)):
             loaded.add(name)
     missing = sorted(expected - loaded)
     if missing or unexpected:
@@ -155,10 +156,12 @@ def save_hf_model(
         tensor = tensor.to(DTYPES[dtype] if dtype else tensor.dtype).cpu()
         stacked = ".mlp.experts." in name
         for expert, part in enumerate(tensor.unbind(0) if stacked else [tensor]):
-            hf_name = adapter.to_hf(name, expert if stacked else None)
-            if hf_name is None:
-                raise KeyError(f"no Hugging Face name for {name}")
-            tensors[hf_name] = part.contiguous()
+            for half in adapter.halves(name):
+                hf_name = adapter.to_hf(name, expert if stacked else None, half)
+                if hf_name is None:
+                    raise KeyError(f"no Hugging Face name for {name}")
+                piece = part if half is None else part.chunk(2, dim=0)[half]
+                tensors[hf_name] = piece.contiguous()
     if not write:
         return
     out_dir.mkdir(parents=True, exist_ok=True)
