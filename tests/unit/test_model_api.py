@@ -72,6 +72,21 @@ def test_missing_tensor_is_named(tmp_path):
         tuneforge.load_model(tmp_path)
 
 
+def test_one_missing_expert_half_names_the_stacked_bank(tmp_path):
+    """Gate and up are two tensors per expert on disk and one stacked parameter in memory: a
+    missing up tensor of one expert leaves that bank incomplete."""
+    from safetensors.torch import load_file, save_file
+
+    save_tiny_model(tmp_path, "qwen3_moe")
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["model.layers.0.mlp.experts.2.up_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(
+        CheckpointError, match=r"missing \['layers\.0\.mlp\.experts\.gate_up_proj'\]"
+    ):
+        tuneforge.load_model(tmp_path)
+
+
 def test_unknown_model_type_is_named(tmp_path):
     save_tiny_model(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
