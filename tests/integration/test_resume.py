@@ -210,3 +210,29 @@ def test_memory_settings_include_the_offload_options_and_skip_unrecorded_ones():
     assert changed_settings(saved, config) == ["train.offload_activations: 0 -> 2"]
     del saved["train.offload_activations"]  # a run saved before the setting existed
     assert changed_settings(saved, config) == []
+
+
+def test_a_checkpoint_of_other_weights_is_refused_with_its_reason(tmp_path):
+    """Resuming from a checkpoint that lacks a trained weight (another model, other adapters,
+    or an older layout) names the checkpoint and the missing weight, without a traceback."""
+    from torch import nn
+
+    from tuneforge.train.checkpoint import LoopState, load_checkpoint, save_checkpoint
+    from tuneforge.train.distributed import Dist
+
+    def module(name: str) -> nn.Module:
+        m = nn.Module()
+        m.register_parameter(name, nn.Parameter(torch.ones(3)))
+        return m
+
+    saved = module("gate_proj")
+    state = LoopState(1, 10, {"position": 0}, 1.0, 1, {})
+    path, _ = save_checkpoint(
+        tmp_path, saved, torch.optim.AdamW(saved.parameters()), state, Dist(), 2
+    )
+    other = module("gate_up_proj")
+    with pytest.raises(TuneforgeError) as raised:
+        load_checkpoint(path, other, torch.optim.AdamW(other.parameters()), Dist())
+    message = str(raised.value)
+    assert str(path) in message and "Missing key" in message and "gate_up_proj" in message
+    assert "Traceback" not in message

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import time
 import warnings
@@ -24,12 +25,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_state_dict,
 )
 
+from tuneforge.errors import TuneforgeError
 from tuneforge.train.distributed import Dist, barrier
 
 CHECKPOINTS = "checkpoints"
@@ -148,6 +151,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(complete, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
+def _load_failure(error: CheckpointException) -> str:
+    """The reason in a failed `dcp.load`'s text (missing key, size mismatch), else its last line."""
+    text = str(error)
+    found = re.findall(
+        r"(?:Missing key|[Ss]ize mismatch)[^\n]*", text
+    )  # source lines, then the error
+    if found:
+        return found[-1].rstrip(".")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
 def read_loop_state(checkpoint: Path) -> LoopState:
     return LoopState(**json.loads((checkpoint / STATE_FILE).read_text()))
 
@@ -158,8 +173,16 @@ def load_checkpoint(
     """Restore weights, optimizer and this rank's RNG (when the checkpoint has this rank)."""
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_state, "optim": optimizer_state}
-    with _single_process_quiet():
-        dcp.load(state, checkpoint_id=checkpoint / WEIGHTS_DIR)
+    try:
+        with _single_process_quiet():
+            dcp.load(state, checkpoint_id=checkpoint / WEIGHTS_DIR)
+    except CheckpointException as error:  # a BaseException, with every rank's traceback in it
+        raise TuneforgeError(
+            f"{checkpoint}: cannot restore this run from it ({_load_failure(error)}): it holds "
+            "other weights (another model, other LoRA targets or ranks, or an older tuneforge "
+            "that named them otherwise); restore the settings it was written with, or start a "
+            "new run in another run.output_dir"
+        ) from None
     set_state_dict(
         model,
         optimizer,
