@@ -154,9 +154,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def _load_failure(error: CheckpointException) -> str:
     """The reason in a failed `dcp.load`'s text (missing key, size mismatch), else its last line."""
     text = str(error)
-    found = re.findall(
-        r"(?:Missing key|[Ss]ize mismatch)[^\n]*", text
-    )  # source lines, then the error
+    # the text quotes the raising source line first, then the error itself
+    found = re.findall(r"(?:Missing key|[Ss]ize mismatch)[^\n]*", text)
     if found:
         return found[-1].rstrip(".")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
