@@ -1,6 +1,6 @@
 """Each token's k rows gathered back into token order, optionally weighted, and summed:
-out[t] = Σₖ w[t, k] · rows[index[t·k + k]] — how a MoE layer combines its experts' outputs, and
-the transpose of sending each token to its k experts.
+out[t] = Σₖ w[t, k] · rows[index[t·K + k]] for K = top_k — how a MoE layer combines its experts'
+outputs, and the transpose of sending each token to its K experts.
 
 On CUDA one Triton kernel reads each token's k rows once, sums in fp32 and writes once;
 elsewhere (or without Triton) `index_select` and a sum. It is an opaque operator: Inductor's own

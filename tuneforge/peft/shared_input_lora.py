@@ -1,8 +1,8 @@
 """Fused LoRA linears that read the same input (q, k and v; gate and up), computed together:
 their adapters' x·Aᵀ as one skinny GEMM over the stacked A (the input read once, not once per
 adapter), and in backward the input gradient Σ gᵢ·Wᵢ + Σ sᵢ·(gᵢ·Bᵢ)·Aᵢ accumulated by its GEMMs
-into one output, and the A gradients as one GEMM over the input. Each output is what
-`FusedLoRALinear` gives for its linear alone, which the tests check."""
+into one output, and the A gradients as one GEMM over the input. Outputs and gradients are each
+linear's own LoRA expression (`LoRALinear`'s plain path, the tests' reference)."""
 
 import torch
 
