@@ -128,3 +128,28 @@ def test_the_captured_step_says_what_stands_in_its_way():
     objective = NextTokenObjective(model)
     with pytest.raises(ValueError, match=r"train\.cuda_graph: the model is not on a CUDA GPU"):
         CapturedStep(objective, model, optimizer, train, torch.device("cpu"))
+
+
+def test_evaluation_projects_only_the_supervised_rows(monkeypatch):
+    """The captured step's every-row loss is for training; evaluation runs eagerly and projects
+    the supervised rows only, with the same loss."""
+    from tuneforge.train import objective as objective_module
+
+    seen = []
+    original = objective_module.chunked_cross_entropy
+
+    def spy(*args):
+        seen.append(args[-1])
+        return original(*args)
+
+    monkeypatch.setattr(objective_module, "chunked_cross_entropy", spy)
+    model = load_model("demo-tiny", dtype="float32", attention="eager", seed=0)
+    objective = NextTokenObjective(model)
+    objective.every_row_loss = True
+    batch = synthetic_batch(model.args.vocab_size, 120, False, seed=3)
+    trained, _ = objective(batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens)
+    objective.eval()
+    with torch.no_grad():
+        evaluated, _ = objective(batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens)
+    assert seen == [True, False]
+    torch.testing.assert_close(evaluated, trained.detach(), rtol=1e-5, atol=1e-5)

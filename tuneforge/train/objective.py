@@ -23,7 +23,8 @@ class NextTokenObjective(nn.Module):
         self.compiled_loss = compiled_loss
         """Each chunk's softmax and gradient as one compiled function (with the fused loss)."""
         self.every_row_loss = False
-        """Every row projected to the vocabulary, the ignored ones weighted 0 (fixed shapes)."""
+        """Every row projected to the vocabulary, the ignored ones weighted 0 (fixed shapes), in
+        training; evaluation, which runs eagerly, projects the supervised rows only."""
 
     def forward(
         self,
@@ -46,7 +47,7 @@ class NextTokenObjective(nn.Module):
             self.fused_loss,
             self.compiled_loss,
             num_loss_tokens,
-            self.every_row_loss,
+            self.every_row_loss and self.training,
         )
         aux = self.model.aux_loss(real_tokens)
         self.model.record_router_logits(False)
