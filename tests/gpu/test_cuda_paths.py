@@ -157,3 +157,42 @@ def test_gather_sum_kernel_equals_the_fp32_sum(weighted, dim):
     expected = _gather_sum(rows.float(), index, None if weights is None else weights.float(), top_k)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.cpu().float(), expected, rtol=8e-3, atol=8e-3)
+
+
+@pytest.mark.parametrize("attention", ["flash4", "varlen"])
+def test_stacked_q_k_v_keep_no_more_for_backward(attention):
+    """What a block saves for backward, in storage bytes, is the same with q, k and v's frozen
+    weights stacked as without: no saved tensor is a slice holding all three outputs alive."""
+    if attention == "flash4" and not flash4.available(CUDA):
+        pytest.skip("flash-attn-4 is not installed")
+    plain, stacked = (saved_activation_bytes(attention, stack) for stack in (False, True))
+    assert stacked <= plain * 1.001, (stacked, plain)
+
+
+def saved_activation_bytes(attention: str, stack: bool) -> int:
+    """Storage bytes a LoRA block of the Llama-3.2-1B shape saves for backward, weights aside."""
+    import tuneforge
+    from tuneforge.peft.apply import apply_lora
+    from tuneforge.peft.stacked_weights import stack_frozen_weights
+
+    model = tuneforge.load_model(
+        "llama-3.2-1b", num_layers=1, dtype="bfloat16", device="cuda", attention=attention
+    )
+    lora = {"target_modules": ["all-linear"], "rank": 16, "alpha": 32}
+    apply_lora(model, lora, torch.Generator("cuda").manual_seed(1), torch.float32)
+    if stack:
+        assert stack_frozen_weights(model) == 1
+    x = torch.randn(4096, model.args.dim, device="cuda", dtype=torch.bfloat16)
+    packed = PackedSequences.from_lengths([1000, 3096], "cuda")
+    rope = model.rope(packed.position_ids, x.dtype)
+    storages = {}
+
+    def keep(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        model.layers[0](x.requires_grad_(), rope, packed)
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return sum(size for ptr, size in storages.items() if ptr not in weights)

@@ -1,5 +1,6 @@
-"""The fast paths against their reference paths on the GPU, in bf16: the fused LoRA linear,
-the loss's fused gradients, and a short training run with them against one with none."""
+"""The fast paths against their reference paths on the GPU, in bf16: the fused LoRA linear (q, k
+and v over their stacked weights), the loss's fused gradients, and a short training run with
+them against one with none."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 from tuneforge.models.api import load_model
 from tuneforge.models.packed import PackedSequences
 from tuneforge.peft.apply import apply_lora, lora_modules
+from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.train.block_wrappers import wrap_blocks
 from tuneforge.train.loss import chunked_cross_entropy
 from tuneforge.train.objective import NextTokenObjective
@@ -48,6 +50,8 @@ def losses(fast: bool, compiled: bool, attention: str, steps: int = 30) -> list[
     apply_lora(model, lora, torch.Generator("cuda").manual_seed(1), torch.float32)
     for module in lora_modules(model).values():
         module.fused = fast
+    if fast:
+        assert stack_frozen_weights(model) == 2
     if compiled:
         wrap_blocks(model, compile=True)
     objective = NextTokenObjective(model, compiled_loss=compiled)

@@ -11,6 +11,7 @@ from tuneforge.config.schema import ParallelSection, TrainSection
 from tuneforge.models.api import load_model
 from tuneforge.models.cost import LoraShape
 from tuneforge.peft.apply import apply_lora
+from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.train.block_wrappers import wrap_blocks
 from tuneforge.train.captured_step import CapturedStep, step_function
 from tuneforge.train.distributed import init_distributed, parallelize, strategy_of
@@ -80,6 +81,7 @@ def run_ours(
         parallel,
         world,
     )
+    stack_frozen_weights(model)
     train = TrainSection(
         max_steps=warmup + steps,
         tokens_per_micro_batch=workload.tokens,

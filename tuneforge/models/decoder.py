@@ -54,7 +54,9 @@ class Attention(nn.Module):
         q, k, v = project_each(x_TD, self.q_proj, self.k_proj, self.v_proj)
         q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
         k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        # v may be a column slice of q, k and v's one output (stacked weights): saved by the
+        # attention as it is, it would keep all three alive until backward
+        v = v.contiguous().view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = (
             BACKENDS[self.backend](q, k, v, packed)

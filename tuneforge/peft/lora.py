@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from tuneforge.peft.fused_lora import FusedLoRALinear
-from tuneforge.peft.shared_input_lora import SharedInputLoRA
+from tuneforge.peft.shared_input_lora import SharedInputLoRA, StackedSharedInputLoRA
 
 
 def lora_scaling(rank: int, alpha: float, use_rslora: bool) -> float:
@@ -90,7 +90,16 @@ class LoRALinear(nn.Module):
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **factory))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **factory))
         self.dropout = AdapterDropout(dropout, dropout_position)
+        self.stacked_weight: torch.Tensor | None = None
+        self.stacked_bias: torch.Tensor | None = None
+        """Set on the first of linears whose frozen weights are views of one stacked tensor
+        (`peft/stacked_weights.py`)."""
         self.reset_lora_parameters()
+
+    def _apply(self, fn, recurse=True):
+        # moved or cast, the weights are no longer views of the stacked tensor
+        self.stacked_weight = self.stacked_bias = None
+        return super()._apply(fn, recurse)
 
     def reset_lora_parameters(self, generator: torch.Generator | None = None) -> None:
         """A by `init`, B zero: the adapter starts as a no-op."""
@@ -126,12 +135,25 @@ class LoRALinear(nn.Module):
     @staticmethod
     def project_together(x: torch.Tensor, linears: list[nn.Module]) -> list[torch.Tensor]:
         """Each of `linears` applied to `x`; where all are adapters running fused, as one
-        `SharedInputLoRA` (their adapters read `x` once)."""
+        `SharedInputLoRA` (their adapters read `x` once), or `StackedSharedInputLoRA` where
+        their frozen weights are stacked (the first linear holds the stacked tensor)."""
         if len(linears) < 2 or not all(
             isinstance(linear, LoRALinear) and linear.runs_fused(x) for linear in linears
         ):
             return [linear(x) for linear in linears]
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        stacked = linears[0].stacked_weight
+        if stacked is not None:
+            y = StackedSharedInputLoRA.apply(
+                rows,
+                tuple(linear.scaling for linear in linears),
+                stacked,
+                linears[0].stacked_bias,
+                *(linear.lora_A for linear in linears),
+                *(linear.lora_B for linear in linears),
+            )
+            outputs = y.split([linear.base.out_features for linear in linears], dim=1)
+            return [y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1]) for y in outputs]
         outputs = SharedInputLoRA.apply(
             rows,
             tuple(linear.scaling for linear in linears),

@@ -74,3 +74,47 @@ class SharedInputLoRA(torch.autograd.Function):
             dBs.append((g.t() @ u[:, start : start + rank]).mul_(s).to(dtype))
             start += rank
         return dx, None, *([None] * (2 * count)), *dAs, *dBs
+
+
+class StackedSharedInputLoRA(torch.autograd.Function):
+    """As `SharedInputLoRA`, over frozen weights stacked into one [Σ out, in] tensor
+    (`peft/stacked_weights.py`): one base GEMM each way, and the updates as one GEMM over the
+    block-diagonal B. `rows` [N, in], the stacked weight and bias (or None), then the n
+    adapters' A and B; returns the outputs side by side, [N, Σ out]."""
+
+    @staticmethod
+    def forward(ctx, rows, scalings: tuple[float, ...], weight, bias, *adapters):
+        count = len(scalings)
+        lora_As, lora_Bs = adapters[:count], adapters[count:]
+        common = scalings[0] if len(set(scalings)) == 1 else None
+        A = torch.cat([a.to(rows.dtype) for a in lora_As])
+        B = torch.block_diag(
+            *(
+                b.to(rows.dtype) if common is not None else b.to(rows.dtype) * s
+                for b, s in zip(lora_Bs, scalings, strict=True)
+            )
+        )
+        u = rows @ A.t()
+        y = matmul_add_low_rank(rows, weight.t(), u, B.t(), common or 1.0, bias)
+        ctx.save_for_backward(rows, u, A, weight, B)
+        ctx.scalings, ctx.common = scalings, common
+        ctx.blocks = [
+            (b.shape[0], b.shape[1], a.dtype) for a, b in zip(lora_As, lora_Bs, strict=True)
+        ]
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, u, A, weight, B = ctx.saved_tensors
+        gu = grad @ B  # each block's gᵢ·Bᵢ (with a scaling of its own, already scaled)
+        if ctx.common is not None:
+            gu.mul_(ctx.common)
+        dx = matmul_sum([grad, gu], [weight, A]) if ctx.needs_input_grad[0] else None
+        dA = gu.t() @ rows
+        dB = grad.t() @ u  # every pair of blocks; the diagonal ones are the B gradients
+        dAs, dBs, row, col = [], [], 0, 0
+        for (outs, rank, dtype), scaling in zip(ctx.blocks, ctx.scalings, strict=True):
+            dAs.append(dA[col : col + rank].to(dtype))
+            dBs.append((dB[row : row + outs, col : col + rank] * scaling).to(dtype))
+            row, col = row + outs, col + rank
+        return dx, None, None, None, *dAs, *dBs

@@ -20,6 +20,7 @@ from tuneforge.data.training_data import load_training_data
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.cost import LoraShape, training_flops_per_token
 from tuneforge.peft.apply import LoraReport, apply_lora
+from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.peft.targets import LoraTargetError
 from tuneforge.train.block_wrappers import refuse_unsupported_offload, wrap_blocks
 from tuneforge.train.build import build_model, load_tokenizer
@@ -140,6 +141,7 @@ class Trainer:
             config.parallel,
             self.world,
         )
+        stack_frozen_weights(self.model)  # where unsharded: q, k and v as one GEMM
         self.optimizer = build_optimizer(self.model, train, self.device)
         self.total_steps = self._total_steps()
         tensorboard = self.run_dir / TENSORBOARD_DIR if config.logging.tensorboard else None
