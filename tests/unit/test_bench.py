@@ -31,6 +31,7 @@ def test_plan_runs_peers_per_workload():
     assert [run.variant for run in runs] == [
         "compiled+zero2+bf16reduce",
         "compiled+zero2+bf16reduce+nccl8",
+        "compiled+ddp",
         "compiled+1gpu",
     ]
 

@@ -70,7 +70,7 @@ def run_ours(
         offload_activations=settings.offload_activations,
     )
     parallel = ParallelSection(
-        strategy="fsdp" if world.world_size > 1 else "single",
+        strategy=("ddp" if settings.ddp else "fsdp") if world.world_size > 1 else "single",
         zero_stage=2 if settings.zero2 else None,
         reduce_dtype="model" if settings.bf16_reduce else "float32",
     )

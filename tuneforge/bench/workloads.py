@@ -29,7 +29,8 @@ class Workload:
     memory), `hostN` (N blocks' activations in host memory instead), `hostembed` (the frozen
     input embedding in host memory), `budget0.8` (the compiled graph keeps that share of its
     activations), `chunk512` (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2:
-    parameters kept gathered after forward, gradients reduced in bf16), `ncclN` (at most N NCCL
+    parameters kept gathered after forward, gradients reduced in bf16), `ddp` (DDP instead of
+    FSDP2 on several GPUs: parameters replicated), `ncclN` (at most N NCCL
     channels per collective), `flash4`, `varlen` or `sdpa` (the attention backend; default: what
     `auto` picks), `onedoc` (one
     4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
@@ -93,7 +94,11 @@ WORKLOADS = {
             None,
             gpus=2,
             peer_checkpointing=(),
-            variants=("compiled+zero2+bf16reduce", "compiled+zero2+bf16reduce+nccl8"),
+            variants=(
+                "compiled+zero2+bf16reduce",
+                "compiled+zero2+bf16reduce+nccl8",
+                "compiled+ddp",
+            ),
         ),
     )
 }
@@ -112,6 +117,7 @@ class Variant:
     loss_chunk_tokens: int = 1024
     zero2: bool = False
     bf16_reduce: bool = False
+    ddp: bool = False
     one_document: bool = False
     fp32_lora: bool = False
     nccl_max_channels: int | None = None
@@ -124,7 +130,7 @@ class Variant:
         if mode not in ("eager", "compiled"):
             raise TuneforgeError(f"variant {name!r}: start with eager or compiled")
         settings: dict = {"compiled": mode == "compiled"}
-        flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce",
+        flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce", "ddp": "ddp",
                  "hostembed": "offload_embedding", "onedoc": "one_document",
                  "fp32lora": "fp32_lora", "graph": "cuda_graph"}  # fmt: skip
         for option in options:
@@ -145,7 +151,7 @@ class Variant:
             else:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
-                    "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, "
+                    "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, ddp, "
                     "nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph)"
                 )
         return cls(**settings)

@@ -87,7 +87,10 @@ def parallelize(
         return root
     if strategy == "ddp":
         ids = [world.device.index] if world.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(root, device_ids=ids)
+        # gradients as views into the all-reduce buckets: no copy in or out of them
+        return nn.parallel.DistributedDataParallel(
+            root, device_ids=ids, gradient_as_bucket_view=True
+        )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dtype = next(root.parameters()).dtype
