@@ -29,12 +29,14 @@ def adapters(dtype, bias: bool, ranks=(8, 4, 4), outs=(64, 16, 16)) -> list[LoRA
     return layers
 
 
-def forward_backward(layers: list[LoRALinear], x: torch.Tensor, together: bool):
+def forward_backward(layers: list[LoRALinear], x: torch.Tensor, together: bool, call=None):
+    """Outputs, the input's gradient and the adapters' gradients of `call` (by default the
+    layers applied to `x` together) under a weighted sum of the outputs."""
     for layer in layers:
         layer.fused = together
         layer.lora_A.grad = layer.lora_B.grad = None
     x = x.detach().requires_grad_()
-    outputs = project_each(x, *layers)
+    outputs = call(x) if call is not None else project_each(x, *layers)
     loss = sum(
         (y.float() * torch.linspace(-1, 1, y.shape[-1])).sum() * (i + 1)
         for i, y in enumerate(outputs)

@@ -30,7 +30,8 @@ class Workload:
     input embedding in host memory), `budget0.8` (the compiled graph keeps that share of its
     activations), `chunk512` (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2:
     parameters kept gathered after forward, gradients reduced in bf16), `ddp` (DDP instead of
-    FSDP2 on several GPUs: parameters replicated), `ncclN` (at most N NCCL
+    FSDP2 on several GPUs: parameters replicated), `wide` (frozen weights widened to [W | B],
+    `peft/wide_weights.py`), `ncclN` (at most N NCCL
     channels per collective), `flash4`, `varlen` or `sdpa` (the attention backend; default: what
     `auto` picks), `onedoc` (one
     4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
@@ -118,6 +119,7 @@ class Variant:
     zero2: bool = False
     bf16_reduce: bool = False
     ddp: bool = False
+    wide: bool = False
     one_document: bool = False
     fp32_lora: bool = False
     nccl_max_channels: int | None = None
@@ -131,7 +133,7 @@ class Variant:
             raise TuneforgeError(f"variant {name!r}: start with eager or compiled")
         settings: dict = {"compiled": mode == "compiled"}
         flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce", "ddp": "ddp",
-                 "hostembed": "offload_embedding", "onedoc": "one_document",
+                 "wide": "wide", "hostembed": "offload_embedding", "onedoc": "one_document",
                  "fp32lora": "fp32_lora", "graph": "cuda_graph"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
@@ -151,7 +153,7 @@ class Variant:
             else:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
-                    "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, ddp, "
+                    "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, ddp, wide, "
                     "nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph)"
                 )
         return cls(**settings)

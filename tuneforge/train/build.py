@@ -5,11 +5,14 @@ import logging
 import torch
 
 from tuneforge.config.schema import ModelSection, RunConfig
+from tuneforge.data.records import DataError
 from tuneforge.data.templates import resolve_template
+from tuneforge.data.training_data import TrainingData, load_training_data
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.api import load_model
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.checkpoint import CheckpointError
+from tuneforge.train.distributed import Dist, barrier
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +64,34 @@ def build_model(section: ModelSection, device: torch.device, seed: int) -> Decod
             "eager attention materialises seq x seq scores per head: slow and memory-hungry at long sequences"
         )
     return model
+
+
+def load_data(config: RunConfig, tokenizer, world: Dist) -> TrainingData:
+    """This rank's training data; the first rank tokenises into the cache, then the others read
+    it. A data problem is a `TuneforgeError` on every rank."""
+
+    def load() -> TrainingData:
+        return load_training_data(
+            config.data,
+            tokenizer,
+            config.train.tokens_per_micro_batch,
+            config.train.seed,
+            rank=world.rank,
+            world_size=world.world_size,
+        )
+
+    data, problem = None, None
+    if world.is_main:
+        try:
+            data = load()
+        except (DataError, ValueError) as error:
+            problem = error
+    barrier()
+    if data is None and problem is None:
+        try:
+            data = load()
+        except (DataError, ValueError) as error:
+            problem = error
+    if problem is not None or data is None:
+        raise TuneforgeError(str(problem)) from None
+    return data

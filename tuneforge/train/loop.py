@@ -15,15 +15,13 @@ import torch.distributed as dist
 
 from tuneforge.config import RunConfig, dump_config
 from tuneforge.data.dataset import DatasetStats
-from tuneforge.data.records import DataError
-from tuneforge.data.training_data import load_training_data
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.cost import LoraShape, training_flops_per_token
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.peft.targets import LoraTargetError
 from tuneforge.train.block_wrappers import refuse_unsupported_offload, wrap_blocks
-from tuneforge.train.build import build_model, load_tokenizer
+from tuneforge.train.build import build_model, load_data, load_tokenizer
 from tuneforge.train.captured_step import step_function
 from tuneforge.train.checkpoint import (
     LoopState,
@@ -173,33 +171,7 @@ class Trainer:
         return prepare_run_dir(self.run_dir, self.resume, self.overwrite, self.world)
 
     def _load_data(self) -> DatasetStats:
-        train = self.config.train
-
-        def load():
-            return load_training_data(
-                self.config.data,
-                self.tokenizer,
-                train.tokens_per_micro_batch,
-                train.seed,
-                rank=self.world.rank,
-                world_size=self.world.world_size,
-            )
-
-        # the first rank tokenises into the cache; the others then read it
-        data, problem = None, None
-        if self.world.is_main:
-            try:
-                data = load()
-            except (DataError, ValueError) as error:
-                problem = error
-        barrier()
-        if data is None and problem is None:
-            try:
-                data = load()
-            except (DataError, ValueError) as error:
-                problem = error
-        if problem is not None or data is None:
-            raise TuneforgeError(str(problem)) from None
+        data = load_data(self.config, self.tokenizer, self.world)
         self.loader = data.loader
         self.eval_batches = data.eval_batches
         self.eval_conversations = data.eval_conversations
