@@ -49,6 +49,7 @@ def widened(block: Block, stack: bool, in_place: bool = False) -> Block:
     if stack:
         assert stack_frozen_weights(block) == 1
     assert widen_frozen_weights(nn.ModuleList([block])) == 6
+    assert widen_frozen_weights(nn.ModuleList([block])) == 0  # once only
     return block
 
 
@@ -61,6 +62,20 @@ def test_widened_adapters_equal_each_adapter_alone(dtype, bias, stack):
     assert wide.q_proj.wide_weight.shape == (96 if stack else 64, 48 + 4 + 8 + 4)
     x = torch.randn(2, 30, 48, dtype=dtype)
     assert_close(run(wide, x, fused=True), run(block, x, fused=False), TOLERANCE[dtype])
+
+
+def test_an_input_without_gradient_still_trains_the_adapters():
+    block = Block(torch.float32, bias=False)
+    wide = widened(block, stack=True)
+    x = torch.randn(7, 48)  # as the first block's input, from a frozen embedding
+    grads = []
+    for module, fused in ((wide, True), (block, False)):
+        adapters = lora_modules(module).values()
+        for layer in adapters:
+            layer.fused = fused
+        sum(y.sum() * (i + 1) for i, y in enumerate(module(x))).backward()
+        grads.append([g for layer in adapters for g in (layer.lora_A.grad, layer.lora_B.grad)])
+    assert_close(grads[0], grads[1], TOLERANCE[torch.float32])
 
 
 def test_the_tails_follow_b_after_an_update():

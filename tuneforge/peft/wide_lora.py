@@ -14,13 +14,13 @@ from tuneforge.peft.shared_input_lora import matmul_sum
 
 
 class WideLoRA(torch.autograd.Function):
-    """`wide_rows` [N, in + R] = [x | s·u]; the group's m wide weights [outⱼ, in + R], their
-    biases (or None), and the n adapters' B. `layout[i]` = (first row in its wide weight, rows,
-    first tail column, rank) of adapter i, whose weight is the latest one starting at row 0.
-    Returns the m outputs."""
+    """`wide_rows` [N, in + R] = [x | s·u] and whether x needs a gradient; the group's m wide
+    weights [outⱼ, in + R], their biases (or None), and the n adapters' B. `layout[i]` = (first
+    row in its wide weight, rows, first tail column, rank) of adapter i, whose weight is the
+    latest one starting at row 0. Returns the m outputs."""
 
     @staticmethod
-    def forward(ctx, wide_rows, rank_total: int, layout: tuple, *tensors):
+    def forward(ctx, wide_rows, input_needs_grad: bool, rank_total: int, layout: tuple, *tensors):
         count = (len(tensors) - len(layout)) // 2
         weights, biases = tensors[:count], tensors[count : 2 * count]
         outputs = tuple(
@@ -30,20 +30,25 @@ class WideLoRA(torch.autograd.Function):
         ctx.save_for_backward(
             wide_rows[:, wide_rows.shape[1] - rank_total :].contiguous(), *weights
         )
-        ctx.layout = layout
+        ctx.input_needs_grad, ctx.layout = input_needs_grad, layout
         ctx.adapter_dtypes = [b.dtype for b in tensors[2 * count :]]
         return outputs
 
     @staticmethod
     def backward(ctx, *grads):
         tail, *weights = ctx.saved_tensors
-        d_wide = matmul_sum(list(grads), weights) if ctx.needs_input_grad[0] else None
+        if ctx.input_needs_grad:
+            d_wide = matmul_sum(list(grads), weights)
+        else:  # x from a frozen embedding: only the tail's gradient, g·B, is made
+            rank_total = tail.shape[1]
+            d_wide = tail.new_zeros(tail.shape[0], weights[0].shape[1])
+            d_wide[:, -rank_total:] = matmul_sum(list(grads), [w[:, -rank_total:] for w in weights])
         dBs, j = [], -1
         for (row, rows, col, rank), dtype in zip(ctx.layout, ctx.adapter_dtypes, strict=True):
             j += row == 0
             g = grads[j][:, row : row + rows]
             dBs.append((g.t() @ tail[:, col : col + rank]).to(dtype))
-        return d_wide, None, None, *([None] * (2 * len(weights))), *dBs
+        return d_wide, None, None, None, *([None] * (2 * len(weights))), *dBs
 
 
 def wide_rows(rows: torch.Tensor, linears: list) -> torch.Tensor:
@@ -65,6 +70,7 @@ def project_wide(x: torch.Tensor, linears: list) -> list[torch.Tensor]:
     owners = [linear for linear in linears if linear.wide_layout[0] == 0]
     outputs = WideLoRA.apply(
         wide_rows(rows, linears),
+        rows.requires_grad,
         sum(linear.rank for linear in linears),
         tuple(linear.wide_layout for linear in linears),
         *(linear.wide_weight for linear in owners),

@@ -48,7 +48,7 @@ def _widenable(linear) -> bool:
     if not isinstance(linear, LoRALinear) or linear.dropout.p != 0:
         return False
     frozen = [linear.base.weight] + ([linear.base.bias] if linear.base.bias is not None else [])
-    return linear.wide_weight is None and all(
+    return linear.wide_target is None and all(
         type(t.data) is torch.Tensor and not t.requires_grad for t in frozen
     )
 
