@@ -84,13 +84,18 @@ def _widen(group: list[LoRALinear]) -> list[LoRALinear]:
 
 @torch.no_grad()
 def write_tails(linears: list[LoRALinear]) -> None:
-    """Each widened adapter's B, in the weights' dtype, written into its tail columns."""
-    for linear in linears:
-        if linear.wide_target is None:
-            continue
-        row, rows, col, rank = linear.wide_layout
-        start = linear.base.in_features + col
-        linear.wide_target[row : row + rows, start : start + rank].copy_(linear.lora_B)
+    """Each widened adapter's B, in the weights' dtype, written into its tail columns (one
+    multi-tensor copy)."""
+    live = [linear for linear in linears if linear.wide_target is not None]
+    if live:
+        tails = [_tail(linear) for linear in live]
+        torch._foreach_copy_(tails, [linear.lora_B for linear in live])
+
+
+def _tail(linear: LoRALinear) -> torch.Tensor:
+    row, rows, col, rank = linear.wide_layout
+    start = linear.base.in_features + col
+    return linear.wide_target[row : row + rows, start : start + rank]
 
 
 def _writing_tails(forward: Callable, linears: list[LoRALinear]) -> Callable:
