@@ -98,29 +98,22 @@ def test_no_input_gradient_when_the_input_needs_none():
     assert all(layer.lora_A.grad.abs().sum() > 0 for layer in layers)
 
 
-def test_a_compiled_graph_matches_eager_without_breaks():
+@pytest.mark.parametrize("stack", [False, True])
+def test_a_compiled_graph_matches_eager_without_breaks(stack):
     layers = adapters(torch.float32, bias=True)
-    module = nn.ModuleList(layers)
+    if stack:
+        layers = stacked_copy(layers)
     x = torch.randn(30, 48)
 
     def project(x):
-        return project_each(x, *module)
+        return project_each(x, *layers)
 
     explanation = torch._dynamo.explain(project)(x.clone().requires_grad_())
     assert explanation.graph_break_count == 0
     torch._dynamo.reset()
     eager = forward_backward(layers, x, together=True)
     compiled = torch.compile(project, fullgraph=True)
-    for layer in layers:
-        layer.lora_A.grad = layer.lora_B.grad = None
-    inputs = x.detach().requires_grad_()
-    outputs = compiled(inputs)
-    sum(
-        (y * torch.linspace(-1, 1, y.shape[-1])).sum() * (i + 1) for i, y in enumerate(outputs)
-    ).backward()
-    got = [*outputs, inputs.grad] + [
-        g for layer in layers for g in (layer.lora_A.grad, layer.lora_B.grad)
-    ]
+    got = forward_backward(layers, x, together=True, call=compiled)
     for a, b in zip(got, eager, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -196,32 +189,6 @@ def test_only_plain_frozen_adapters_of_one_kind_stack():
     holder.k_proj.base.weight.requires_grad_(False)
     holder.v_proj = holder.v_proj.base  # not an adapter
     assert stack_frozen_weights(holder) == 0
-
-
-def test_a_compiled_stacked_graph_matches_eager_without_breaks():
-    stacked = stacked_copy(adapters(torch.float32, bias=True))
-    x = torch.randn(30, 48)
-
-    def project(x):
-        return project_each(x, *stacked)
-
-    explanation = torch._dynamo.explain(project)(x.clone().requires_grad_())
-    assert explanation.graph_break_count == 0
-    torch._dynamo.reset()
-    eager = forward_backward(stacked, x, together=True)
-    compiled = torch.compile(project, fullgraph=True)
-    for layer in stacked:
-        layer.lora_A.grad = layer.lora_B.grad = None
-    inputs = x.detach().requires_grad_()
-    outputs = compiled(inputs)
-    sum(
-        (y * torch.linspace(-1, 1, y.shape[-1])).sum() * (i + 1) for i, y in enumerate(outputs)
-    ).backward()
-    got = [*outputs, inputs.grad] + [
-        g for layer in stacked for g in (layer.lora_A.grad, layer.lora_B.grad)
-    ]
-    for a, b in zip(got, eager, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_a_stacked_model_matches_the_plain_one_then_merges_and_saves(tmp_path):
