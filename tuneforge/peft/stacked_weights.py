@@ -36,14 +36,14 @@ def _stackable(linears: list) -> bool:
     first = weights[0]
     present = [b for b in biases if b is not None]
     return (
-        all(_plain_frozen(w) for w in weights + present)
+        all(plain_frozen(w) for w in weights + present)
         and all(w.dtype == first.dtype and w.device == first.device for w in weights)
         and all(w.shape[1] == first.shape[1] for w in weights)
         and len(present) in (0, len(biases))
     )
 
 
-def _plain_frozen(param: torch.Tensor) -> bool:
+def plain_frozen(param: torch.Tensor) -> bool:
     """Not trained, and not sharded (an FSDP2 DTensor is no plain tensor)."""
     return type(param.data) is torch.Tensor and not param.requires_grad
 

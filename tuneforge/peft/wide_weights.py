@@ -15,6 +15,7 @@ from torch import nn
 
 from tuneforge.peft.lora import LoRALinear
 from tuneforge.peft.stacked_weights import GROUPS as STACKED_GROUPS
+from tuneforge.peft.stacked_weights import plain_frozen
 
 SHARED_INPUT_GROUPS = (*STACKED_GROUPS, ("gate_proj", "up_proj"))
 """Linears of one module that read the same input; any other adapter is a group of its own."""
@@ -48,9 +49,7 @@ def _widenable(linear) -> bool:
     if not isinstance(linear, LoRALinear) or linear.dropout.p != 0:
         return False
     frozen = [linear.base.weight] + ([linear.base.bias] if linear.base.bias is not None else [])
-    return linear.wide_target is None and all(
-        type(t.data) is torch.Tensor and not t.requires_grad for t in frozen
-    )
+    return linear.wide_target is None and all(plain_frozen(t) for t in frozen)
 
 
 @torch.no_grad()
