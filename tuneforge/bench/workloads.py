@@ -46,7 +46,12 @@ WORKLOADS = {
             "llama-3-8b",
             ALL_LINEAR,
             peer_checkpointing=(False,),
-            variants=("compiled", "compiled+budget0.8+chunk2048", "compiled+onedoc"),
+            variants=(
+                "compiled",
+                "compiled+budget0.8+chunk2048",
+                "compiled+budget0.8+chunk2048+wide",
+                "compiled+onedoc",
+            ),
         ),
         Workload(
             "llama3-8b-lora-capped",
@@ -57,6 +62,7 @@ WORKLOADS = {
             variants=(
                 "compiled+full+offload+budget0.8+chunk512",
                 "compiled+full+offload+budget0.8+chunk512+host16+hostembed",
+                "compiled+full+offload+budget0.8+chunk512+host16+hostembed+wide",
             ),
         ),
         Workload(
@@ -65,7 +71,12 @@ WORKLOADS = {
             ATTENTION,
             layers=4,
             peer_checkpointing=(False,),
-            variants=("compiled", "compiled+graph+chunk4096"),
+            variants=(
+                "compiled",
+                "compiled+graph+chunk4096",
+                "compiled+graph+chunk4096+wide",
+                "compiled+graph+budget0.8",
+            ),
         ),
         Workload(
             "qwen3-moe-4l-lora-attn-experts",
@@ -80,7 +91,12 @@ WORKLOADS = {
             "llama-3.2-1b",
             ALL_LINEAR,
             peer_checkpointing=(False,),
-            variants=("compiled", "compiled+graph"),
+            variants=(
+                "compiled",
+                "compiled+graph",
+                "compiled+graph+wide",
+                "compiled+graph+budget0.8",
+            ),
         ),
         Workload(
             "llama3.2-1b-full",
