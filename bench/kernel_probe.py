@@ -1,7 +1,8 @@
 """Kernel timings behind the Llama-3-8B LoRA step, one GPU: attention backends over a packed
 step (forward + backward, checked against PyTorch's flash varlen: FlashAttention-4 where
-installed, cuDNN through nested tensors) and the block's GEMMs run separately or
-fused (q, k, v as one; gate and up as one). `python bench/kernel_probe.py`."""
+installed, cuDNN through nested tensors), the block's GEMMs run separately or fused (q, k, v as
+one; gate and up as one), and each adapter's GEMMs with the update accumulated or over a wide
+weight [W | B]. `python bench/kernel_probe.py`."""
 
 import traceback
 
@@ -131,12 +132,47 @@ def probe_single(name: str, n: int, k: int) -> None:
     print_rows(name, {"forward": lambda: a @ w.T, "input grad": lambda: g @ w}, 2 * TOKENS * n * k)
 
 
+def probe_wide(name: str, n: int, k: int, tail: int, scaling: float = 2.0) -> None:
+    """One adapter's GEMMs with its update accumulated into the base GEMM's output (the fused
+    LoRA linear) against the base weight stored wide, [W | B], whose GEMM adds the update
+    (`peft/wide_lora.py`); `tail` is the wide tail's width (the ranks sharing the input)."""
+    rank = 16 if tail >= 16 else tail
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 64
+    A = torch.randn(rank, k, device="cuda", dtype=torch.bfloat16) / 64
+    B = torch.randn(n, rank, device="cuda", dtype=torch.bfloat16) / 64
+    x = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16)
+    u = x @ A.T
+    g = torch.randn(TOKENS, n, device="cuda", dtype=torch.bfloat16)
+    wide = torch.cat([w, torch.zeros(n, tail, device="cuda", dtype=w.dtype)], dim=1)
+    wide[:, k : k + rank] = B
+    x_wide = torch.cat([x, torch.zeros(TOKENS, tail, device="cuda", dtype=x.dtype)], dim=1)
+    x_wide[:, k : k + rank] = u * scaling
+    A_wide = torch.zeros(tail, k, device="cuda", dtype=A.dtype)
+    A_wide[:rank] = A
+
+    def input_grad_wide():
+        d_wide = g @ wide
+        return torch.addmm(d_wide[:, :k], d_wide[:, k:] * scaling, A_wide)
+
+    rows = {
+        "forward, update accumulated": lambda: (x @ w.T).addmm_(u, B.T, alpha=scaling),
+        "forward, wide": lambda: x_wide @ wide.T,
+        "input grad, g·B then accumulated": lambda: (g @ w).addmm_(g @ B, A, alpha=scaling),
+        "input grad, wide": input_grad_wide,
+    }
+    print_rows(name, rows, 2 * TOKENS * n * k)
+
+
 def probe_gemms() -> None:
     x = torch.randn(TOKENS, DIM, device="cuda", dtype=torch.bfloat16)
     probe_fusion("q,k,v", x, (DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM))
     probe_fusion("gate,up", x, (FFN, FFN))
     probe_single("o", DIM, DIM)
     probe_single("down", DIM, FFN)
+    probe_wide("wide q,k,v", DIM + 2 * KV_HEADS * HEAD_DIM, DIM, 48)
+    probe_wide("wide gate", FFN, DIM, 32)
+    probe_wide("wide o", DIM, DIM, 16)
+    probe_wide("wide down", DIM, FFN, 16)
 
 
 if __name__ == "__main__":
