@@ -56,11 +56,22 @@ def assert_close(got, expected, tolerance):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_together_equals_each_adapter_alone(dtype, bias):
+@pytest.mark.parametrize("stack", [False, True])
+@pytest.mark.parametrize("alphas", [None, (9, 3, 17)])
+def test_together_equals_each_adapter_alone(dtype, bias, stack, alphas):
     layers = adapters(dtype, bias)
+    if alphas is not None:  # a scaling of its own per adapter (folded into a stacked B)
+        for layer, alpha in zip(layers, alphas, strict=True):
+            layer.scaling = alpha / layer.rank
+    computed = layers
+    if stack:
+        computed = stacked_copy(layers)
+        assert computed[1].base.weight.untyped_storage().data_ptr() == (
+            computed[0].stacked_weight.untyped_storage().data_ptr()
+        )
     x = torch.randn(2, 30, 48, dtype=dtype)
     assert_close(
-        forward_backward(layers, x, together=True),
+        forward_backward(computed, x, together=True),
         forward_backward(layers, x, together=False),
         TOLERANCE[dtype],
     )
@@ -125,27 +136,6 @@ def stacked_copy(layers: list[LoRALinear]) -> list[LoRALinear]:
         setattr(holder, name, copy.deepcopy(layer))
     assert stack_frozen_weights(holder) == 1
     return [holder.q_proj, holder.k_proj, holder.v_proj]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("alphas", [None, (9, 3, 17)])
-def test_stacked_weights_equal_each_adapter_alone(dtype, bias, alphas):
-    layers = adapters(dtype, bias)
-    if alphas is not None:  # a scaling of its own per adapter (folded into the stacked B)
-        for layer, alpha in zip(layers, alphas, strict=True):
-            layer.scaling = alpha / layer.rank
-    stacked = stacked_copy(layers)
-    assert stacked[0].stacked_weight is not None
-    assert stacked[1].base.weight.untyped_storage().data_ptr() == (
-        stacked[0].stacked_weight.untyped_storage().data_ptr()
-    )
-    x = torch.randn(2, 30, 48, dtype=dtype)
-    assert_close(
-        forward_backward(stacked, x, together=True),
-        forward_backward(layers, x, together=False),
-        TOLERANCE[dtype],
-    )
 
 
 def test_stacking_keeps_names_values_and_saves():
