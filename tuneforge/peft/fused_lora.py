@@ -47,6 +47,16 @@ def _(left, right, low, up, scaling, bias=None):
 matmul_add_low_rank = torch.ops.tuneforge.matmul_add_low_rank.default
 
 
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x` [..., in] as 2-D rows [N, in] (no view outputs downstream for torch.compile to copy)."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def shaped_like(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Rows `y` [N, out] back in `x`'s leading shape."""
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+
+
 class FusedLoRALinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, weight, bias, lora_A, lora_B, scaling: float):

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from tuneforge.peft.fused_lora import FusedLoRALinear
+from tuneforge.peft.fused_lora import FusedLoRALinear, as_rows, shaped_like
 from tuneforge.peft.shared_input_lora import SharedInputLoRA, StackedSharedInputLoRA
 from tuneforge.peft.wide_lora import project_wide
 
@@ -136,14 +136,13 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = self.base
-        if self.tail_width() == self.rank and self.runs_fused(x):
-            return project_wide(x, [self])[0]
         if self.runs_fused(x):
-            rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+            if self.tail_width() == self.rank:  # widened on its own
+                return project_wide(x, [self])[0]
             y = FusedLoRALinear.apply(
-                rows, base.weight, base.bias, self.lora_A, self.lora_B, self.scaling
+                as_rows(x), base.weight, base.bias, self.lora_A, self.lora_B, self.scaling
             )
-            return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+            return shaped_like(x, y)
         dtype = adapter_compute_dtype(self.compute_dtype, x, self.lora_A)
         h = self.dropout.pre(x).to(dtype)
         update = (h @ self.lora_A.to(dtype).t()) @ self.lora_B.to(dtype).t()
@@ -163,7 +162,7 @@ class LoRALinear(nn.Module):
             linear.rank for linear in linears
         ):
             return project_wide(x, linears)
-        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        rows = as_rows(x)
         stacked = linears[0].stacked_weight
         if stacked is not None:
             y = StackedSharedInputLoRA.apply(
@@ -175,7 +174,7 @@ class LoRALinear(nn.Module):
                 *(linear.lora_B for linear in linears),
             )
             outputs = y.split([linear.base.out_features for linear in linears], dim=1)
-            return [y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1]) for y in outputs]
+            return [shaped_like(x, y) for y in outputs]
         outputs = SharedInputLoRA.apply(
             rows,
             tuple(linear.scaling for linear in linears),
@@ -184,7 +183,7 @@ class LoRALinear(nn.Module):
             *(linear.lora_A for linear in linears),
             *(linear.lora_B for linear in linears),
         )
-        return [y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1]) for y in outputs]
+        return [shaped_like(x, y) for y in outputs]
 
     @torch.no_grad()
     def delta_weight(self) -> torch.Tensor:

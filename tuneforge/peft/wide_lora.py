@@ -10,6 +10,7 @@ The tests' reference is each linear's plain LoRA expression."""
 
 import torch
 
+from tuneforge.peft.fused_lora import as_rows, shaped_like
 from tuneforge.peft.shared_input_lora import matmul_sum
 
 
@@ -66,7 +67,7 @@ def wide_rows(rows: torch.Tensor, linears: list) -> torch.Tensor:
 
 def project_wide(x: torch.Tensor, linears: list) -> list[torch.Tensor]:
     """The outputs of widened `LoRALinear`s reading `x` [..., in], in their order."""
-    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    rows = as_rows(x)
     owners = [linear for linear in linears if linear.wide_layout[0] == 0]
     outputs = WideLoRA.apply(
         wide_rows(rows, linears),
@@ -79,4 +80,4 @@ def project_wide(x: torch.Tensor, linears: list) -> list[torch.Tensor]:
     )
     if len(owners) < len(linears):  # one stacked weight: its outputs side by side
         outputs = outputs[0].split([linear.base.out_features for linear in linears], dim=1)
-    return [y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1]) for y in outputs]
+    return [shaped_like(x, y) for y in outputs]
