@@ -134,8 +134,9 @@ def probe_single(name: str, n: int, k: int) -> None:
 
 def probe_wide(name: str, n: int, k: int, tail: int, scaling: float = 2.0) -> None:
     """One adapter's GEMMs with its update accumulated into the base GEMM's output (the fused
-    LoRA linear) against the base weight stored wide, [W | B], whose GEMM adds the update
-    (`peft/wide_lora.py`); `tail` is the wide tail's width (the ranks sharing the input)."""
+    LoRA linear) against the base weight stored wide, [W | B], whose GEMM adds the update (a
+    layout measured and dropped: bench/NOTES.md); `tail` is the wide tail's width (the ranks
+    sharing the input)."""
     rank = 16 if tail >= 16 else tail
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 64
     A = torch.randn(rank, k, device="cuda", dtype=torch.bfloat16) / 64
@@ -159,6 +160,9 @@ def probe_wide(name: str, n: int, k: int, tail: int, scaling: float = 2.0) -> No
         "forward, wide": lambda: x_wide @ wide.T,
         "input grad, g·B then accumulated": lambda: (g @ w).addmm_(g @ B, A, alpha=scaling),
         "input grad, wide": input_grad_wide,
+        "input grad, wide weight read as W and B": lambda: (g @ wide[:, :k]).addmm_(
+            (g @ wide[:, k:]).mul_(scaling), A_wide
+        ),
     }
     print_rows(name, rows, 2 * TOKENS * n * k)
 

@@ -160,23 +160,20 @@ def test_gather_sum_kernel_equals_the_fp32_sum(weighted, dim):
 
 
 @pytest.mark.parametrize("attention", ["flash4", "varlen"])
-def test_stacked_and_wide_weights_keep_no_more_for_backward(attention):
+def test_stacked_weights_keep_no_more_for_backward(attention):
     """What a block saves for backward, in storage bytes, is the same with q, k and v's frozen
-    weights stacked (and all widened to [W | B]) as without: no saved tensor is a slice holding
-    several outputs, or a wide input, alive."""
+    weights stacked as without: no saved tensor is a slice holding several outputs alive."""
     if attention == "flash4" and not flash4.available(CUDA):
         pytest.skip("flash-attn-4 is not installed")
     plain = saved_activation_bytes(attention, stack=False)
-    for wide in (False, True):
-        assert saved_activation_bytes(attention, stack=True, wide=wide) <= plain * 1.002, wide
+    assert saved_activation_bytes(attention, stack=True) <= plain * 1.002
 
 
-def saved_activation_bytes(attention: str, stack: bool, wide: bool = False) -> int:
+def saved_activation_bytes(attention: str, stack: bool) -> int:
     """Storage bytes a LoRA block of the Llama-3.2-1B shape saves for backward, weights aside."""
     import tuneforge
     from tuneforge.peft.apply import apply_lora
     from tuneforge.peft.stacked_weights import stack_frozen_weights
-    from tuneforge.peft.wide_weights import widen_frozen_weights
 
     model = tuneforge.load_model(
         "llama-3.2-1b", num_layers=1, dtype="bfloat16", device="cuda", attention=attention
@@ -185,8 +182,6 @@ def saved_activation_bytes(attention: str, stack: bool, wide: bool = False) -> i
     apply_lora(model, lora, torch.Generator("cuda").manual_seed(1), torch.float32)
     if stack:
         assert stack_frozen_weights(model) == 1
-    if wide:
-        assert widen_frozen_weights(model.layers) == 7
     x = torch.randn(4096, model.args.dim, device="cuda", dtype=torch.bfloat16)
     packed = PackedSequences.from_lengths([1000, 3096], "cuda")
     rope = model.rope(packed.position_ids, x.dtype)

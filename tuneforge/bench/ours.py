@@ -12,7 +12,6 @@ from tuneforge.models.api import load_model
 from tuneforge.models.cost import LoraShape
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.peft.wide_weights import widen_frozen_weights
 from tuneforge.train.block_wrappers import wrap_blocks
 from tuneforge.train.captured_step import CapturedStep, step_function
 from tuneforge.train.distributed import init_distributed, parallelize, strategy_of
@@ -83,8 +82,6 @@ def run_ours(
         world,
     )
     stack_frozen_weights(model)
-    if settings.wide:
-        widen_frozen_weights(model.layers)
     train = TrainSection(
         max_steps=warmup + steps,
         tokens_per_micro_batch=workload.tokens,

@@ -30,12 +30,10 @@ class Workload:
     input embedding in host memory), `budget0.8` (the compiled graph keeps that share of its
     activations), `chunk512` (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2:
     parameters kept gathered after forward, gradients reduced in bf16), `ddp` (DDP instead of
-    FSDP2 on several GPUs: parameters replicated), `wide` (frozen weights widened to [W | B],
-    `peft/wide_weights.py`), `ncclN` (at most N NCCL
-    channels per collective), `flash4`, `varlen` or `sdpa` (the attention backend; default: what
-    `auto` picks), `onedoc` (one
-    4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
-    matmuls in fp32), `graph` (the whole step captured as one CUDA graph, `train.cuda_graph`)."""
+    FSDP2 on several GPUs: parameters replicated), `ncclN` (at most N NCCL channels per
+    collective), `flash4`, `varlen` or `sdpa` (the attention backend; default: what `auto`
+    picks), `onedoc` (one 4096-token document, as the peers see it, instead of packed
+    documents), `fp32lora` (adapter matmuls in fp32), `graph` (the whole step captured as one CUDA graph, `train.cuda_graph`)."""
 
 
 WORKLOADS = {
@@ -49,7 +47,6 @@ WORKLOADS = {
             variants=(
                 "compiled",
                 "compiled+budget0.8+chunk2048",
-                "compiled+budget0.8+chunk2048+wide",
                 "compiled+onedoc",
             ),
         ),
@@ -62,7 +59,6 @@ WORKLOADS = {
             variants=(
                 "compiled+full+offload+budget0.8+chunk512",
                 "compiled+full+offload+budget0.8+chunk512+host16+hostembed",
-                "compiled+full+offload+budget0.8+chunk512+host16+hostembed+wide",
             ),
         ),
         Workload(
@@ -74,7 +70,6 @@ WORKLOADS = {
             variants=(
                 "compiled",
                 "compiled+graph+chunk4096",
-                "compiled+graph+chunk4096+wide",
                 "compiled+graph+budget0.8",
             ),
         ),
@@ -94,7 +89,6 @@ WORKLOADS = {
             variants=(
                 "compiled",
                 "compiled+graph",
-                "compiled+graph+wide",
                 "compiled+graph+budget0.8",
             ),
         ),
@@ -135,7 +129,6 @@ class Variant:
     zero2: bool = False
     bf16_reduce: bool = False
     ddp: bool = False
-    wide: bool = False
     one_document: bool = False
     fp32_lora: bool = False
     nccl_max_channels: int | None = None
@@ -149,7 +142,7 @@ class Variant:
             raise TuneforgeError(f"variant {name!r}: start with eager or compiled")
         settings: dict = {"compiled": mode == "compiled"}
         flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce", "ddp": "ddp",
-                 "wide": "wide", "hostembed": "offload_embedding", "onedoc": "one_document",
+                 "hostembed": "offload_embedding", "onedoc": "one_document",
                  "fp32lora": "fp32_lora", "graph": "cuda_graph"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
@@ -170,7 +163,7 @@ class Variant:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, "
-                    "ddp, wide, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph)"
+                    "ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph)"
                 )
         return cls(**settings)
 

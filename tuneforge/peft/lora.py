@@ -9,7 +9,6 @@ from torch import nn
 
 from tuneforge.peft.fused_lora import FusedLoRALinear, as_rows, shaped_like
 from tuneforge.peft.shared_input_lora import SharedInputLoRA, StackedSharedInputLoRA
-from tuneforge.peft.wide_lora import project_wide
 
 
 def lora_scaling(rank: int, alpha: float, use_rslora: bool) -> float:
@@ -95,26 +94,12 @@ class LoRALinear(nn.Module):
         self.stacked_bias: torch.Tensor | None = None
         """Set on the first of linears whose frozen weights are views of one stacked tensor
         (`peft/stacked_weights.py`)."""
-        self.wide_target: torch.Tensor | None = None
-        """The wide tensor [W | B] whose first columns the base weight is a view of
-        (`peft/wide_weights.py`); `wide_layout`: (first row, rows, first tail column, rank)."""
-        self.wide_layout: tuple[int, int, int, int] | None = None
-        self.wide_weight: torch.Tensor | None = None
-        """`wide_target` on the adapter whose rows start it (the first of a stacked group)."""
-        self.wide_bias: torch.Tensor | None = None
         self.reset_lora_parameters()
 
     def _apply(self, fn, recurse=True):
-        # moved or cast, the weights are no longer views of the stacked or wide tensors
+        # moved or cast, the weights are no longer views of the stacked tensor
         self.stacked_weight = self.stacked_bias = None
-        self.wide_target = self.wide_weight = self.wide_bias = self.wide_layout = None
         return super()._apply(fn, recurse)
-
-    def tail_width(self) -> int | None:
-        """Columns of the wide weight's tail (the ranks of the adapters sharing its input)."""
-        if self.wide_target is None:
-            return None
-        return self.wide_target.shape[1] - self.base.in_features
 
     def reset_lora_parameters(self, generator: torch.Generator | None = None) -> None:
         """A by `init`, B zero: the adapter starts as a no-op."""
@@ -137,8 +122,6 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = self.base
         if self.runs_fused(x):
-            if self.tail_width() == self.rank:  # widened on its own
-                return project_wide(x, [self])[0]
             y = FusedLoRALinear.apply(
                 as_rows(x), base.weight, base.bias, self.lora_A, self.lora_B, self.scaling
             )
@@ -151,17 +134,12 @@ class LoRALinear(nn.Module):
     @staticmethod
     def project_together(x: torch.Tensor, linears: list[nn.Module]) -> list[torch.Tensor]:
         """Each of `linears` applied to `x`; where all are adapters running fused, as one
-        `SharedInputLoRA` (their adapters read `x` once), `StackedSharedInputLoRA` where their
-        frozen weights are stacked (the first linear holds the stacked tensor), or `WideLoRA`
-        where they are widened together."""
+        `SharedInputLoRA` (their adapters read `x` once), or `StackedSharedInputLoRA` where
+        their frozen weights are stacked (the first linear holds the stacked tensor)."""
         if len(linears) < 2 or not all(
             isinstance(linear, LoRALinear) and linear.runs_fused(x) for linear in linears
         ):
             return [linear(x) for linear in linears]
-        if linears[0].wide_weight is not None and linears[0].tail_width() == sum(
-            linear.rank for linear in linears
-        ):
-            return project_wide(x, linears)
         rows = as_rows(x)
         stacked = linears[0].stacked_weight
         if stacked is not None:
