@@ -16,7 +16,7 @@ import torch.distributed as dist
 from tuneforge.config import RunConfig, dump_config
 from tuneforge.data.dataset import DatasetStats
 from tuneforge.errors import TuneforgeError
-from tuneforge.models.cost import LoraShape, training_flops_per_token
+from tuneforge.models.cost import training_flops_per_token
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.peft.targets import LoraTargetError
@@ -39,7 +39,7 @@ from tuneforge.train.distributed import (
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.hardware import memory_stats, peak_tflops
 from tuneforge.train.host_embedding import embedding_to_host
-from tuneforge.train.metrics import MetricsLog, Pace
+from tuneforge.train.metrics import MetricsLog, Pace, step_record
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer, learning_rate
 from tuneforge.train.outputs import save_base, save_final
@@ -307,7 +307,20 @@ class Trainer:
             else:
                 nonfinite_in_row = 0
             elapsed = self.elapsed_before + time.time() - started
-            record = self._record(step, result, step_s, elapsed, pace, checkpoint_s, lora_shape)
+            flops = training_flops_per_token(
+                self.model.args, round(result["mean_doc_len"]), lora_shape
+            )
+            record = step_record(
+                step,
+                result,
+                step_s,
+                tflops=result["tokens"] / step_s * flops / self.world.world_size / 1e12,
+                peak_tflops=self.peak_tflops,
+                elapsed_s=elapsed,
+                eta_s=pace.eta_s(self.total_steps - step),
+                checkpoint_s=checkpoint_s,
+                nonfinite_steps=self.nonfinite_steps,
+            ) | memory_stats(self.device)
             summary.steps, summary.final_loss = step, result["loss"]
             summary.skipped_steps = self.nonfinite_steps
             if self.metrics is not None and (
@@ -384,39 +397,6 @@ class Trainer:
         if self.eval_batches:
             evaluate(self.total_steps)
         return summary
-
-    def _record(
-        self,
-        step: int,
-        result: dict[str, Any],
-        step_s: float,
-        elapsed: float,
-        pace: Pace,
-        checkpoint_s: float | None,
-        lora_shape: LoraShape | None,
-    ) -> dict[str, Any]:
-        tokens_per_s = result["tokens"] / step_s
-        flops = training_flops_per_token(self.model.args, round(result["mean_doc_len"]), lora_shape)
-        tflops = tokens_per_s * flops / self.world.world_size / 1e12
-        eta = pace.eta_s(self.total_steps - step)
-        record = {
-            "step": step,
-            "loss": result["loss"],
-            "lr": result["lr"],
-            "grad_norm": result["grad_norm"],
-            "tokens": result["tokens"],
-            "loss_tokens": result["loss_tokens"],
-            "tokens_per_s": tokens_per_s,
-            "loss_tokens_per_s": result["loss_tokens"] / step_s,
-            "tflops": tflops,
-            "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
-            "step_s": step_s,
-            "elapsed_s": elapsed,
-            "eta_s": eta,
-            "checkpoint_s": checkpoint_s,
-            "nonfinite_steps": self.nonfinite_steps,
-        }
-        return record | memory_stats(self.device)
 
     def save(self) -> Path | None:
         """The final weights (or adapter); marks the run finished."""

@@ -48,6 +48,39 @@ class MetricsLog:
             self.board.close()
 
 
+def step_record(
+    step: int,
+    result: dict[str, Any],
+    step_s: float,
+    *,
+    tflops: float,
+    peak_tflops: float | None,
+    elapsed_s: float,
+    eta_s: float | None,
+    checkpoint_s: float | None,
+    nonfinite_steps: int,
+) -> dict[str, Any]:
+    """A training step's metrics line: `result` (the step's numbers read from the device),
+    its period `step_s`, and `tflops` of useful work per GPU per second."""
+    return {
+        "step": step,
+        "loss": result["loss"],
+        "lr": result["lr"],
+        "grad_norm": result["grad_norm"],
+        "tokens": result["tokens"],
+        "loss_tokens": result["loss_tokens"],
+        "tokens_per_s": result["tokens"] / step_s,
+        "loss_tokens_per_s": result["loss_tokens"] / step_s,
+        "tflops": tflops,
+        "mfu": tflops / peak_tflops if peak_tflops else None,
+        "step_s": step_s,
+        "elapsed_s": elapsed_s,
+        "eta_s": eta_s,
+        "checkpoint_s": checkpoint_s,
+        "nonfinite_steps": nonfinite_steps,
+    }
+
+
 def read_metrics(file: Path) -> list[dict[str, Any]]:
     with file.open(encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
