@@ -216,3 +216,22 @@ def test_the_planner_suggests_the_host_embedding_when_only_that_fits():
     assert not plan.fits and hosted.fits
     assert any("train.offload_embedding: true" in advice for advice in plan.advice)
     assert not any("offload_embedding" in advice for advice in hosted.advice)
+
+
+def test_a_smaller_compile_budget_is_proposed_before_checkpointing_where_it_fits():
+    """Llama-3-8B LoRA, compiled, on a GPU between the plan's memory at budget 1 and at 0.8:
+    the advice names train.compile_memory_budget and its predicted total, which the plan made
+    with that setting reproduces; eager blocks get no such advice."""
+    shape = [*LLAMA3_8B_LORA, "lora.target_modules=[all-linear]", "train.compile=true"]
+    roomy = Hardware(gpu="H200", memory_gib=141)
+    full_budget = plan_run(load_config(DEMO, shape), roomy).memory.total / GIB
+    budget = plan_run(load_config(DEMO, [*shape, "train.compile_memory_budget=0.8"]), roomy)
+    smaller = budget.memory.total / GIB
+    assert smaller < full_budget - 2
+    hardware = Hardware(gpu="H200", memory_gib=(smaller + full_budget) / 2)
+    plan = plan_run(load_config(DEMO, shape), hardware)
+    assert not plan.fits
+    (advice,) = [a for a in plan.advice if "compile_memory_budget" in a]
+    assert f"{smaller:.1f} GiB with train.compile_memory_budget: 0.8" in advice
+    eager = plan_run(load_config(DEMO, [*shape, "train.compile=false"]), hardware)
+    assert not any("compile_memory_budget" in a for a in eager.advice)

@@ -1,5 +1,6 @@
 """What the planner tells the user to change: the problems of a plan and the settings that
-would make it fit (checkpointing, host memory, ZeRO stage, micro-batch, sequence length)."""
+would make it fit (the compiled blocks' memory budget, checkpointing, host memory, ZeRO stage,
+micro-batch, sequence length)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tuneforge.plan.memory import GIB
+
+COMPILE_BUDGET = 0.8
+"""The compiled blocks' memory budget the planner proposes before checkpointing: on Llama-3-8B
+LoRA at 4,096 tokens it kept 28.2 instead of 33.7 GiB for ~1% of speed (bench/RESULTS.md)."""
 
 if TYPE_CHECKING:
     from tuneforge.config import RunConfig
@@ -23,6 +28,9 @@ class MemoryOptions:
     """Full checkpointing with the blocks' inputs in host memory."""
     embedding_on_host: float
     """The frozen, untied input embedding in host memory (equal to the plan where it cannot be)."""
+    compile_budget: float
+    """`train.compile_memory_budget` at `COMPILE_BUDGET` (equal to the plan where the blocks are
+    not compiled, are checkpointed, or keep less already)."""
 
 
 def advise(
@@ -34,6 +42,13 @@ def advise(
     if not plan.fits:
         plan.problems.append(
             f"predicted {total:.1f} GiB per GPU exceeds the {capacity:.0f} GiB of a {hardware.gpu}"
+        )
+    budget_fits = not plan.fits and options.compile_budget <= capacity
+    if budget_fits and train.compile and train.activation_checkpointing == "none":
+        plan.advice.append(
+            f"a smaller memory budget for the compiled blocks fits: {options.compile_budget:.1f} "
+            f"GiB with train.compile_memory_budget: {COMPILE_BUDGET} (their cheapest activations "
+            "made again in backward: about 1% slower, where checkpointing costs a forward pass)"
         )
     if plan.gradient_checkpointing_needed and train.activation_checkpointing == "none":
         plan.advice.append(

@@ -17,7 +17,7 @@ from tuneforge.models.catalog import CATALOG, catalog_shape
 from tuneforge.models.cost import LoraShape
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import read_hf_config
-from tuneforge.plan.advice import MemoryOptions, advise
+from tuneforge.plan.advice import COMPILE_BUDGET, MemoryOptions, advise
 from tuneforge.plan.memory import GIB, Memory, Setup, predict_memory
 from tuneforge.plan.workload import Workload, epoch_workload, lengths_after_policy
 from tuneforge.train.distributed import reshard_after_forward
@@ -269,6 +269,10 @@ def plan_run(
         ).total
         / GIB,
         embedding_on_host=predict_memory(replace(setup, offload_embedding=True)).total / GIB,
+        compile_budget=predict_memory(
+            replace(setup, compile_memory_budget=min(setup.compile_memory_budget, COMPILE_BUDGET))
+        ).total
+        / GIB,
     )
     needs_checkpointing = options.without_checkpointing > capacity >= options.full_checkpointing
     peak = PEAK_TFLOPS.get(hardware.gpu, PEAK_TFLOPS["H100"]) * 1e12
