@@ -1,5 +1,6 @@
 """`doctor oom` and `doctor log` on the message and log formats they meet in practice."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,7 @@ def test_hip_message_with_little_reserved_is_pressure():
     assert report.kind == "pressure" and report.platform == "hip"
     assert report.reserved_unallocated_gib == pytest.approx(820 / 1024)
     assert any("activation checkpointing" in action for action in report.actions)
+    assert any("train.compile_memory_budget: 0.8" in action for action in report.actions)
 
 
 def test_pre_2023_messages_are_read():
@@ -159,3 +161,8 @@ def test_with_a_config_each_remedy_is_sized_by_the_planner(tmp_path):
     assert checkpointing.endswith(", fits")
     assert any(line.startswith("ZeRO-3") for line in lines)
     assert any("micro-batch of 8192 tokens" in line for line in lines)
+    assert not any("memory budget" in line for line in lines)  # eager blocks
+    compiled = remedies(config, ["train.compile=true"], gpus=8, capacity_gib=63.98)
+    budget = next(line for line in compiled if line.startswith("a memory budget of 0.8"))
+    before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", budget)[0])
+    assert after < before

@@ -1,10 +1,12 @@
 """For an out-of-memory run with a known configuration: how much each remedy saves, from the
-planner (activation checkpointing, ZeRO-3, a halved micro-batch), given the GPU's capacity from
+planner (the compiled blocks' memory budget, activation checkpointing, ZeRO-3, a halved
+micro-batch), given the GPU's capacity from
 the error message."""
 
 from pathlib import Path
 
 from tuneforge.config import load_config
+from tuneforge.plan.advice import COMPILE_BUDGET
 from tuneforge.plan.memory import GIB
 from tuneforge.plan.planner import Hardware, plan_run
 
@@ -21,7 +23,17 @@ def remedies(
     config = load_config(config_file, overrides)
     hardware = Hardware(gpus=gpus, memory_gib=capacity_gib)
     current = plan_run(config, hardware).memory.total / GIB
-    options = dict(REMEDIES)
+    train = config.train
+    options = {}
+    if (
+        train.compile
+        and train.activation_checkpointing == "none"
+        and train.compile_memory_budget > COMPILE_BUDGET
+    ):
+        options[f"train.compile_memory_budget={COMPILE_BUDGET}"] = (
+            f"a memory budget of {COMPILE_BUDGET} for the compiled blocks (about 1% slower)"
+        )
+    options |= REMEDIES
     if gpus == 1:
         options.pop("parallel.zero_stage=3")
     half = max(config.data.max_seq_len, config.train.tokens_per_micro_batch // 2)
