@@ -5,7 +5,7 @@ import torch
 
 from tests.helpers import save_tiny_llama
 from tuneforge.models.hf.checkpoint import load_hf_model
-from tuneforge.train.block_wrappers import checkpointed_blocks, wrap_blocks
+from tuneforge.train.block_wrappers import checkpointed_blocks, recomputed_blocks, wrap_blocks
 
 
 def gradients(model):
@@ -29,6 +29,27 @@ def test_selective_checkpointing_takes_every_kth_block():
     assert checkpointed_blocks(6, "selective", 2) == [1, 3, 5]
     assert checkpointed_blocks(6, "selective", 3) == [2, 5]
     assert checkpointed_blocks(3, "full") == [0, 1, 2] and checkpointed_blocks(3, "none") == []
+
+
+def test_the_last_recomputed_blocks_keep_their_activations():
+    assert recomputed_blocks(6, "full", keep_activations=2) == {0, 1, 2, 3}
+    assert recomputed_blocks(6, "selective", 2, keep_activations=1) == {1, 3}
+    # blocks 1 and 4 wait in host memory; of the rest, the last two keep theirs
+    assert recomputed_blocks(6, "full", offload_activations=2, keep_activations=2) == {0, 2}
+    assert recomputed_blocks(6, "full", keep_activations=9) == set()
+
+
+def test_kept_blocks_are_not_checkpointed_and_gradients_hold(tmp_path):
+    save_tiny_llama(tmp_path)
+    plain = load_hf_model(tmp_path, "float32", "sdpa")
+    model = load_hf_model(tmp_path, "float32", "sdpa")
+    wrap_blocks(model, "full", keep_activations=1)
+    *checkpointed, kept = model.layers
+    assert all(isinstance(layer.forward, functools.partial) for layer in checkpointed)
+    assert not isinstance(kept.forward, functools.partial)
+    expected, got = gradients(plain), gradients(model)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], msg=name)
 
 
 def test_selective_checkpointing_keeps_gradients(tmp_path):

@@ -74,6 +74,7 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
     assert variant.memory_budget == 0.8 and variant.loss_chunk_tokens == 512
     assert Variant.parse("eager") == Variant(compiled=False)
     assert Variant.parse("compiled+full+host10").offload_activations == 10
+    assert Variant.parse("compiled+full+host10+keep2").keep_activations == 2
     assert Variant.parse("compiled+zero2+nccl8").nccl_max_channels == 8
     assert Variant.parse("compiled+varlen").attention == "varlen"
     assert Variant.parse("compiled").attention == "auto"

@@ -189,6 +189,17 @@ def test_cross_field_rules_run_alongside_field_errors(data_dir):
     assert {"train.min_lr", "lora.rank", "parallel.reshard_after_forward"} <= set(found)
 
 
+def test_kept_blocks_need_checkpointing(data_dir):
+    text = MINIMAL.replace("max_steps: 10", "max_steps: 10\n  keep_activations: 2")
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "run.yaml", text))
+    assert "train.activation_checkpointing" in issues_of(raised.value)["train.keep_activations"]
+    text = text.replace(
+        "keep_activations: 2", "keep_activations: 2\n  activation_checkpointing: full"
+    )
+    assert load_config(write(data_dir / "ok.yaml", text)).train.keep_activations == 2
+
+
 def test_model_needs_exactly_one_source(data_dir):
     text = MINIMAL.replace("name: demo-tiny", "dtype: float32")
     with pytest.raises(ConfigError, match=r"exactly one of model\.name and model\.path"):

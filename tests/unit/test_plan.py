@@ -235,3 +235,25 @@ def test_a_smaller_compile_budget_is_proposed_before_checkpointing_where_it_fits
     assert f"{smaller:.1f} GiB with train.compile_memory_budget: 0.8" in advice
     eager = plan_run(load_config(DEMO, [*shape, "train.compile=false"]), hardware)
     assert not any("compile_memory_budget" in a for a in eager.advice)
+
+
+def test_kept_blocks_add_their_activations_and_save_their_recomputation():
+    """Llama-3-8B LoRA, compiled, fully checkpointed with offloaded inputs: two blocks keeping
+    their activations add exactly two compiled blocks' bytes, and the step gets shorter."""
+    from tuneforge.models.cost import LoraShape, compiled_activation_bytes_per_token
+
+    shape = [
+        *LLAMA3_8B_LORA,
+        "lora.target_modules=[all-linear]",
+        "train.compile=true",
+        "train.activation_checkpointing=full",
+        "train.offload_checkpoints=true",
+    ]
+    hardware = Hardware(gpu="H200", memory_gib=141)
+    checkpointed = plan_run(load_config(DEMO, shape), hardware)
+    kept = plan_run(load_config(DEMO, [*shape, "train.keep_activations=2"]), hardware)
+    block = compiled_activation_bytes_per_token(catalog_shape("llama-3-8b"), 0, 2, LoraShape(16))
+    assert kept.memory.activations - checkpointed.memory.activations == pytest.approx(
+        2 * block * 4096
+    )
+    assert kept.step_time_s < checkpointed.step_time_s

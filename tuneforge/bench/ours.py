@@ -68,6 +68,7 @@ def run_ours(
         offload=settings.offload,
         memory_budget=settings.memory_budget,
         offload_activations=settings.offload_activations,
+        keep_activations=settings.keep_activations,
     )
     parallel = ParallelSection(
         strategy=("ddp" if settings.ddp else "fsdp") if world.world_size > 1 else "single",

@@ -26,14 +26,15 @@ class Workload:
     variants: tuple[str, ...] = field(default=("eager", "compiled"))
     """tuneforge runs: `eager` or `compiled` (torch.compile per block), then options joined by
     `+`: `full` or `selective` activation checkpointing, `offload` (their inputs in host
-    memory), `hostN` (N blocks' activations in host memory instead), `hostembed` (the frozen
-    input embedding in host memory), `budget0.8` (the compiled graph keeps that share of its
-    activations), `chunk512` (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2:
-    parameters kept gathered after forward, gradients reduced in bf16), `ddp` (DDP instead of
-    FSDP2 on several GPUs: parameters replicated), `ncclN` (at most N NCCL channels per
-    collective), `flash4`, `varlen` or `sdpa` (the attention backend; default: what `auto`
-    picks), `onedoc` (one 4096-token document, as the peers see it, instead of packed
-    documents), `fp32lora` (adapter matmuls in fp32), `graph` (the whole step captured as one CUDA graph, `train.cuda_graph`)."""
+    memory), `hostN` (N blocks' activations in host memory instead), `keepN` (the last N
+    checkpointed blocks keep theirs on the GPU), `hostembed` (the frozen input embedding in host
+    memory), `budget0.8` (the compiled graph keeps that share of its activations), `chunk512`
+    (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2: parameters kept gathered
+    after forward, gradients reduced in bf16), `ddp` (DDP instead of FSDP2 on several GPUs:
+    parameters replicated), `ncclN` (at most N NCCL channels per collective), `flash4`,
+    `varlen` or `sdpa` (the attention backend; default: what `auto` picks), `onedoc` (one
+    4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
+    matmuls in fp32), `graph` (the whole step captured as one CUDA graph, `train.cuda_graph`)."""
 
 
 WORKLOADS = {
@@ -59,6 +60,7 @@ WORKLOADS = {
             variants=(
                 "compiled+full+offload+budget0.8+chunk512",
                 "compiled+full+offload+budget0.8+chunk512+host16+hostembed",
+                "compiled+full+offload+budget0.8+chunk512+host16+hostembed+keep2",
             ),
         ),
         Workload(
@@ -123,6 +125,7 @@ class Variant:
     checkpointing: str = "none"
     offload: bool = False
     offload_activations: int = 0
+    keep_activations: int = 0
     offload_embedding: bool = False
     memory_budget: float = 1.0
     loss_chunk_tokens: int = 1024
@@ -159,10 +162,12 @@ class Variant:
                 settings["nccl_max_channels"] = int(option.removeprefix("nccl"))
             elif option.startswith("host") and option.removeprefix("host").isdigit():
                 settings["offload_activations"] = int(option.removeprefix("host"))
+            elif option.startswith("keep") and option.removeprefix("keep").isdigit():
+                settings["keep_activations"] = int(option.removeprefix("keep"))
             else:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
-                    "host<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, "
+                    "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, "
                     "ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph)"
                 )
         return cls(**settings)

@@ -94,6 +94,19 @@ def host_embedding_is_frozen(train, lora) -> list[tuple[str, str, str]]:
     return []
 
 
+@rule("train")
+def kept_blocks_need_checkpointing(train) -> list[tuple[str, str, str]]:
+    if train.keep_activations and train.activation_checkpointing == "none":
+        return [
+            (
+                "train.keep_activations",
+                "without activation checkpointing every block keeps its activations already",
+                "set train.activation_checkpointing (full or selective), or drop keep_activations",
+            )
+        ]
+    return []
+
+
 @rule("train", "parallel", "model")
 def captured_step_runs_on_one_gpu(train, parallel, model) -> list[tuple[str, str, str]]:
     if not train.cuda_graph:

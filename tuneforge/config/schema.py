@@ -177,6 +177,8 @@ class TrainSection(Section):
     instead of on the GPU (one process; no MoE router aux loss)."""
     offload_activations: int = Field(0, ge=0)
     """Blocks, spread evenly, whose saved activations go to pinned host memory in the forward and come back for their backward, instead of staying on the GPU or being recomputed (one process). Each costs its activations' round trip over PCIe (Llama-3-8B, 4,096 tokens: ~0.4 GiB per block, ~8 ms each way), overlapped with compute: with checkpointing, blocks save their recomputation at no cost in allocated memory (the copy streams' pools add to the reserved memory)."""
+    keep_activations: int = Field(0, ge=0)
+    """With activation checkpointing: the last N of the blocks it would recompute keep their activations on the GPU instead (fills the memory checkpointing leaves: Llama-3-8B LoRA, compiled at budget 0.8, 4,096 tokens: ~0.35 GiB per block, each saving one block's recomputation). `tuneforge plan` predicts the memory."""
     offload_embedding: bool = False
     """Keep the frozen input embedding in pinned host memory: each micro-batch's rows are gathered there and copied to the GPU (Llama-3-8B: 1 GiB of weights off the GPU, 32 MiB copied per 4,096 tokens). Needs a frozen, untied embedding (a LoRA run) and one process."""
     compile: bool = False

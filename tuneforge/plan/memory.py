@@ -26,7 +26,7 @@ from tuneforge.models.cost import (
     lora_params,
     working_bytes_per_token,
 )
-from tuneforge.train.block_wrappers import checkpointed_blocks, offloaded_blocks
+from tuneforge.train.block_wrappers import offloaded_blocks, recomputed_blocks
 
 GIB = 2**30
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
@@ -49,6 +49,8 @@ class Setup:
     offload_activations: int = 0
     """Blocks whose saved activations wait in host memory: nothing on the GPU between their
     forward and backward (and each comes back once the block above has done its backward)."""
+    keep_activations: int = 0
+    """The last checkpointed blocks that keep their activations on the GPU instead."""
     offload_embedding: bool = False
     """The frozen, untied input embedding in host memory: its weights are not on the GPU."""
     attention: str = "flash"
@@ -212,8 +214,12 @@ def _layer_gradients(setup: Setup) -> list[float]:
 def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     """(activations, dynamic bytes at each moment of the step that can be its peak)."""
     args, tokens = setup.args, setup.tokens_per_micro_batch
-    checkpointed = set(
-        checkpointed_blocks(args.num_layers, setup.checkpointing, setup.checkpoint_every)
+    checkpointed = recomputed_blocks(
+        args.num_layers,
+        setup.checkpointing,
+        setup.checkpoint_every,
+        setup.offload_activations,
+        setup.keep_activations,
     )
     on_host = set(offloaded_blocks(args.num_layers, setup.offload_activations))
     kept = [

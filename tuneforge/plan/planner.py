@@ -153,6 +153,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         checkpoint_every=config.train.checkpoint_every,
         offload_checkpoints=config.train.offload_checkpoints,
         offload_activations=config.train.offload_activations,
+        keep_activations=config.train.keep_activations,
         offload_embedding=config.train.offload_embedding,
         attention=attention,
         mean_doc_len=mean_doc_len,
@@ -336,12 +337,15 @@ def plan_run(
 
 
 def _checkpointed(setup: Setup) -> set[int]:
-    """The recomputed blocks: those with offloaded activations run once."""
-    from tuneforge.train.block_wrappers import checkpointed_blocks, offloaded_blocks
+    """The recomputed blocks: those with offloaded or kept activations run once."""
+    from tuneforge.train.block_wrappers import recomputed_blocks
 
-    layers = setup.args.num_layers
-    return set(checkpointed_blocks(layers, setup.checkpointing, setup.checkpoint_every)) - set(
-        offloaded_blocks(layers, setup.offload_activations)
+    return recomputed_blocks(
+        setup.args.num_layers,
+        setup.checkpointing,
+        setup.checkpoint_every,
+        setup.offload_activations,
+        setup.keep_activations,
     )
 
 

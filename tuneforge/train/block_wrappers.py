@@ -1,6 +1,7 @@
 """Applied to the model's blocks from outside, before any parallel wrapping: `torch.compile` per
 block, activation checkpointing (every block, or every k-th), optionally with the kept input
-in host memory, and blocks whose saved activations wait in host memory instead. The checkpoint
+in host memory, blocks whose saved activations wait in host memory instead, and the last
+checkpointed blocks keeping theirs on the GPU where memory is left. The checkpoint
 wraps the compiled forward, so the recomputation runs compiled too. Module names, and so
 checkpoints, stay unchanged."""
 
@@ -35,6 +36,24 @@ def offloaded_blocks(num_layers: int, count: int) -> list[int]:
     return sorted({int((k + 0.5) * num_layers / count) for k in range(count)})
 
 
+def recomputed_blocks(
+    num_layers: int,
+    mode: str,
+    every: int = 2,
+    offload_activations: int = 0,
+    keep_activations: int = 0,
+) -> set[int]:
+    """The blocks run again in backward: those checkpointing picks, less the
+    `offload_activations` blocks whose activations wait in host memory and the last
+    `keep_activations` of the rest, which keep theirs on the GPU (the last ones: backward frees
+    them first)."""
+    on_host = set(offloaded_blocks(num_layers, offload_activations))
+    chosen = [
+        index for index in checkpointed_blocks(num_layers, mode, every) if index not in on_host
+    ]
+    return set(chosen[: max(0, len(chosen) - keep_activations)])
+
+
 def wrap_blocks(
     model: Decoder,
     checkpointing: str = "none",
@@ -43,13 +62,18 @@ def wrap_blocks(
     offload: bool = False,
     memory_budget: float = 1.0,
     offload_activations: int = 0,
+    keep_activations: int = 0,
 ) -> None:
     """Compile each block's forward (`compile`; the compiled graph keeps at most
     `memory_budget` of what it could keep for backward); keep the saved activations of
     `offload_activations` blocks in pinned host memory; checkpoint the chosen blocks among the
-    others around it, keeping their inputs in pinned host memory with `offload`."""
-    checkpointed = set(checkpointed_blocks(len(model.layers), checkpointing, every))
-    offloaded = set(offloaded_blocks(len(model.layers), offload_activations))
+    others around it but the last `keep_activations`, keeping their inputs in pinned host
+    memory with `offload`."""
+    layers = len(model.layers)
+    checkpointed = recomputed_blocks(
+        layers, checkpointing, every, offload_activations, keep_activations
+    )
+    offloaded = set(offloaded_blocks(layers, offload_activations))
     chain = OffloadChain()
     for index, layer in enumerate(model.layers):
         forward = compiled(layer.forward, memory_budget) if compile else layer.forward

@@ -131,6 +131,7 @@ class Trainer:
             train.offload_checkpoints,
             train.compile_memory_budget,
             train.offload_activations,
+            train.keep_activations,
         )
         self.objective = parallelize(
             NextTokenObjective(self.model, train.loss_chunk_tokens, train.compile),

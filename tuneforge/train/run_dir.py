@@ -24,6 +24,7 @@ MEMORY_SETTINGS = (
     ("train", "loss_chunk_tokens"),
     ("train", "offload_checkpoints"),
     ("train", "offload_activations"),
+    ("train", "keep_activations"),
     ("train", "offload_embedding"),
     ("train", "compile_memory_budget"),
     ("data", "max_seq_len"),
