@@ -94,7 +94,7 @@ def bench_command(
         "environment": {
             key: value
             for key, value in sorted(os.environ.items())
-            if key.startswith("NCCL_") or key == "PYTORCH_CUDA_ALLOC_CONF"
+            if key.startswith("NCCL_") or key.endswith("_ALLOC_CONF")
         },
         "peers_left_out": missing,
         "results": [],
