@@ -257,3 +257,26 @@ def test_kept_blocks_add_their_activations_and_save_their_recomputation():
         2 * block * 4096
     )
     assert kept.step_time_s < checkpointed.step_time_s
+
+
+def test_memory_left_is_offered_to_checkpointed_blocks():
+    """Fully checkpointed Llama-3-8B LoRA with room for three kept blocks within 90% of the
+    GPU, not four: the advice names three and the total the plan with three predicts."""
+    shape = [
+        *LLAMA3_8B_LORA,
+        "lora.target_modules=[all-linear]",
+        "train.activation_checkpointing=full",
+    ]
+    roomy = Hardware(gpu="H200", memory_gib=141)
+    totals = [
+        plan_run(load_config(DEMO, [*shape, f"train.keep_activations={n}"]), roomy).memory.total
+        / GIB
+        for n in (3, 4)
+    ]
+    hardware = Hardware(gpu="H200", memory_gib=sum(totals) / 2 / 0.9)
+    plan = plan_run(load_config(DEMO, shape), hardware)
+    (advice,) = [a for a in plan.advice if "keep_activations" in a]
+    assert f"{totals[0]:.1f} GiB with train.keep_activations: 3" in advice
+    three = plan_run(load_config(DEMO, [*shape, "train.keep_activations=3"]), hardware)
+    assert not any("keep_activations" in a for a in three.advice)  # already the most
+    assert three.step_time_s < plan.step_time_s

@@ -1,6 +1,6 @@
 """What the planner tells the user to change: the problems of a plan and the settings that
 would make it fit (the compiled blocks' memory budget, checkpointing, host memory, ZeRO stage,
-micro-batch, sequence length)."""
+micro-batch, sequence length), and the recomputation memory left over could spare."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from tuneforge.plan.memory import GIB
 COMPILE_BUDGET = 0.8
 """The compiled blocks' memory budget the planner proposes before checkpointing: on Llama-3-8B
 LoRA at 4,096 tokens it kept 28.2 instead of 33.7 GiB for ~1% of speed (bench/RESULTS.md)."""
+
+KEPT_BLOCKS_SHARE = 0.9
+"""Blocks that keep their activations are proposed up to this share of the GPU: near its limit
+the allocator's retries cost more than the recomputation saves (bench/RESULTS.md)."""
 
 if TYPE_CHECKING:
     from tuneforge.config import RunConfig
@@ -28,6 +32,9 @@ class MemoryOptions:
     """Full checkpointing with the blocks' inputs in host memory."""
     embedding_on_host: float
     """The frozen, untied input embedding in host memory (equal to the plan where it cannot be)."""
+    kept_blocks: tuple[int, float]
+    """The most checkpointed blocks that could keep their activations within
+    `KEPT_BLOCKS_SHARE` of the GPU (`train.keep_activations`), and the total then."""
     compile_budget: float
     """`train.compile_memory_budget` at `COMPILE_BUDGET` (equal to the plan where the blocks are
     not compiled, are checkpointed, or keep less already)."""
@@ -76,6 +83,13 @@ def advise(
         plan.advice.append(
             f"the frozen embedding in host memory fits: {options.embedding_on_host:.1f} GiB with "
             "train.offload_embedding: true"
+        )
+    kept, kept_total = options.kept_blocks
+    if plan.fits and kept > train.keep_activations:
+        plan.advice.append(
+            f"memory is left for {kept} checkpointed blocks to keep their activations: "
+            f"{kept_total:.1f} GiB with train.keep_activations: {kept} (each one recomputed "
+            "block fewer)"
         )
     if hardware.data_parallel > 1 and plan.zero_stage not in (0, stage):
         plan.advice.append(f"the report's choice here is {plan.zero_stage_advice}")

@@ -17,7 +17,7 @@ from tuneforge.models.catalog import CATALOG, catalog_shape
 from tuneforge.models.cost import LoraShape
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import read_hf_config
-from tuneforge.plan.advice import COMPILE_BUDGET, MemoryOptions, advise
+from tuneforge.plan.advice import COMPILE_BUDGET, KEPT_BLOCKS_SHARE, MemoryOptions, advise
 from tuneforge.plan.memory import GIB, Memory, Setup, predict_memory
 from tuneforge.plan.workload import Workload, epoch_workload, lengths_after_policy
 from tuneforge.train.distributed import reshard_after_forward
@@ -274,6 +274,7 @@ def plan_run(
             replace(setup, compile_memory_budget=min(setup.compile_memory_budget, COMPILE_BUDGET))
         ).total
         / GIB,
+        kept_blocks=_most_kept_blocks(setup, capacity * KEPT_BLOCKS_SHARE),
     )
     needs_checkpointing = options.without_checkpointing > capacity >= options.full_checkpointing
     peak = PEAK_TFLOPS.get(hardware.gpu, PEAK_TFLOPS["H100"]) * 1e12
@@ -334,6 +335,21 @@ def plan_run(
             )
     advise(plan, config, hardware, stage, options)
     return plan
+
+
+def _most_kept_blocks(setup: Setup, within_gib: float) -> tuple[int, float]:
+    """The most recomputed blocks that could keep their activations with the total within
+    `within_gib`, and that total; (the configured count, its total) where none more can."""
+    from dataclasses import replace
+
+    kept = setup.keep_activations
+    total = predict_memory(setup).total / GIB
+    while _checkpointed(replace(setup, keep_activations=kept)):
+        more = predict_memory(replace(setup, keep_activations=kept + 1)).total / GIB
+        if more > within_gib:
+            break
+        kept, total = kept + 1, more
+    return kept, total
 
 
 def _checkpointed(setup: Setup) -> set[int]:
