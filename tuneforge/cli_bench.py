@@ -170,6 +170,17 @@ def _print_line(result: dict) -> None:
             )
             for site in memory["live_at_peak"][:8]:
                 console.print(f"    {site['gib']:8.3f} GiB  {site['site'][:90]}")
+            cache = memory.get("cache")
+            if cache:
+                console.print(
+                    f"  allocator cache by stream (at most {cache['awaiting_free_peak_gib']:.2f} "
+                    "GiB waited at once for another stream):"
+                )
+                for stream, gib in cache["by_stream"].items():
+                    console.print(
+                        f"    {stream}: {gib['reserved_gib']:.2f} GiB reserved, "
+                        f"{gib['allocated_gib']:.2f} allocated, {gib['cached_free_gib']:.2f} cached"
+                    )
 
 
 def summary_table(results: list[dict]) -> Table:

@@ -203,3 +203,39 @@ def test_nccl_channels_are_set_before_the_process_group_starts(monkeypatch):
     assert "NCCL_MAX_NCHANNELS" not in os.environ
     init_distributed(nccl_max_channels=8)
     assert os.environ["NCCL_MAX_NCHANNELS"] == "8"
+
+
+def test_the_allocator_cache_is_split_by_stream_and_waiting_frees_are_counted():
+    """A synthetic allocator snapshot: two segments on the compute stream, one on a copy
+    stream; two frees that waited for another stream overlap (3 MiB at once), one that
+    completed before them is not among them."""
+    from tuneforge.bench.profile import cache_breakdown
+
+    mib = 2**20
+    snapshot = {
+        "segments": [
+            {"stream": 0, "total_size": 8 * mib, "allocated_size": 6 * mib},
+            {"stream": 0, "total_size": 4 * mib, "allocated_size": 0},
+            {"stream": 0x55, "total_size": 2 * mib, "allocated_size": 1 * mib},
+        ],
+        "device_traces": [
+            [
+                {"action": "alloc", "addr": 1, "size": mib},
+                {"action": "free_requested", "addr": 1, "size": mib},
+                {"action": "free_completed", "addr": 1, "size": mib},
+                {"action": "free_requested", "addr": 2, "size": 2 * mib},
+                {"action": "free_requested", "addr": 3, "size": 1 * mib},
+                {"action": "free_completed", "addr": 2, "size": 2 * mib},
+                {"action": "free_completed", "addr": 3, "size": 1 * mib},
+            ]
+        ],
+    }
+    cache = cache_breakdown(snapshot, {0x55: "copies to_device"})
+    gib = 2**30
+    assert cache["by_stream"]["compute"] == {
+        "reserved_gib": round(12 * mib / gib, 3),
+        "allocated_gib": round(6 * mib / gib, 3),
+        "cached_free_gib": round(6 * mib / gib, 3),
+    }
+    assert cache["by_stream"]["copies to_device"]["cached_free_gib"] == round(mib / gib, 3)
+    assert cache["awaiting_free_peak_gib"] == round(3 * mib / gib, 3)

@@ -151,6 +151,8 @@ def peak_breakdown(step: Callable[[], None], top: int = 12) -> dict:
                 peak, at_peak = current, dict(live)
         elif event["action"] == "free_completed" and event["addr"] in live:
             current -= live.pop(event["addr"])[0]
+    from tuneforge.train.offload import copy_stream_names
+
     sites: dict[str, int] = {}
     for size, site in at_peak.values():
         sites[site] = sites.get(site, 0) + size
@@ -159,7 +161,36 @@ def peak_breakdown(step: Callable[[], None], top: int = 12) -> dict:
         "allocated_before_gib": before / 2**30,
         "step_peak_above_before_gib": peak / 2**30,
         "live_at_peak": [{"site": site, "gib": round(size / 2**30, 3)} for site, size in ranked],
+        "cache": cache_breakdown(snapshot, copy_stream_names()),
     }
+
+
+def cache_breakdown(snapshot: dict, stream_names: dict[int, str]) -> dict:
+    """Where the allocator's reserved memory sits after the traced step, per stream (the
+    caching allocator keeps a pool per stream: what one caches, another cannot use without a
+    free and a retry), and the most bytes that waited at once during the step for another
+    stream to finish with them (tensors freed while a copy still read them, `record_stream`)."""
+    by_stream: dict[str, dict[str, float]] = {}
+    for segment in snapshot["segments"]:
+        stream = segment["stream"]
+        name = stream_names.get(stream, "compute" if stream == 0 else f"stream {stream:#x}")
+        entry = by_stream.setdefault(name, {"reserved_gib": 0.0, "allocated_gib": 0.0})
+        entry["reserved_gib"] += segment["total_size"] / 2**30
+        entry["allocated_gib"] += segment["allocated_size"] / 2**30
+    for entry in by_stream.values():
+        entry["cached_free_gib"] = entry["reserved_gib"] - entry["allocated_gib"]
+        for key in entry:
+            entry[key] = round(entry[key], 3)
+    awaiting: dict[int, int] = {}
+    waiting = most = 0
+    for event in (e for trace in snapshot["device_traces"] for e in trace):
+        if event["action"] == "free_requested":
+            awaiting[event["addr"]] = event["size"]
+            waiting += event["size"]
+            most = max(most, waiting)
+        elif event["action"] == "free_completed" and event["addr"] in awaiting:
+            waiting -= awaiting.pop(event["addr"])
+    return {"by_stream": by_stream, "awaiting_free_peak_gib": round(most / 2**30, 3)}
 
 
 def _allocation_site(frames: list[dict]) -> str:

@@ -35,6 +35,14 @@ def _copy_stream(device: torch.device, direction: str) -> torch.cuda.Stream:
     return stream
 
 
+def copy_stream_names() -> dict[int, str]:
+    """The side streams' handles (as the allocator's snapshots name streams) and what they do."""
+    return {
+        stream.cuda_stream: f"copies {direction}"
+        for (_, direction), stream in _COPY_STREAMS.items()
+    }
+
+
 class HostCopy:
     """`tensor` copied to pinned host memory on a side stream; `prefetch` starts the copy back
     on another, `restore` returns it on the device (the compute stream waits for the copy, the
