@@ -196,3 +196,22 @@ def saved_activation_bytes(attention: str, stack: bool) -> int:
         model.layers[0](x.requires_grad_(), rope, packed)
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     return sum(size for ptr, size in storages.items() if ptr not in weights)
+
+
+def test_the_memory_profile_names_the_copy_streams_pools():
+    """A tensor sent to the host and brought back: the copy back is allocated in its side
+    stream's pool, which the profile's cache breakdown names."""
+    from tuneforge.bench.profile import peak_breakdown
+    from tuneforge.train.offload import HostCopy
+
+    x = torch.randn(1024, 1024, device="cuda")
+
+    def step():
+        copy = HostCopy(x * 2)
+        copy.prefetch()
+        assert copy.restore().sum().item() == pytest.approx(2 * x.sum().item(), rel=1e-4)
+
+    step()
+    cache = peak_breakdown(step)["cache"]
+    assert {"compute", "copies to_device"} <= set(cache["by_stream"])
+    assert cache["by_stream"]["copies to_device"]["reserved_gib"] > 0
