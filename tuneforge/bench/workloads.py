@@ -167,8 +167,8 @@ class Variant:
             else:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
-                    "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, bf16reduce, "
-                    "ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph)"
+                    "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, "
+                    "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph)"
                 )
         return cls(**settings)
 
