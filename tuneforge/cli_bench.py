@@ -51,6 +51,14 @@ def bench_command(
             "GPU of that size, instead of only reporting the peak against it."
         ),
     ] = False,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Repeat the whole set of runs this many times, interleaved (a machine drifts "
+            "by a few % between calls, less within one); each run's median and range follow.",
+        ),
+    ] = 1,
 ) -> None:
     """Benchmark one training step: tokens/s, ms/step, peak memory, MFU and ratios."""
     import torch
@@ -103,17 +111,22 @@ def bench_command(
     stamp = record["date"].replace(":", "").replace("-", "").replace("+0000", "Z")
     file = out / f"bench-{stamp}.json"
     results = record["results"]
-    for run in plan_runs(selected, present):
-        workload_gpus = WORKLOADS[run.workload].gpus
-        cap = WORKLOADS[run.workload].memory_cap_gib if enforce_cap else None
-        console.print(f"[dim]{run.workload}: {run.system} {run.variant or ''}[/dim]")
-        result = execute(run, warmup, steps, workload_gpus, profile, run_limit, cap)
-        result = summarise(result, peak)
-        results.append(result)
-        _print_line(result)
-        # written after every run, so that a benchmark cut off by a time limit keeps the rest
-        file.write_text(json.dumps(record, indent=2))
+    for round_index in range(1, rounds + 1):
+        for run in plan_runs(selected, present):
+            workload_gpus = WORKLOADS[run.workload].gpus
+            cap = WORKLOADS[run.workload].memory_cap_gib if enforce_cap else None
+            console.print(
+                f"[dim]{run.workload}: {run.system} {run.variant or ''} (round {round_index})[/dim]"
+            )
+            result = execute(run, warmup, steps, workload_gpus, profile, run_limit, cap)
+            result = summarise(result, peak) | {"round": round_index}
+            results.append(result)
+            _print_line(result)
+            # written after every run, so that a benchmark cut off by a time limit keeps the rest
+            file.write_text(json.dumps(record, indent=2))
     console.print(summary_table(results))
+    if rounds > 1:
+        console.print(rounds_table(results))
     console.print(f"results: {file}")
 
 
@@ -181,6 +194,23 @@ def _print_line(result: dict) -> None:
                         f"    {stream}: {gib['reserved_gib']:.2f} GiB reserved, "
                         f"{gib['allocated_gib']:.2f} allocated, {gib['cached_free_gib']:.2f} cached"
                     )
+
+
+def rounds_table(results: list[dict]) -> Table:
+    from tuneforge.bench.report import over_rounds
+
+    table = Table("workload", "system", "variant", "rounds", "median tokens/s", "range")
+    for row in over_rounds(results):
+        median = row["median_tokens_per_s"]
+        table.add_row(
+            row["workload"],
+            row["system"],
+            row["variant"],
+            str(row["rounds"]),
+            "failed" if median is None else f"{median:,.0f}",
+            "" if median is None else f"{row['lowest']:,.0f}–{row['highest']:,.0f}",
+        )
+    return table
 
 
 def summary_table(results: list[dict]) -> Table:

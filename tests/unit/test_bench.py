@@ -46,6 +46,32 @@ def test_ratios_compare_with_hf_and_the_fastest_peer():
     assert ratios(results) == [(None, None), (None, None), (3.0, 1.5), (None, None)]
 
 
+def test_rounds_compare_within_a_round_and_give_each_run_its_spread():
+    """Two rounds on a machine that drifted: each round's tuneforge run is compared with that
+    round's peer; over the rounds each run gets its median and range, a failed round left out."""
+    from tuneforge.bench.report import over_rounds
+
+    results = [
+        {"workload": "w", "system": "unsloth", "tokens_per_s": 200.0, "round": 1},
+        {"workload": "w", "system": "tuneforge", "variant": "a", "tokens_per_s": 300.0, "round": 1},
+        {"workload": "w", "system": "unsloth", "tokens_per_s": 100.0, "round": 2},
+        {"workload": "w", "system": "tuneforge", "variant": "a", "tokens_per_s": 200.0, "round": 2},
+        {"workload": "w", "system": "tuneforge", "variant": "a", "error": "OOM", "round": 3},
+    ]
+    assert [vs_best for _, vs_best in ratios(results)] == [None, 1.5, None, 2.0, None]
+    unsloth, ours = over_rounds(results)
+    assert unsloth["median_tokens_per_s"] == 150.0 and unsloth["rounds"] == 2
+    assert ours == {
+        "workload": "w",
+        "system": "tuneforge",
+        "variant": "a",
+        "rounds": 2,
+        "median_tokens_per_s": 250.0,
+        "lowest": 200.0,
+        "highest": 300.0,
+    }
+
+
 def test_tuneforge_and_hf_peft_runners_measure_the_same_step_on_a_cpu():
     """The runners end to end on a tiny shape (the benchmark itself needs a GPU): both report
     the step's tokens and FLOPs from the same cost formulas, and times."""

@@ -1,15 +1,17 @@
-"""Ratios of each tuneforge run to the peers on the same workload: to HF + PEFT (its fastest
-run) and to the fastest peer run."""
+"""Ratios of each tuneforge run to the peers on the same workload in the same round: to HF +
+PEFT (its fastest run) and to the fastest peer run; and each run's spread over the rounds."""
+
+import statistics
 
 
 def ratios(results: list[dict]) -> list[tuple[float | None, float | None]]:
-    peers: dict[str, list[dict]] = {}
+    peers: dict[tuple[str, int], list[dict]] = {}
     for result in results:
         if "error" not in result and result["system"] != "tuneforge":
-            peers.setdefault(result["workload"], []).append(result)
+            peers.setdefault(_place(result), []).append(result)
     rows = []
     for result in results:
-        runs = peers.get(result["workload"], [])
+        runs = peers.get(_place(result), [])
         if "error" in result or result["system"] != "tuneforge" or not runs:
             rows.append((None, None))
             continue
@@ -18,3 +20,30 @@ def ratios(results: list[dict]) -> list[tuple[float | None, float | None]]:
         speed = result["tokens_per_s"]
         rows.append((speed / max(hf) if hf else None, speed / best))
     return rows
+
+
+def over_rounds(results: list[dict]) -> list[dict]:
+    """Each run (workload, system, variant) over the rounds it completed: the median, lowest and
+    highest tokens/s, in the order the runs first appear."""
+    runs: dict[tuple[str, str, str], list[float]] = {}
+    for result in results:
+        key = (result["workload"], result["system"], result.get("variant", ""))
+        speeds = runs.setdefault(key, [])
+        if "error" not in result:
+            speeds.append(result["tokens_per_s"])
+    return [
+        {
+            "workload": workload,
+            "system": system,
+            "variant": variant,
+            "rounds": len(speeds),
+            "median_tokens_per_s": statistics.median(speeds) if speeds else None,
+            "lowest": min(speeds, default=None),
+            "highest": max(speeds, default=None),
+        }
+        for (workload, system, variant), speeds in runs.items()
+    ]
+
+
+def _place(result: dict) -> tuple[str, int]:
+    return result["workload"], result.get("round", 1)
