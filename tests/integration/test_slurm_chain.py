@@ -65,14 +65,16 @@ def job_state(job: str) -> str:
 
 @pytest.mark.skipif(slurm_ready() is not None, reason=str(slurm_ready()))
 def test_a_three_job_chain_resumes_and_stops_when_done(tmp_path):
-    # warm the tokenised-data cache and measure this machine's step time
+    # warm the tokenised-data cache and measure this machine's step time (a busy machine may
+    # reach the time limit first: exit code 75, its steps measured all the same)
     probe = tmp_path / "probe"
     started = time.perf_counter()
-    subprocess.run(
+    probed = subprocess.run(
         [sys.executable, "-m", "tuneforge", "train", str(DEMO), *overrides(probe, 40)],
-        check=True,
         capture_output=True,
+        text=True,
     )
+    assert probed.returncode in (0, 75), probed.stderr
     records = [r for r in read_metrics(probe / "metrics.jsonl") if "step_s" in r]
     step_s = sorted(r["step_s"] for r in records)[len(records) // 2]
     assert time.perf_counter() - started < JOB_SECONDS, "this machine is too slow for 1-minute jobs"
