@@ -63,6 +63,9 @@ def test_full_fine_tuning_learns_and_leaves_a_complete_run_directory(tmp_path):
     assert (run / "finished").is_file()
     record = metrics[-1]
     assert {"tokens_per_s", "tflops", "eta_s", "grad_norm", "lr", "elapsed_s"} <= set(record)
+    # every step's time is its own (the last one as well: a step read late would seem free)
+    times = sorted(m["step_s"] for m in metrics)
+    assert record["step_s"] > 0.2 * times[len(times) // 2], (record["step_s"], times)
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert saved == run / "final"
     final = load_file(run / "final" / "model.safetensors")

@@ -289,7 +289,8 @@ class Trainer:
         # the host between steps; a step that the loop acts on (evaluation, checkpoint, stop,
         # the last one) is read before anything else is queued. A step's time runs from the
         # previous step's numbers read (or its own start, when nothing was queued before it)
-        # to its own numbers read: in steady state, the period.
+        # to its own numbers read: in steady state, the period. On the CPU a step runs as it is
+        # queued, so it is read at once (read later, the last step would seem to take no time).
         pending: tuple[StepResult, int] | None = None
         agreed_stop: HostValues | None = None
         last_read = time.perf_counter()
@@ -356,7 +357,7 @@ class Trainer:
                     or train.on_nonfinite == "stop"
                     or self.step in (self.total_steps, config.logging.projection_step)
                 )
-                if scheduled:
+                if scheduled or self.device.type == "cpu":
                     finish(pending)
                     pending = None
                 code = local_stop_code(
