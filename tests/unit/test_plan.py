@@ -26,6 +26,12 @@ LLAMA3_8B_LORA = [
     "train.tokens_per_micro_batch=4096",
     "lora.enabled=true",
 ]
+OFFLOADED_CHECKPOINTS_8B_LORA = [
+    *LLAMA3_8B_LORA,
+    "lora.target_modules=[all-linear]",
+    "train.activation_checkpointing=full",
+    "train.offload_checkpoints=true",
+]
 
 
 def qwen3_8b(*extra: str):
@@ -204,12 +210,7 @@ def test_an_embedding_in_host_memory_leaves_the_gpu():
 
 
 def test_the_planner_suggests_the_host_embedding_when_only_that_fits():
-    shape = [
-        *LLAMA3_8B_LORA,
-        "lora.target_modules=[all-linear]",
-        "train.activation_checkpointing=full",
-        "train.offload_checkpoints=true",
-    ]
+    shape = OFFLOADED_CHECKPOINTS_8B_LORA
     hardware = Hardware(gpu="H200", memory_gib=16.5)
     plan = plan_run(load_config(DEMO, shape), hardware)
     hosted = plan_run(load_config(DEMO, [*shape, "train.offload_embedding=true"]), hardware)
@@ -242,13 +243,7 @@ def test_kept_blocks_add_their_activations_and_save_their_recomputation():
     their activations add exactly two compiled blocks' bytes, and the step gets shorter."""
     from tuneforge.models.cost import LoraShape, compiled_activation_bytes_per_token
 
-    shape = [
-        *LLAMA3_8B_LORA,
-        "lora.target_modules=[all-linear]",
-        "train.compile=true",
-        "train.activation_checkpointing=full",
-        "train.offload_checkpoints=true",
-    ]
+    shape = [*OFFLOADED_CHECKPOINTS_8B_LORA, "train.compile=true"]
     hardware = Hardware(gpu="H200", memory_gib=141)
     checkpointed = plan_run(load_config(DEMO, shape), hardware)
     kept = plan_run(load_config(DEMO, [*shape, "train.keep_activations=2"]), hardware)
