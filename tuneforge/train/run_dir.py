@@ -8,8 +8,10 @@ from typing import Any
 
 from tuneforge.config import RunConfig
 from tuneforge.errors import TuneforgeError
-from tuneforge.train.checkpoint import STATE_FILE, latest_checkpoint
+from tuneforge.slurm.chain import JOBS_FILE
+from tuneforge.train.checkpoint import CHECKPOINTS, STATE_FILE, latest_checkpoint
 from tuneforge.train.distributed import Dist, barrier
+from tuneforge.train.outputs import ADAPTER_DIR, BASE_DIR, FINAL_DIR
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +19,18 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 FINISHED_FILE = "finished"
 TENSORBOARD_DIR = "tensorboard"
+RUN_FILES = (
+    CONFIG_FILE,
+    METRICS_FILE,
+    FINISHED_FILE,
+    TENSORBOARD_DIR,
+    CHECKPOINTS,
+    FINAL_DIR,
+    ADAPTER_DIR,
+    BASE_DIR,
+    JOBS_FILE,
+)
+"""What runs write in their directory: all that `--overwrite` removes."""
 MEMORY_SETTINGS = (
     ("train", "activation_checkpointing"),
     ("train", "checkpoint_every"),
@@ -40,6 +54,18 @@ def memory_settings(config: RunConfig) -> dict[str, Any]:
         f"{section}.{name}": getattr(getattr(config, section), name)
         for section, name in MEMORY_SETTINGS
     }
+
+
+def clear_run(run_dir: Path) -> list[str]:
+    """Remove what a run wrote in `run_dir`; returns the names of the other entries, which stay
+    (a job's log, the user's notes)."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    return sorted(entry.name for entry in run_dir.iterdir())
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -74,7 +100,9 @@ def prepare_run_dir(run_dir: Path, resume: str, overwrite: bool, world: Dist) ->
     barrier()
     if world.is_main:
         if exists and overwrite:
-            shutil.rmtree(run_dir)
+            kept = clear_run(run_dir)
+            if kept:
+                log.info("%s: the previous run removed; left in place: %s", run_dir, kept)
         if checkpoint is None and exists and resume == "auto":
             log.info("%s has no complete checkpoint: starting from step 0", run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
