@@ -43,6 +43,16 @@ def test_two_ranks_give_the_losses_of_one(tmp_path, one_process, strategy):
     assert losses(run) == pytest.approx(one_process, rel=1e-5, abs=1e-6)
 
 
+def test_two_ddp_ranks_with_compiled_blocks_give_the_losses_of_one(tmp_path):
+    """DDP's gradients as views into its buckets, filled by compiled blocks' backward graphs."""
+    finish(launch(tmp_path / "one", 1, "train.compile=true"))
+    two = tmp_path / "two"
+    finish(
+        launch(two, 2, "train.compile=true", "train.grad_accum_steps=1", "parallel.strategy=ddp")
+    )
+    assert losses(two) == pytest.approx(losses(tmp_path / "one"), rel=1e-5, abs=1e-6)
+
+
 def test_two_lora_ranks_resume_exactly(tmp_path):
     lora = ["train.grad_accum_steps=1", "parallel.strategy=ddp", *MODES["lora"]]
     reference = tmp_path / "straight"
