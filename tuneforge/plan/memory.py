@@ -214,7 +214,7 @@ def _layer_gradients(setup: Setup) -> list[float]:
 def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     """(activations, dynamic bytes at each moment of the step that can be its peak)."""
     args, tokens = setup.args, setup.tokens_per_micro_batch
-    checkpointed = recomputed_blocks(
+    recomputed = recomputed_blocks(
         args.num_layers,
         setup.checkpointing,
         setup.checkpoint_every,
@@ -225,7 +225,7 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     kept = [
         0.0
         if layer in on_host
-        else _layer_bytes(setup, layer, "full" if layer in checkpointed else "none") * tokens
+        else _layer_bytes(setup, layer, "full" if layer in recomputed else "none") * tokens
         for layer in range(args.num_layers)
     ]
     loss_kept, loss_transient, head_gradient = _loss_bytes(setup)

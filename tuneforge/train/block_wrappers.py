@@ -70,7 +70,7 @@ def wrap_blocks(
     others around it but the last `keep_activations`, keeping their inputs in pinned host
     memory with `offload`."""
     layers = len(model.layers)
-    checkpointed = recomputed_blocks(
+    recomputed = recomputed_blocks(
         layers, checkpointing, every, offload_activations, keep_activations
     )
     offloaded = set(offloaded_blocks(layers, offload_activations))
@@ -79,10 +79,10 @@ def wrap_blocks(
         forward = compiled(layer.forward, memory_budget) if compile else layer.forward
         if index in offloaded:
             forward = offloaded_activations(forward, layer, chain)
-        elif index in checkpointed and offload:
+        elif index in recomputed and offload:
             params = [p for p in layer.parameters() if p.requires_grad]
             forward = offloaded_checkpoint(forward, params, chain)
-        elif index in checkpointed:
+        elif index in recomputed:
             forward = functools.partial(checkpoint, forward, use_reentrant=False)
         layer.forward = forward
 
