@@ -5,9 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuneforge.errors import TuneforgeError
-
-ADAPTER_DIR = "adapter"
-FINAL_DIR = "final"
+from tuneforge.train.outputs import ADAPTER_DIR, FINAL_DIR
 
 
 class ExportError(TuneforgeError):
