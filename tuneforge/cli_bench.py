@@ -149,6 +149,12 @@ def _print_line(result: dict) -> None:
             f"peak {result['peak_alloc_gib']:.2f} GiB allocated, "
             f"{result['peak_reserved_gib']:.2f} reserved, MFU {result['mfu']:.0%}"
         )
+        retries = result.get("allocator_per_step", {}).get("num_alloc_retries", 0)
+        if retries:
+            console.print(
+                f"  [yellow]{retries:g} allocator retries per step[/yellow] (no cached block"
+                " fitted under the memory limit: the cache was freed, waiting for the GPU)"
+            )
     profile = result.get("profile")
     if profile:
         # against the unprofiled step: the profiler's own wall time is inflated by its overhead

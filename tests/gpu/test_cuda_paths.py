@@ -215,3 +215,47 @@ def test_the_memory_profile_names_the_copy_streams_pools():
     cache = peak_breakdown(step)["cache"]
     assert {"compute", "copies to_device"} <= set(cache["by_stream"])
     assert cache["by_stream"]["copies to_device"]["reserved_gib"] > 0
+
+
+def test_offloaded_blocks_come_back_into_the_compute_streams_slots():
+    """Blocks alternating activations in host memory and checkpointed inputs in host memory,
+    three steps: the gradients are the plain run's, the copies back allocate nothing on their
+    side stream (two slots of the compute stream's, reused in turn), and the slots go back to
+    the compute stream's pool once backward is over."""
+    from tuneforge.train.activation_offload import offloaded_activations
+    from tuneforge.train.offload import OffloadChain, copy_stream_names, offloaded_checkpoint
+
+    torch.cuda.empty_cache()  # no side-stream segment left by an earlier test
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(1024, 1024, device=CUDA) / 32) for _ in range(6)]
+    x = torch.randn(4096, 1024, device=CUDA)
+
+    def gradients(chain):
+        h = x
+        for index, weight in enumerate(weights):
+
+            def run(h, weight=weight):
+                return torch.tanh(h @ weight) @ weight.T
+
+            if chain is None:
+                block = run
+            elif index % 2:
+                module = torch.nn.Module()
+                module.weight = weight
+                block = offloaded_activations(run, module, chain, min_bytes=0)
+            else:
+                block = offloaded_checkpoint(run, [weight], chain)
+            h = block(h)
+        return torch.autograd.grad(h.square().sum(), weights)
+
+    expected = gradients(None)
+    chain = OffloadChain()
+    for _ in range(3):
+        got = gradients(chain)
+        assert chain.slots.buffers == [None, None]
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e)
+    torch.cuda.synchronize()
+    side = {handle for handle, name in copy_stream_names().items() if name == "copies to_device"}
+    segments = torch.cuda.memory._snapshot()["segments"]
+    assert side and not [s for s in segments if s["stream"] in side]

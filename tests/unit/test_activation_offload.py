@@ -86,7 +86,8 @@ def test_a_block_below_comes_back_once_the_block_above_reached_its_input(offload
 
     class Recorded(SavedOnHost):
         def prefetch(self):
-            events.append(f"prefetch {self.index}")
+            if not self.fetched:
+                events.append(f"prefetch {self.index}")
             super().prefetch()
 
         def unpack(self, packed):
@@ -123,7 +124,15 @@ def test_a_block_below_comes_back_once_the_block_above_reached_its_input(offload
         got = run_blocks(True)
     finally:
         activation_offload.SavedOnHost = original
-    assert events == ["unpack 2", "prefetch 1", "unpack 1", "prefetch 0", "unpack 0"]
+    # the last block fetches its own when backward first reads it
+    assert events == [
+        "unpack 2",
+        "prefetch 2",
+        "prefetch 1",
+        "unpack 1",
+        "prefetch 0",
+        "unpack 0",
+    ]
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e)
 
@@ -140,3 +149,29 @@ def test_offloaded_activations_refused_where_they_cannot_work():
         refuse_unsupported_offload(TrainSection(max_steps=1, offload_activations=3), 1, args)
     with pytest.raises(TuneforgeError, match="offload_activations runs on one process"):
         refuse_unsupported_offload(TrainSection(max_steps=1, offload_activations=1), 2, args)
+
+
+def test_the_host_waits_for_copies_more_than_two_blocks_behind():
+    """Pushing a block waits (on the host) for the newest earlier copy past two of the largest
+    block's bytes: the memory it read is then free before the forward asks for more."""
+
+    class Sent:
+        def __init__(self, name, nbytes):
+            self.name, self.nbytes = name, nbytes
+
+        def wait_sent(self):
+            waited.append(self.name)
+
+    waited = []
+    chain = OffloadChain()
+    items = [
+        Sent(f"{kind}{i}", 400 if kind == "host" else 32)
+        for i, kind in enumerate(["host", "input", "host", "input", "host", "input", "host"])
+    ]
+    after_each = []
+    for item in items:
+        chain.push(item)
+        after_each.append(list(waited))
+        waited.clear()
+    # the limit is 800: from the newest sent back, host2 + input1 + host0 pass it at input3's push
+    assert after_each == [[], [], [], ["host0"], ["host0"], ["host2"], ["host2"]]

@@ -156,6 +156,31 @@ def test_a_profiled_result_is_printed_against_the_unprofiled_step(monkeypatch):
     assert "nvjet_gemm" in text and "tuneforge::matmul_add_low_rank" in text
 
 
+def test_allocator_retries_are_counted_over_the_timed_steps_and_printed(monkeypatch):
+    """The allocator's counters are read before and after the timed steps: a retry during
+    warm-up does not count, one per timed step reads 1 per step, and the line says so."""
+    from rich.console import Console
+
+    from tuneforge import cli_bench
+    from tuneforge.bench import timing
+
+    counts = {name: 0 for name in timing.ALLOCATOR_COUNTS}
+
+    def step():
+        counts["num_alloc_retries"] += 1
+
+    monkeypatch.setattr(timing, "allocator_counts", lambda: dict(counts))
+    result = timing.time_steps(step, warmup=3, steps=4)
+    assert result["allocator_per_step"]["num_alloc_retries"] == 1
+    assert result["allocator_per_step"]["num_device_alloc"] == 0
+
+    console = Console(record=True, width=120)
+    monkeypatch.setattr(cli_bench, "console", console)
+    line = {"tokens_per_s": 1.0, "ms_per_step": 1.0, "peak_alloc_gib": 1.0, "mfu": 0.1}
+    cli_bench._print_line(line | {"peak_reserved_gib": 1.0} | result)
+    assert "1 allocator retries per step" in console.export_text()
+
+
 def test_an_enforced_cap_holds_the_allocator_to_it(monkeypatch):
     """With `--enforce-cap` a capped workload's run may reserve no more than the cap, on any GPU
     size: the allocator's fraction of the device is the cap over the device's memory."""

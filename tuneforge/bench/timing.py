@@ -21,6 +21,7 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
     synchronize()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    counts_before = allocator_counts()
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
     host_marks = []
     if host_profiler is not None:
@@ -48,4 +49,26 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
         "ms_per_step_wall": 1e3 * wall / steps,
         "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0,
+        "allocator_per_step": {
+            name: (count - counts_before[name]) / steps
+            for name, count in allocator_counts().items()
+        },
     }
+
+
+ALLOCATOR_COUNTS = (
+    "num_alloc_retries",
+    "num_sync_all_streams",
+    "num_device_alloc",
+    "num_device_free",
+)
+
+
+def allocator_counts() -> dict[str, int]:
+    """The caching allocator's counters of costly events: retries (an allocation that found no
+    cached block and no room under the limit, so the cache was freed, waiting for the GPU),
+    waits for all streams, and the device's own allocations and frees."""
+    if not torch.cuda.is_available():
+        return dict.fromkeys(ALLOCATOR_COUNTS, 0)
+    stats = torch.cuda.memory_stats()
+    return {name: stats.get(name, 0) for name in ALLOCATOR_COUNTS}

@@ -7,7 +7,8 @@ back for its backward. A block costs the round trip of its activations over PCIe
 its recomputation: worth it while the copies hide behind compute, i.e. for some of the blocks.
 
 What is copied is each saved tensor's whole storage, once per storage, and restored with the
-same sizes, strides and offset (compiled backward graphs check them). The block's weights and
+same sizes and strides (compiled backward graphs check them) at the same alignment, all of a
+block's storages into one of the chain's staging slots. The block's weights and
 the inputs it shares with the other blocks (rotary tables, document boundaries) stay where they
 are, and so does anything smaller than `min_bytes`. The storages stay referenced until the
 block's forward ends, so no address is reused under a copy that is still wanted.
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from tuneforge.train.offload import HostCopy, OffloadChain
+from tuneforge.train.staging_slots import aligned
 
 MIN_OFFLOAD_BYTES = 2**20
 
@@ -45,6 +47,12 @@ class SavedOnHost:
         self.copies: dict[int, HostCopy] = {}
         self.live: dict[int, torch.UntypedStorage] = {}
         self.restored: dict[int, torch.Tensor] = {}
+        self.chain: OffloadChain | None = None
+        self.fetched = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(aligned(copy.nbytes) for copy in self.copies.values())
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor | _OnHost:
         storage = tensor.untyped_storage()
@@ -61,17 +69,37 @@ class SavedOnHost:
             return packed
         flat = self.restored.get(packed.storage)
         if flat is None:
+            self.prefetch()
             flat = self.restored[packed.storage] = self.copies[packed.storage].restore()
         view = torch.empty(0, dtype=packed.dtype, device=flat.device)
-        return view.set_(flat.untyped_storage(), packed.offset, packed.size, packed.stride)
+        offset = flat.storage_offset() // view.element_size() + packed.offset
+        return view.set_(flat.untyped_storage(), offset, packed.size, packed.stride)
 
     def seal(self) -> None:
         """The block's forward is over: its GPU storages may go once their copies are done."""
         self.live.clear()
 
+    def wait_sent(self) -> None:
+        """The host waits until the copies to the host have ended (one stream, in order)."""
+        if self.copies:
+            next(reversed(self.copies.values())).wait_sent()
+
     def prefetch(self) -> None:
+        """Start every storage's copy back, into one of the chain's staging slots."""
+        if self.fetched:
+            return
+        self.fetched = True
+        device = next(iter(self.copies.values())).device if self.copies else None
+        slot = self.chain.take_slot(self, self.nbytes, device) if self.chain and device else None
+        start = 0
         for copy in self.copies.values():
-            copy.prefetch()
+            if slot is None:
+                copy.prefetch()
+                continue
+            into, after = slot
+            copy.copy_back(into[start : start + copy.nbytes], after)
+            start += aligned(copy.nbytes)
+            self.chain.slots.copied(self, copy.arrived)
 
     def release(self) -> None:
         self.restored.clear()

@@ -8,10 +8,11 @@ differentiates it. The block's trainable parameters are inputs of the autograd f
 their gradients reach them through autograd's own accumulation (and its hooks).
 
 Blocks offloaded through one `OffloadChain` prefetch: when a block's backward has been queued,
-the input of the block below it starts its way back on the side stream, into memory of the
-side stream's own, while the GPU still runs the queued backward. Queued at that moment, after
-the block's own buffers were freed in the allocator's (the host's) order, the prefetched input
-does not add to the step's peak; and the copy leaves the compute stream.
+the input of the block below it starts its way back on the side stream, into one of the
+chain's two staging slots (`train/staging_slots.py`), while the GPU still runs the queued
+backward. Queued at that moment, after the block's own buffers were freed in the allocator's
+(the host's) order, the prefetched input does not add to the step's peak; and the copy leaves
+the compute stream.
 
 One process only, and no router auxiliary loss: the block's forward runs without gradients, so
 a loss taken from its intermediate values (the MoE router's) would get none.
@@ -22,6 +23,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from tuneforge.train.staging_slots import StagingSlots
 
 _COPY_STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 
@@ -46,10 +49,12 @@ def copy_stream_names() -> dict[int, str]:
 class HostCopy:
     """`tensor` copied to pinned host memory on a side stream; `prefetch` starts the copy back
     on another, `restore` returns it on the device (the compute stream waits for the copy, the
-    host does not)."""
+    host does not). Pushed on an `OffloadChain`, it comes back into the chain's staging slots."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.device, self.event, self.back = tensor.device, None, None
+        self.device, self.sent, self.arrived, self.back = tensor.device, None, None, None
+        self.chain: OffloadChain | None = None
+        self.owns_back = False
         if tensor.device.type != "cuda":
             self.host = tensor.detach().clone()
             return
@@ -58,52 +63,103 @@ class HostCopy:
         with torch.cuda.stream(stream):
             self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             self.host.copy_(tensor.detach(), non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record(stream)
+            self.sent = torch.cuda.Event()
+            self.sent.record(stream)
         tensor.record_stream(stream)  # the GPU memory is not reused before the copy ends
+
+    @property
+    def nbytes(self) -> int:
+        return self.host.nbytes
+
+    def wait_sent(self) -> None:
+        """The host waits until the copy to the host has ended (its GPU memory is free)."""
+        if self.sent is not None:
+            self.sent.synchronize()
 
     def prefetch(self) -> None:
         if self.back is not None:
             return
-        if self.event is None:
+        slot = self.chain.take_slot(self, self.nbytes, self.device) if self.chain else None
+        self.copy_back(*(slot or (None, None)))
+        if slot is not None:
+            self.chain.slots.copied(self, self.arrived)
+
+    def copy_back(self, into: torch.Tensor | None, after: torch.cuda.Event | None) -> None:
+        """Start the copy back into `into` (bytes on the device; the copy waits for `after`),
+        or into memory allocated on the side stream."""
+        if self.sent is None:
             self.back = self.host
             return
         stream = _copy_stream(self.device, "to_device")
-        stream.wait_event(self.event)  # after the copy to the host
+        stream.wait_event(self.sent)  # after the copy to the host
+        if after is not None:
+            stream.wait_event(after)
         with torch.cuda.stream(stream):
-            self.back = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
+            if into is None:
+                self.back = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
+            else:
+                self.back = into.view(self.host.dtype).view(self.host.shape)
+            self.owns_back = into is None
             self.back.copy_(self.host, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record(stream)
+            self.arrived = torch.cuda.Event()
+            self.arrived.record(stream)
 
     def restore(self) -> torch.Tensor:
         self.prefetch()
         back, self.back = self.back, None
-        if self.event is not None:
+        if self.arrived is not None:
             compute = torch.cuda.current_stream(self.device)
-            compute.wait_event(self.event)
-            back.record_stream(compute)  # made on the side stream, freed after compute's use
+            compute.wait_event(self.arrived)
+            if self.owns_back:
+                back.record_stream(compute)  # made on the side stream, freed after compute's use
         return back
 
 
 class OffloadChain:
-    """The offloaded blocks of one model, in forward order: what a block's backward prefetches."""
+    """The offloaded blocks of one model, in forward order: what a block's backward prefetches,
+    the staging slots the copies back land in, and how far the copies to the host may fall
+    behind the forward (`in_flight_blocks` of the largest block's bytes: past that, the host
+    waits for the oldest copies, so that the memory they read is free before more is asked
+    for, instead of the allocator finding no room and freeing its whole cache)."""
 
-    def __init__(self) -> None:
-        self.pending: list[weakref.ref[HostCopy]] = []
+    def __init__(self, in_flight_blocks: float = 2.0) -> None:
+        self.pending: list[weakref.ref] = []
+        self.slots = StagingSlots()
+        self.in_flight_blocks = in_flight_blocks
 
-    def push(self, copy: HostCopy) -> None:
-        self.pending = [*self._live(copy), weakref.ref(copy)]
+    def push(self, item) -> None:
+        """`item` (a `HostCopy` or a block's saved tensors) starts its way to the host."""
+        item.chain = self
+        self.pending = [*self._live(item), weakref.ref(item)]
+        self._limit_in_flight()
 
-    def done(self, copy: HostCopy) -> None:
-        """`copy`'s block has queued its backward: drop it, prefetch the one pushed before it."""
-        self.pending = self._live(copy)
+    def done(self, item) -> None:
+        """`item`'s block has queued its backward: drop it, prefetch the one pushed before it."""
+        self.slots.release(item)
+        self.pending = self._live(item)
         earlier = self.pending[-1]() if self.pending else None
         if earlier is not None:
             earlier.prefetch()
+        elif not self.pending:
+            self.slots.clear()
 
-    def _live(self, leaving: HostCopy) -> list[weakref.ref[HostCopy]]:
-        """The copies still held by a graph, but `leaving`."""
+    def take_slot(self, item, nbytes: int, device: torch.device):
+        if device.type != "cuda":
+            return None
+        return self.slots.take(item, nbytes, device)
+
+    def _limit_in_flight(self) -> None:
+        sent = [item for ref in self.pending[:-1] if (item := ref()) is not None]
+        limit = self.in_flight_blocks * max((item.nbytes for item in sent), default=0)
+        total = 0
+        for item in reversed(sent):
+            total += item.nbytes
+            if total > limit:
+                item.wait_sent()  # and those before it: one stream copies them in order
+                return
+
+    def _live(self, leaving) -> list[weakref.ref]:
+        """The items still held by a graph, but `leaving`."""
         return [ref for ref in self.pending if ref() is not None and ref() is not leaving]
 
 
