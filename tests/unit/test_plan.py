@@ -182,7 +182,9 @@ def test_offloaded_checkpoints_leave_the_block_inputs_off_the_gpu():
 def test_blocks_with_offloaded_activations_keep_nothing_on_the_gpu_and_are_not_recomputed():
     """Llama-3-8B LoRA, compiled: the activations of 8 of 32 blocks in host memory take exactly
     their kept bytes off the step's activations; with all 32, the peak is full offloaded
-    checkpointing's (nothing kept, one block rebuilt at a time), without its recomputation."""
+    checkpointing's (nothing kept, one block whole at a time) but for what comes back into the
+    other staging slot meanwhile (a block's activations, not an input), without the
+    recomputation."""
     from tuneforge.models.cost import LoraShape, compiled_activation_bytes_per_token
 
     shape = [*LLAMA3_8B_LORA, "lora.target_modules=[all-linear]", "train.compile=true"]
@@ -194,7 +196,8 @@ def test_blocks_with_offloaded_activations_keep_nothing_on_the_gpu_and_are_not_r
     checkpointed = [*shape, "train.activation_checkpointing=full", "train.offload_checkpoints=true"]
     offloaded = plan_run(load_config(DEMO, checkpointed), hardware)
     on_host = plan_run(load_config(DEMO, [*checkpointed, "train.offload_activations=32"]), hardware)
-    assert on_host.memory.allocated == offloaded.memory.allocated
+    other_slot = (block - 4096 * 2) * 4096
+    assert on_host.memory.allocated - offloaded.memory.allocated == pytest.approx(other_slot)
     assert on_host.step_time_s < offloaded.step_time_s
     assert on_host.step_time_s == pytest.approx(plain.step_time_s)
 

@@ -228,6 +228,8 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
         else _layer_bytes(setup, layer, "full" if layer in recomputed else "none") * tokens
         for layer in range(args.num_layers)
     ]
+    coming_back = _coming_back(setup, on_host, recomputed)
+    slots = _staging_slots(coming_back)
     loss_kept, loss_transient, head_gradient = _loss_bytes(setup)
     loss_kept += _adapter_casts(setup)
     activations = sum(kept) + loss_kept + loss_transient + head_gradient
@@ -240,14 +242,16 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     below, written = _adapter_casts(setup), sum(layer_gradients) + head_gradient
     for layer in range(args.num_layers):
         # this block's backward: the layers below keep theirs, this one is whole (rebuilt if
-        # checkpointed), the layers above have written their gradients (an offloaded block's
-        # prefetched input arrives after this block's buffers are freed: not counted here)
+        # checkpointed), the layers above have written their gradients; the staging slots of
+        # offloaded blocks stay through backward (this block's own part counted as its own)
         moments.append(
             below
             + _layer_bytes(setup, layer, "none") * tokens
             + working_bytes_per_token(args, layer, setup.param_bytes, setup.lora) * tokens
             + (gradients if persistent else written)
             + _reduce_bytes(setup, largest_block)
+            + sum(slots)
+            - coming_back.get(layer, 0.0)
         )
         below += kept[layer]
         written -= layer_gradients[layer]
@@ -256,6 +260,28 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     tied = head_gradient if args.tie_embeddings else 0.0
     moments.append(gradients + tied + _reduce_bytes(setup, _root_params(args)))
     return activations, moments
+
+
+def _coming_back(setup: Setup, on_host: set[int], recomputed: set[int]) -> dict[int, float]:
+    """Bytes each offloaded block brings back from host memory in backward: its saved
+    activations, or a checkpointed block's input."""
+    args, tokens = setup.args, setup.tokens_per_micro_batch
+    back = {}
+    for layer in range(args.num_layers):
+        if layer in on_host:
+            back[layer] = _layer_bytes(setup, layer, "none") * tokens
+        elif layer in recomputed and setup.offload_checkpoints:
+            back[layer] = args.dim * setup.param_bytes * tokens
+    return back
+
+
+def _staging_slots(coming_back: dict[int, float]) -> list[float]:
+    """The two staging slots' sizes: backward brings the offloaded blocks back into them in
+    turn (`train/staging_slots.py`), each slot as large as the largest block it takes."""
+    slots = [0.0, 0.0]
+    for turn, layer in enumerate(sorted(coming_back, reverse=True)):
+        slots[turn % 2] = max(slots[turn % 2], coming_back[layer])
+    return slots
 
 
 def predict_memory(setup: Setup) -> Memory:
