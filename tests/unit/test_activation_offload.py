@@ -152,8 +152,9 @@ def test_offloaded_activations_refused_where_they_cannot_work():
 
 
 def test_the_host_waits_for_copies_more_than_two_blocks_behind():
-    """Pushing a block waits (on the host) for the newest earlier copy past two of the largest
-    block's bytes: the memory it read is then free before the forward asks for more."""
+    """Where memory is tight (always, on a machine without a GPU), pushing a block waits (on the
+    host) for the newest earlier copy past two of the largest block's bytes: the memory it read
+    is then free before the forward asks for more."""
 
     class Sent:
         def __init__(self, name, nbytes):
@@ -175,3 +176,20 @@ def test_the_host_waits_for_copies_more_than_two_blocks_behind():
         waited.clear()
     # the limit is 800: from the newest sent back, host2 + input1 + host0 pass it at input3's push
     assert after_each == [[], [], [], ["host0"], ["host0"], ["host2"], ["host2"]]
+
+
+def test_memory_is_tight_within_the_margin_of_the_allocators_limit(monkeypatch):
+    """The limit is the GPU's memory times the process's fraction (a held run's cap)."""
+    import types
+
+    from tuneforge.train.offload import memory_is_tight
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(total_memory=100)
+    )
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 0.5)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 40)
+    assert not memory_is_tight(5)
+    assert memory_is_tight(15)
