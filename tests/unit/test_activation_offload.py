@@ -193,3 +193,13 @@ def test_memory_is_tight_within_the_margin_of_the_allocators_limit(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 40)
     assert not memory_is_tight(5)
     assert memory_is_tight(15)
+
+
+def test_a_new_forward_frees_the_slots_a_stopped_backward_left_held():
+    """A backward that raised midway never released its staging slot: the next forward's
+    first block gives the slots back, so its backward can take them again."""
+    chain = OffloadChain()
+    chain.slots.occupant = [12345, None]
+    chain.slots.turn = 1
+    chain.push(SavedOnHost(set(), 0))
+    assert not chain.slots.held() and chain.slots.turn == 0

@@ -132,7 +132,10 @@ class OffloadChain:
     def push(self, item) -> None:
         """`item` (a `HostCopy` or a block's saved tensors) starts its way to the host."""
         item.chain = self
-        self.pending = [*self._live(item), weakref.ref(item)]
+        live = self._live(item)
+        if not live:
+            self._new_forward()
+        self.pending = [*live, weakref.ref(item)]
         self._limit_in_flight()
 
     def done(self, item) -> None:
@@ -143,12 +146,17 @@ class OffloadChain:
         if earlier is not None:
             earlier.prefetch()
         elif not self.pending:
-            self.slots.clear()
+            self.slots.clear()  # backward is over: the next forward may use their memory
 
     def take_slot(self, item, nbytes: int, device: torch.device):
         if device.type != "cuda":
             return None
         return self.slots.take(item, nbytes, device)
+
+    def _new_forward(self) -> None:
+        """A backward that stopped before its end (an error) left the slots held: free them."""
+        if self.slots.held():
+            self.slots.clear()
 
     def _limit_in_flight(self) -> None:
         sent = [item for ref in self.pending[:-1] if (item := ref()) is not None]
