@@ -28,6 +28,9 @@ def peak_tflops(device: torch.device, override: float | None = None) -> float | 
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
+    """Memory in use, and `alloc_retries`: how often so far the caching allocator found no
+    cached block and no room to reserve one, so that it freed its cache, waiting for the GPU,
+    and tried again (a run at its memory limit; each retry slows its step)."""
     if device.type != "cuda":
         return {}
     allocated = torch.cuda.memory_allocated(device)
@@ -37,4 +40,31 @@ def memory_stats(device: torch.device) -> dict[str, float]:
         "mem_reserved_gib": reserved / GIB,
         "mem_peak_gib": torch.cuda.max_memory_allocated(device) / GIB,
         "mem_reserved_unallocated_gib": (reserved - allocated) / GIB,
+        "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
     }
+
+
+class RetryWatch:
+    """Says once when the allocator starts retrying after the first steps (compilation and the
+    allocator's own warm-up retry too), with what to do about it."""
+
+    def __init__(self, settle_steps: int) -> None:
+        self.settle_steps, self.settled_count, self.said = settle_steps, None, False
+
+    def check(self, step: int, stats: dict) -> str | None:
+        count = stats.get("alloc_retries")
+        if count is None or self.said:
+            return None
+        if step <= self.settle_steps or self.settled_count is None:
+            self.settled_count = count
+            return None
+        if count == self.settled_count:
+            return None
+        self.said = True
+        return (
+            f"step {step}: the CUDA caching allocator found no room {count - self.settled_count} "
+            f"time(s) since step {self.settle_steps} and freed its cache to retry, waiting for "
+            "the GPU each time: the run is at its memory limit and these steps are slower. "
+            "`tuneforge plan CONFIG` shows what leaves room (train.compile_memory_budget, "
+            "checkpointing, offloading)"
+        )
