@@ -10,9 +10,7 @@ their gradients reach them through autograd's own accumulation (and its hooks).
 Blocks offloaded through one `OffloadChain` prefetch: when a block's backward has been queued,
 the input of the block below it starts its way back on the side stream, into one of the
 chain's two staging slots (`train/staging_slots.py`), while the GPU still runs the queued
-backward. Queued at that moment, after the block's own buffers were freed in the allocator's
-(the host's) order, the prefetched input does not add to the step's peak; and the copy leaves
-the compute stream.
+backward: the copy leaves the compute stream and hides behind its work.
 
 One process only, and no router auxiliary loss: the block's forward runs without gradients, so
 a loss taken from its intermediate values (the MoE router's) would get none.
@@ -161,7 +159,7 @@ class OffloadChain:
     def _limit_in_flight(self) -> None:
         sent = [item for ref in self.pending[:-1] if (item := ref()) is not None]
         limit = self.in_flight_blocks * max((item.nbytes for item in sent), default=0)
-        if not memory_is_tight(limit):
+        if not sent or not memory_is_tight(limit):
             return
         total = 0
         for item in reversed(sent):
