@@ -174,17 +174,16 @@ class OffloadChain:
 
 
 def memory_is_tight(margin: float) -> bool:
-    """The caching allocator is within `margin` bytes of what it may reserve: of the fraction of
-    the GPU a process was given, or of the GPU's free memory (less than the GPU's size: the
-    CUDA context, libraries' workspaces, other processes). Always on a machine without a GPU,
-    where there is nothing to wait for."""
+    """The caching allocator's reserve is within `margin` bytes of what it may hold: the GPU's
+    memory, or the fraction of it a process was given (the CUDA context's few hundred MiB are
+    within the margins this is asked with: two blocks' activations). Always on a machine without
+    a GPU, where there is nothing to wait for."""
     if not torch.cuda.is_available():
         return True
     device = torch.cuda.current_device()
     total = torch.cuda.get_device_properties(device).total_memory
     allowed = total * torch.cuda.get_per_process_memory_fraction(device)
-    free_on_device = torch.cuda.mem_get_info(device)[0]
-    return torch.cuda.memory_reserved(device) + margin > allowed or free_on_device < margin
+    return torch.cuda.memory_reserved(device) + margin > allowed
 
 
 class _OffloadedCheckpoint(torch.autograd.Function):
