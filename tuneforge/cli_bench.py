@@ -51,6 +51,14 @@ def bench_command(
             "GPU of that size, instead of only reporting the peak against it."
         ),
     ] = False,
+    cap_gib: Annotated[
+        float | None,
+        typer.Option(
+            min=1.0,
+            help="Hold every run's allocator to this many GiB, as on a GPU of that size (with "
+            "--enforce-cap: instead of the capped workload's own cap).",
+        ),
+    ] = None,
     rounds: Annotated[
         int,
         typer.Option(
@@ -63,7 +71,14 @@ def bench_command(
     """Benchmark one training step: tokens/s, ms/step, peak memory, MFU and ratios."""
     import torch
 
-    from tuneforge.bench.runner import PEERS, available_peers, execute, plan_runs, summarise
+    from tuneforge.bench.runner import (
+        PEERS,
+        available_peers,
+        execute,
+        held_cap,
+        plan_runs,
+        summarise,
+    )
     from tuneforge.bench.workloads import WORKLOADS, Variant
     from tuneforge.train.hardware import PEAK_TFLOPS
 
@@ -114,7 +129,7 @@ def bench_command(
     for round_index in range(1, rounds + 1):
         for run in plan_runs(selected, present):
             workload_gpus = WORKLOADS[run.workload].gpus
-            cap = WORKLOADS[run.workload].memory_cap_gib if enforce_cap else None
+            cap = held_cap(WORKLOADS[run.workload], enforce_cap, cap_gib)
             console.print(
                 f"[dim]{run.workload}: {run.system} {run.variant or ''} (round {round_index})[/dim]"
             )
@@ -144,10 +159,12 @@ def _print_line(result: dict) -> None:
     if "error" in result:
         console.print(f"  [red]failed: {result['error']}[/red]")
     else:
+        cap = result.get("memory_cap_gib")
+        held = f", allocator held to {cap:g} GiB" if cap else ""
         console.print(
             f"  {result['tokens_per_s']:,.0f} tokens/s, {result['ms_per_step']:.1f} ms/step, "
             f"peak {result['peak_alloc_gib']:.2f} GiB allocated, "
-            f"{result['peak_reserved_gib']:.2f} reserved, MFU {result['mfu']:.0%}"
+            f"{result['peak_reserved_gib']:.2f} reserved, MFU {result['mfu']:.0%}{held}"
         )
         retries = result.get("allocator_per_step", {}).get("num_alloc_retries", 0)
         if retries:

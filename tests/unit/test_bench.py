@@ -205,6 +205,28 @@ def test_an_enforced_cap_holds_the_allocator_to_it(monkeypatch):
     assert spec["memory_cap_gib"] == 16.7
 
 
+def test_the_cap_a_run_is_held_to(monkeypatch):
+    """`--enforce-cap` holds capped workloads to their own cap and leaves the others; `--cap-gib`
+    holds every run to its value; the result line says so."""
+    from rich.console import Console
+
+    from tuneforge import cli_bench
+    from tuneforge.bench.runner import held_cap
+    from tuneforge.bench.workloads import WORKLOADS
+
+    capped, free = WORKLOADS["llama3-8b-lora-capped"], WORKLOADS["llama3-8b-lora"]
+    assert held_cap(capped, False, None) is None
+    assert held_cap(capped, True, None) == capped.memory_cap_gib == 16.7
+    assert held_cap(free, True, None) is None
+    assert held_cap(capped, True, 16.5) == held_cap(free, False, 16.5) == 16.5
+
+    console = Console(record=True, width=160)
+    monkeypatch.setattr(cli_bench, "console", console)
+    line = {"tokens_per_s": 1.0, "ms_per_step": 1.0, "peak_alloc_gib": 1.0, "mfu": 0.1}
+    cli_bench._print_line(line | {"peak_reserved_gib": 1.0, "memory_cap_gib": 16.5})
+    assert "allocator held to 16.5 GiB" in console.export_text()
+
+
 def test_the_timeline_separates_hidden_and_exposed_collectives_and_idle_time():
     """Spans in microseconds: compute 0-10 and 12-20 (overlapping kernels 5-8), a collective
     8-14 (hidden by compute but for 10-12) and one 25-30 (exposed), idle 20-25."""

@@ -68,6 +68,14 @@ def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
     return runs
 
 
+def held_cap(workload: Workload, enforce_cap: bool, cap_gib: float | None) -> float | None:
+    """The GiB a run's allocator is held to: `--cap-gib` for every run; otherwise, with
+    `--enforce-cap`, a capped workload's own cap (the strongest peer's checkpointed peak)."""
+    if cap_gib is not None:
+        return cap_gib
+    return workload.memory_cap_gib if enforce_cap else None
+
+
 def execute(
     run: Run,
     warmup: int,
