@@ -9,7 +9,7 @@ The buffers belong to the compute stream. Block i comes back into the slot that 
 used; the copy waits, on the GPU, for the event recorded when block i+2's backward was queued,
 and the compute stream waits for the copy before it reads. The slots live from backward's first
 copy to its last block and are then given back to the compute stream's pool for the next
-forward (kept from one backward to the next instead, the run measured 1–2% slower).
+forward (kept from one backward to the next instead, the run measured 1–3% slower).
 """
 
 import torch
