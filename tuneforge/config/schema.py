@@ -176,7 +176,7 @@ class TrainSection(Section):
     """With activation checkpointing, keep each checkpointed block's input in pinned host memory
     instead of on the GPU (one process; no MoE router aux loss)."""
     offload_activations: int = Field(0, ge=0)
-    """Blocks, spread evenly, whose saved activations go to pinned host memory in the forward and come back for their backward, instead of staying on the GPU or being recomputed (one process). Each costs its activations' round trip over PCIe (Llama-3-8B, 4,096 tokens: ~0.4 GiB per block, ~8 ms each way), overlapped with compute: with checkpointing, blocks save their recomputation at no cost in allocated memory (the copy streams' pools add to the reserved memory)."""
+    """Blocks, spread evenly, whose saved activations go to pinned host memory in the forward and come back for their backward, instead of staying on the GPU or being recomputed (one process). Each costs its activations' round trip over PCIe (Llama-3-8B, 4,096 tokens: ~0.4 GiB per block, ~8 ms each way), overlapped with compute: with checkpointing, blocks save their recomputation for one block's activations more at the peak (they come back into two staging buffers, in turn)."""
     keep_activations: int = Field(0, ge=0)
     """With activation checkpointing: the last N of the blocks it would recompute keep their activations on the GPU instead (fills the memory checkpointing leaves: Llama-3-8B LoRA, compiled at budget 0.8, 4,096 tokens: ~0.35 GiB per block, each saving one block's recomputation). `tuneforge plan` predicts the memory."""
     offload_embedding: bool = False
