@@ -163,8 +163,9 @@ def test_allocator_retries_are_counted_over_the_timed_steps_and_printed(monkeypa
 
     from tuneforge import cli_bench
     from tuneforge.bench import timing
+    from tuneforge.train.hardware import ALLOCATOR_COUNTS
 
-    counts = {name: 0 for name in timing.ALLOCATOR_COUNTS}
+    counts = {name: 0 for name in ALLOCATOR_COUNTS}
 
     def step():
         counts["num_alloc_retries"] += 1

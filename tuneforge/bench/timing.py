@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from tuneforge.train.hardware import allocator_counts
+
 
 def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=None) -> dict:
     """On a CPU (the tests) each step is timed on the host clock and the peaks are 0.
@@ -54,21 +56,3 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
             for name, count in allocator_counts().items()
         },
     }
-
-
-ALLOCATOR_COUNTS = (
-    "num_alloc_retries",
-    "num_sync_all_streams",
-    "num_device_alloc",
-    "num_device_free",
-)
-
-
-def allocator_counts() -> dict[str, int]:
-    """The caching allocator's counters of costly events: retries (an allocation that found no
-    cached block and no room under the limit, so the cache was freed, waiting for the GPU),
-    waits for all streams, and the device's own allocations and frees."""
-    if not torch.cuda.is_available():
-        return dict.fromkeys(ALLOCATOR_COUNTS, 0)
-    stats = torch.cuda.memory_stats()
-    return {name: stats.get(name, 0) for name in ALLOCATOR_COUNTS}

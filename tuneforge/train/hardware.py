@@ -40,8 +40,26 @@ def memory_stats(device: torch.device) -> dict[str, float]:
         "mem_reserved_gib": reserved / GIB,
         "mem_peak_gib": torch.cuda.max_memory_allocated(device) / GIB,
         "mem_reserved_unallocated_gib": (reserved - allocated) / GIB,
-        "alloc_retries": torch.cuda.memory_stats(device).get("num_alloc_retries", 0),
+        "alloc_retries": allocator_counts(device)["num_alloc_retries"],
     }
+
+
+ALLOCATOR_COUNTS = (
+    "num_alloc_retries",
+    "num_sync_all_streams",
+    "num_device_alloc",
+    "num_device_free",
+)
+
+
+def allocator_counts(device: torch.device | None = None) -> dict[str, int]:
+    """The caching allocator's counters of costly events: retries (an allocation that found no
+    cached block and no room under the limit, so the cache was freed, waiting for the GPU),
+    waits for all streams, and the device's own allocations and frees."""
+    if not torch.cuda.is_available():
+        return dict.fromkeys(ALLOCATOR_COUNTS, 0)
+    stats = torch.cuda.memory_stats(device)
+    return {name: stats.get(name, 0) for name in ALLOCATOR_COUNTS}
 
 
 class RetryWatch:
