@@ -172,6 +172,11 @@ def _print_line(result: dict) -> None:
                 f"  [yellow]{retries:g} allocator retries per step[/yellow] (no cached block"
                 " fitted under the memory limit: the cache was freed, waiting for the GPU)"
             )
+        clocks = result.get("gpu_clocks", {})
+        if "sm_clock_mhz" in clocks:
+            from tuneforge.bench.gpu_clocks import describe
+
+            console.print(f"  {describe(clocks)}")
     profile = result.get("profile")
     if profile:
         # against the unprofiled step: the profiler's own wall time is inflated by its overhead

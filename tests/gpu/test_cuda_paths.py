@@ -259,3 +259,16 @@ def test_offloaded_blocks_come_back_into_the_compute_streams_slots():
     side = {handle for handle, name in copy_stream_names().items() if name == "copies to_device"}
     segments = torch.cuda.memory._snapshot()["segments"]
     assert side and not [s for s in segments if s["stream"] in side]
+
+
+def test_nvml_reads_the_current_devices_clock_and_power():
+    """The sampler's reader finds the CUDA device in NVML by its UUID and reads values within
+    the board's own limits."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
+    from tuneforge.bench.gpu_clocks import open_nvml
+
+    nvml, why_not = open_nvml()
+    assert nvml is not None, why_not
+    sample = nvml.read()
+    assert 0 < sample.sm_clock_mhz <= nvml.max_sm_clock_mhz
+    assert 0 < sample.power_w < 2 * nvml.power_limit_w

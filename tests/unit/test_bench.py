@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from tuneforge.bench.batches import synthetic_batch
 from tuneforge.bench.report import ratios
@@ -180,6 +181,67 @@ def test_allocator_retries_are_counted_over_the_timed_steps_and_printed(monkeypa
     line = {"tokens_per_s": 1.0, "ms_per_step": 1.0, "peak_alloc_gib": 1.0, "mfu": 0.1}
     cli_bench._print_line(line | {"peak_reserved_gib": 1.0} | result)
     assert "1 allocator retries per step" in console.export_text()
+
+
+def test_clock_and_power_are_summarised_as_medians_with_the_share_held_down():
+    from tuneforge.bench.gpu_clocks import Sample, summarise
+
+    samples = [Sample(1000, 600, 0x4), Sample(1500, 700, 0x0), Sample(2000, 650, 0x4 | 0x40)]
+    summary = summarise(samples, max_sm_clock_mhz=1980, power_limit_w=700)
+    assert summary["sm_clock_mhz"] == 1500 and summary["power_w"] == 650
+    assert summary["samples"] == 3 and summary["sm_clock_max_mhz"] == 1980
+    shares = summary["held_down_share"]
+    assert shares == {"power cap": 2 / 3, "hardware slowdown": 0.0, "thermal": 1 / 3}
+
+
+def test_the_gpu_is_sampled_over_the_timed_steps_only_and_the_line_says_what_held_it(
+    monkeypatch,
+):
+    """Samples start after the warm-up and stop with the last timed step; the printed line gives
+    the medians against their limits and the reasons' shares."""
+    import time
+
+    from rich.console import Console
+
+    from tuneforge import cli_bench
+    from tuneforge.bench import timing
+    from tuneforge.bench.gpu_clocks import Sample
+
+    finished = [0]
+    seen = []
+
+    class FakeNvml:
+        max_sm_clock_mhz, power_limit_w = 1980.0, 700.0
+
+        def read(self):
+            seen.append(finished[0])
+            return Sample(1500.0, 690.0, 0x4)
+
+    def step():
+        time.sleep(0.03)
+        finished[0] += 1
+
+    monkeypatch.setattr(timing, "open_nvml", lambda: (FakeNvml(), ""))
+    result = timing.time_steps(step, warmup=3, steps=4)
+    assert seen and min(seen) >= 3 and max(seen) <= 7
+    clocks = result["gpu_clocks"]
+    assert clocks["samples"] == len(seen) and clocks["held_down_share"]["power cap"] == 1.0
+
+    console = Console(record=True, width=200)
+    monkeypatch.setattr(cli_bench, "console", console)
+    line = {"tokens_per_s": 1.0, "ms_per_step": 1.0, "peak_alloc_gib": 1.0, "mfu": 0.1}
+    cli_bench._print_line(line | {"peak_reserved_gib": 1.0} | result)
+    text = console.export_text()
+    assert "SM clock 1,500 of 1,980 MHz, 690 of 700 W" in text
+    assert "held down by the power cap in 100% of samples" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case without a GPU")
+def test_without_a_gpu_nothing_is_sampled_and_the_result_says_why():
+    from tuneforge.bench import timing
+
+    result = timing.time_steps(lambda: None, warmup=1, steps=2)
+    assert result["gpu_clocks"] == {"unavailable": "no CUDA device"}
 
 
 def test_an_enforced_cap_holds_the_allocator_to_it(monkeypatch):

@@ -1,8 +1,10 @@
 """Timing one training step the same way for every system: warm-up steps, then timed steps run
 back to back as a training loop runs them (nothing waits for the GPU between them), each step's
 time taken on the GPU's own clock from the start of one step to the start of the next; the
-median is reported, and the peak memory of the timed steps only."""
+median is reported, and the peak memory of the timed steps only, with the GPU's clock and power
+over them where NVML reads them (`bench/gpu_clocks.py`)."""
 
+import contextlib
 import itertools
 import statistics
 import time
@@ -10,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from tuneforge.bench.gpu_clocks import GpuSampler, open_nvml
 from tuneforge.train.hardware import allocator_counts
 
 
@@ -26,17 +29,20 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
     counts_before = allocator_counts()
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
     host_marks = []
+    nvml, why_not = open_nvml()
+    sampler = GpuSampler(nvml.read) if nvml else contextlib.nullcontext()
     if host_profiler is not None:
         host_profiler.enable()
     start = time.perf_counter()
-    for index in range(steps):
-        host_marks.append(time.perf_counter())
+    with sampler:
+        for index in range(steps):
+            host_marks.append(time.perf_counter())
+            if cuda:
+                marks[index].record()
+            step()
         if cuda:
-            marks[index].record()
-        step()
-    if cuda:
-        marks[-1].record()
-    synchronize()
+            marks[-1].record()
+        synchronize()
     wall = time.perf_counter() - start
     if host_profiler is not None:
         host_profiler.disable()
@@ -55,4 +61,9 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
             name: (count - counts_before[name]) / steps
             for name, count in allocator_counts().items()
         },
+        "gpu_clocks": (
+            sampler.summary(nvml.max_sm_clock_mhz, nvml.power_limit_w)
+            if nvml
+            else {"unavailable": why_not}
+        ),
     }
