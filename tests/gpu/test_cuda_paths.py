@@ -265,10 +265,16 @@ def test_nvml_reads_the_current_devices_clock_and_power():
     """The sampler's reader finds the CUDA device in NVML by its UUID and reads values within
     the board's own limits."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
-    from tuneforge.bench.gpu_clocks import open_nvml
+    from tuneforge.train.gpu_clocks import open_nvml
 
     nvml, why_not = open_nvml()
     assert nvml is not None, why_not
     sample = nvml.read()
     assert 0 < sample.sm_clock_mhz <= nvml.max_sm_clock_mhz
     assert 0 < sample.power_w < 2 * nvml.power_limit_w
+
+    from tuneforge.train.hardware import DeviceWatch
+
+    stats = DeviceWatch(torch.device("cuda"), rank=0, settle_steps=0).check(1)
+    assert 0 < stats["gpu_sm_clock_mhz"] <= nvml.max_sm_clock_mhz
+    assert isinstance(stats["gpu_clock_held_down_by"], list) and "mem_allocated_gib" in stats

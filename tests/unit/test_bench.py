@@ -184,7 +184,8 @@ def test_allocator_retries_are_counted_over_the_timed_steps_and_printed(monkeypa
 
 
 def test_clock_and_power_are_summarised_as_medians_with_the_share_held_down():
-    from tuneforge.bench.gpu_clocks import Sample, summarise
+    from tuneforge.bench.gpu_clocks import summarise
+    from tuneforge.train.gpu_clocks import Sample
 
     samples = [Sample(1000, 600, 0x4), Sample(1500, 700, 0x0), Sample(2000, 650, 0x4 | 0x40)]
     summary = summarise(samples, max_sm_clock_mhz=1980, power_limit_w=700)
@@ -205,7 +206,7 @@ def test_the_gpu_is_sampled_over_the_timed_steps_only_and_the_line_says_what_hel
 
     from tuneforge import cli_bench
     from tuneforge.bench import timing
-    from tuneforge.bench.gpu_clocks import Sample
+    from tuneforge.train.gpu_clocks import Sample
 
     finished = [0]
     seen = []

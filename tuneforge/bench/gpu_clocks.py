@@ -1,32 +1,15 @@
-"""The GPU's SM clock, its power draw and the reasons the driver gives for holding the clock
-down, sampled on a thread over the timed steps through NVML (`nvidia-ml-py`, the `bench`
-extra). A kernel-bound step that runs slower back to back than its kernels did one by one under
-the profiler is explained here: the clock falls where the board reaches its power limit.
-Without NVML (not installed, no NVIDIA driver) nothing is sampled and the result says why."""
+"""The GPU's SM clock, power draw and reasons for holding the clock down (`train/gpu_clocks.py`)
+sampled on a thread over the timed steps. A kernel-bound step that runs slower back to back than
+its kernels did one by one under the profiler is explained here: the clock falls where the
+board reaches its power limit."""
 
 import statistics
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import torch
+from tuneforge.train.gpu_clocks import HELD_DOWN_BY, Sample
 
 INTERVAL_S = 0.02
-
-# The clock event reasons' bits (nvml.h, `nvmlClocksEventReason*`) a run can do something about
-# or should know of; the idle and application-clock bits are left out.
-HELD_DOWN_BY = {
-    "power cap": 0x4,
-    "hardware slowdown": 0x8 | 0x80,
-    "thermal": 0x20 | 0x40,
-}
-
-
-@dataclass(frozen=True)
-class Sample:
-    sm_clock_mhz: float
-    power_w: float
-    reasons: int
 
 
 class GpuSampler:
@@ -72,47 +55,6 @@ def summarise(samples: list[Sample], max_sm_clock_mhz: float, power_limit_w: flo
             for name, bits in HELD_DOWN_BY.items()
         },
     }
-
-
-class Nvml:
-    """The current CUDA device as NVML sees it (found by its UUID: NVML's device order is not
-    CUDA's under `CUDA_VISIBLE_DEVICES`)."""
-
-    def __init__(self):
-        import pynvml
-
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-        self._handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        self._reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        self.max_sm_clock_mhz = float(
-            pynvml.nvmlDeviceGetMaxClockInfo(self._handle, pynvml.NVML_CLOCK_SM)
-        )
-        self.power_limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(self._handle) / 1e3
-
-    def read(self) -> Sample:
-        nvml, handle = self._nvml, self._handle
-        return Sample(
-            sm_clock_mhz=float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
-            power_w=nvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
-            reasons=int(self._reasons(handle)),
-        )
-
-
-def open_nvml() -> tuple[Nvml | None, str]:
-    """NVML on the current CUDA device, or None and why not."""
-    if not torch.cuda.is_available():
-        return None, "no CUDA device"
-    if torch.version.hip is not None:
-        return None, "NVML reads NVIDIA GPUs only"
-    try:
-        return Nvml(), ""
-    except ImportError:
-        return None, "`nvidia-ml-py` is not installed (pip install 'tuneforge[bench]')"
-    except Exception as error:  # pynvml.NVMLError and its many subclasses
-        return None, f"NVML: {error}"
 
 
 def describe(summary: dict) -> str:

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from tuneforge.bench.gpu_clocks import GpuSampler, open_nvml
+from tuneforge.bench.gpu_clocks import GpuSampler
+from tuneforge.train.gpu_clocks import open_nvml
 from tuneforge.train.hardware import allocator_counts
 
 

@@ -1,6 +1,14 @@
-"""What the device can do: peak dense bf16 FLOP/s by GPU name (for MFU) and memory in use."""
+"""What the device can do and is doing: peak dense bf16 FLOP/s by GPU name (for MFU), memory
+in use and the allocator's costly events, and the GPU's clock and power; with warnings where
+these show a run slowed."""
+
+import logging
 
 import torch
+
+from tuneforge.train.gpu_clocks import Nvml, open_nvml
+
+log = logging.getLogger(__name__)
 
 PEAK_TFLOPS = {
     "H200": 989.4,
@@ -86,3 +94,57 @@ class RetryWatch:
             "`tuneforge plan CONFIG` shows what leaves room (train.compile_memory_budget, "
             "checkpointing, offloading)"
         )
+
+
+class ClockWatch:
+    """The GPU's SM clock and power draw at each step (NVML; nothing without it), and a warning
+    once when heat or a hardware slowdown has held the clock down at `patience` steps in a row:
+    a hot node or a failing fan slows every step of the run. The power cap holding the clock is
+    a busy GPU's normal state, and only logged."""
+
+    SLOWING = ("thermal", "hardware slowdown")
+
+    def __init__(self, nvml: Nvml | None, rank: int = 0, patience: int = 5) -> None:
+        self.nvml, self.rank, self.patience = nvml, rank, patience
+        self.in_row, self.said = 0, False
+
+    def check(self, step: int) -> tuple[dict, str | None]:
+        if self.nvml is None:
+            return {}, None
+        sample = self.nvml.read()
+        held = sample.held_down_by()
+        stats = {
+            "gpu_sm_clock_mhz": sample.sm_clock_mhz,
+            "gpu_power_w": sample.power_w,
+            "gpu_clock_held_down_by": held,
+        }
+        slowing = [name for name in held if name in self.SLOWING]
+        self.in_row = self.in_row + 1 if slowing else 0
+        if self.in_row < self.patience or self.said:
+            return stats, None
+        self.said = True
+        return stats, (
+            f"step {step}: rank {self.rank}'s GPU has had its clock held down by "
+            f"{' and '.join(slowing)} at {self.patience} steps in a row (SM clock "
+            f"{sample.sm_clock_mhz:,.0f} of {self.nvml.max_sm_clock_mhz:,.0f} MHz, "
+            f"{sample.power_w:.0f} W): every step of the run is slower for it. Check the node's "
+            "cooling, or leave the node out of the job (sbatch --exclude=NODE)"
+        )
+
+
+class DeviceWatch:
+    """Each step's device numbers for the metrics — memory (`memory_stats`) and the clock and
+    power (`ClockWatch`) — with a warning, once each, where they show the run slowed."""
+
+    def __init__(self, device: torch.device, rank: int, settle_steps: int) -> None:
+        self.device = device
+        self.retries = RetryWatch(settle_steps)
+        self.clocks = ClockWatch(open_nvml(device)[0] if device.type == "cuda" else None, rank)
+
+    def check(self, step: int) -> dict:
+        stats = memory_stats(self.device)
+        clock_stats, clock_note = self.clocks.check(step)
+        for note in (self.retries.check(step, stats), clock_note):
+            if note:
+                log.warning(note)
+        return stats | clock_stats

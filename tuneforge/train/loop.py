@@ -37,7 +37,7 @@ from tuneforge.train.distributed import (
     unwrap,
 )
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
-from tuneforge.train.hardware import RetryWatch, memory_stats, peak_tflops
+from tuneforge.train.hardware import DeviceWatch, peak_tflops
 from tuneforge.train.host_embedding import embedding_to_host
 from tuneforge.train.metrics import WARMUP_STEPS, MetricsLog, Pace, step_record
 from tuneforge.train.objective import NextTokenObjective
@@ -294,7 +294,7 @@ class Trainer:
         pending: tuple[StepResult, int] | None = None
         agreed_stop: HostValues | None = None
         last_read = time.perf_counter()
-        retries = RetryWatch(self.step + WARMUP_STEPS)
+        device_watch = DeviceWatch(self.device, self.world.rank, self.step + WARMUP_STEPS)
 
         def finish(queued: tuple[StepResult, int]) -> None:
             nonlocal nonfinite_in_row, last_read
@@ -323,9 +323,7 @@ class Trainer:
                 eta_s=pace.eta_s(self.total_steps - step),
                 checkpoint_s=checkpoint_s,
                 nonfinite_steps=self.nonfinite_steps,
-            ) | memory_stats(self.device)
-            if note := retries.check(step, record):
-                log.warning(note)
+            ) | device_watch.check(step)
             summary.steps, summary.final_loss = step, result["loss"]
             summary.skipped_steps = self.nonfinite_steps
             if self.metrics is not None and (
