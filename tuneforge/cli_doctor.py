@@ -123,8 +123,14 @@ def env(as_json: JsonOption = False) -> None:
         f"torch {report.torch} ({report.platform} {report.platform_version or ''})", markup=False
     )
     for gpu in report.gpus:
+        power = (
+            f", power limit {gpu['power_limit_w']:.0f} W (default "
+            f"{gpu['default_power_limit_w']:.0f}), SM clock up to {gpu['sm_clock_max_mhz']:,.0f} MHz"
+            if "power_limit_w" in gpu
+            else ""
+        )
         console.print(
-            f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_gib']:.0f} GiB", markup=False
+            f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_gib']:.0f} GiB{power}", markup=False
         )
     console.print(
         f"allocator env: {report.allocator_env or 'unset'}; expandable segments in effect: "

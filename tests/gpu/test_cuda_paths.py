@@ -278,3 +278,8 @@ def test_nvml_reads_the_current_devices_clock_and_power():
     stats = DeviceWatch(torch.device("cuda"), rank=0, settle_steps=0).check(1)
     assert 0 < stats["gpu_sm_clock_mhz"] <= nvml.max_sm_clock_mhz
     assert isinstance(stats["gpu_clock_held_down_by"], list) and "mem_allocated_gib" in stats
+
+    from tuneforge.doctor.env import inspect_environment
+
+    gpu = inspect_environment().gpus[0]
+    assert 0 < gpu["power_limit_w"] <= gpu["default_power_limit_w"] * 1.5

@@ -166,3 +166,39 @@ def test_with_a_config_each_remedy_is_sized_by_the_planner(tmp_path):
     budget = next(line for line in compiled if line.startswith("a memory budget of 0.8"))
     before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", budget)[0])
     assert after < before
+
+
+class _Board:
+    """NVML's part of `Nvml` for one GPU at rest."""
+
+    max_sm_clock_mhz, default_power_limit_w = 1980.0, 700.0
+
+    def __init__(self, power_limit_w: float, reasons: int):
+        self.power_limit_w, self.reasons = power_limit_w, reasons
+
+    def read(self):
+        from tuneforge.train.gpu_clocks import Sample
+
+        return Sample(345.0, 80.0, self.reasons)
+
+
+def test_a_lowered_power_limit_and_a_hot_gpu_at_rest_are_warned_of():
+    from tuneforge.doctor.env import power_findings
+
+    clocks, warnings = power_findings(2, _Board(500.0, 0x20))  # 0x20: thermal slowdown
+    assert clocks == {
+        "power_limit_w": 500.0,
+        "default_power_limit_w": 700.0,
+        "sm_clock_max_mhz": 1980.0,
+        "clock_held_down_by": ["thermal"],
+    }
+    assert len(warnings) == 2
+    assert "GPU 2's power limit is 500 W, below its default 700 W" in warnings[0]
+    assert "GPU 2 has its clock held down by thermal now (345 of 1,980 MHz" in warnings[1]
+
+
+def test_a_gpu_at_its_default_limit_and_not_held_down_gets_no_warning():
+    from tuneforge.doctor.env import power_findings
+
+    assert power_findings(0, _Board(700.0, 0x1))[1] == []  # 0x1: idle, not a slowdown
+    assert power_findings(0, _Board(690.0, 0x0))[1] == []  # within 5% of the default

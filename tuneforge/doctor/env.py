@@ -11,8 +11,11 @@ import torch
 
 from tuneforge.models import flash4
 from tuneforge.models.attention import resolve_backend
+from tuneforge.train.gpu_clocks import Nvml, open_nvml
 
 SMALL_CACHE_GIB = 50.0
+LOWERED_POWER_LIMIT = 0.95
+"""A power limit below this share of the board's default is taken as lowered on purpose."""
 ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
 
@@ -69,9 +72,17 @@ def inspect_environment() -> EnvReport:
     )
     for index in range(torch.cuda.device_count()):
         properties = torch.cuda.get_device_properties(index)
-        report.gpus.append(
-            {"index": index, "name": properties.name, "memory_gib": properties.total_memory / 2**30}
-        )
+        gpu = {
+            "index": index,
+            "name": properties.name,
+            "memory_gib": properties.total_memory / 2**30,
+        }
+        nvml, _ = open_nvml(torch.device("cuda", index))
+        if nvml is not None:
+            clocks, warnings = power_findings(index, nvml)
+            gpu |= clocks
+            report.warnings += warnings
+        report.gpus.append(gpu)
     report.allocator_env = {k: os.environ[k] for k in ALLOCATOR_VARIABLES if k in os.environ}
     report.expandable_segments_effective = probe_expandable_segments()
     asked = any("expandable_segments:true" in v.lower() for v in report.allocator_env.values())
@@ -112,3 +123,33 @@ def inspect_environment() -> EnvReport:
                 "storage (home quotas are small on clusters)"
             )
     return report
+
+
+def power_findings(index: int, nvml: Nvml) -> tuple[dict, list[str]]:
+    """A GPU's power limit against its default, and what holds its clock down now (at rest,
+    nothing should): the numbers for the report, and warnings."""
+    sample = nvml.read()
+    held = sample.held_down_by()
+    clocks = {
+        "power_limit_w": nvml.power_limit_w,
+        "default_power_limit_w": nvml.default_power_limit_w,
+        "sm_clock_max_mhz": nvml.max_sm_clock_mhz,
+        "clock_held_down_by": held,
+    }
+    warnings = []
+    if nvml.power_limit_w < LOWERED_POWER_LIMIT * nvml.default_power_limit_w:
+        warnings.append(
+            f"GPU {index}'s power limit is {nvml.power_limit_w:.0f} W, below its default "
+            f"{nvml.default_power_limit_w:.0f} W: a fine-tuning step bound by its GEMMs runs at "
+            "the power limit, so every step is slower; ask the cluster's admins why "
+            "(nvidia-smi -q -d POWER)"
+        )
+    slowing = [name for name in held if name != "power cap"]
+    if slowing:
+        warnings.append(
+            f"GPU {index} has its clock held down by {' and '.join(slowing)} now "
+            f"({sample.sm_clock_mhz:,.0f} of {nvml.max_sm_clock_mhz:,.0f} MHz, "
+            f"{sample.power_w:.0f} W): a run on it is slower; check the node's cooling or use "
+            "another node"
+        )
+    return clocks, warnings

@@ -43,6 +43,9 @@ class Nvml:
             pynvml.nvmlDeviceGetMaxClockInfo(self._handle, pynvml.NVML_CLOCK_SM)
         )
         self.power_limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(self._handle) / 1e3
+        self.default_power_limit_w = (
+            pynvml.nvmlDeviceGetPowerManagementDefaultLimit(self._handle) / 1e3
+        )
 
     def read(self) -> Sample:
         nvml, handle = self._nvml, self._handle
