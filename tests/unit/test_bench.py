@@ -237,6 +237,29 @@ def test_the_gpu_is_sampled_over_the_timed_steps_only_and_the_line_says_what_hel
     assert "held down by the power cap in 100% of samples" in text
 
 
+def test_a_sampler_whose_reading_fails_keeps_what_it_read_and_says_why():
+    import threading
+
+    from tuneforge.bench.gpu_clocks import GpuSampler
+    from tuneforge.train.gpu_clocks import Sample
+
+    readings = iter([Sample(1500.0, 690.0, 0), Sample(1400.0, 695.0, 0x4)])
+    done = threading.Event()
+
+    def read():
+        try:
+            return next(readings)
+        except StopIteration:
+            done.set()
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST") from None
+
+    with GpuSampler(read, interval_s=0.001) as sampler:
+        done.wait(5)
+    summary = sampler.summary(1980.0, 700.0)
+    assert summary["samples"] == 2 and summary["sm_clock_mhz"] == 1450.0
+    assert summary["stopped_by"] == "NVML_ERROR_GPU_IS_LOST"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the case without a GPU")
 def test_without_a_gpu_nothing_is_sampled_and_the_result_says_why():
     from tuneforge.bench import timing

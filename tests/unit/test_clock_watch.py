@@ -59,6 +59,18 @@ def test_without_nvml_there_is_nothing_to_read():
     assert ClockWatch(None).check(7) == ({}, None)
 
 
+def test_a_failed_reading_stops_the_readings_and_is_said_once_without_stopping_the_run():
+    class Failing(Readings):
+        def read(self):
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    watch = ClockWatch(Failing([]))
+    stats, note = watch.check(12)
+    assert stats == {} and "step 12: the GPU's clock and power are no longer read" in note
+    assert "NVML_ERROR_GPU_IS_LOST" in note
+    assert watch.check(13) == ({}, None)
+
+
 def test_the_device_watch_merges_the_clock_into_the_metrics_and_logs_its_warning(caplog):
     watch = DeviceWatch(torch.device("cpu"), rank=0, settle_steps=3)
     assert watch.clocks.nvml is None and watch.check(1) == {}

@@ -21,6 +21,7 @@ class GpuSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
         self.samples: list[Sample] = []
+        self.error: str | None = None
 
     def __enter__(self) -> "GpuSampler":
         self._thread.start()
@@ -32,12 +33,17 @@ class GpuSampler:
 
     def _run(self) -> None:
         while True:
-            self.samples.append(self._read())
+            try:
+                self.samples.append(self._read())
+            except Exception as error:  # NVML lost mid-run: keep what was read, say why
+                self.error = str(error)
+                return
             if self._stop.wait(self._interval_s):
                 return
 
     def summary(self, max_sm_clock_mhz: float, power_limit_w: float) -> dict:
-        return summarise(self.samples, max_sm_clock_mhz, power_limit_w)
+        summary = summarise(self.samples, max_sm_clock_mhz, power_limit_w)
+        return summary | {"stopped_by": self.error} if self.error else summary
 
 
 def summarise(samples: list[Sample], max_sm_clock_mhz: float, power_limit_w: float) -> dict:

@@ -144,7 +144,7 @@ def power_findings(index: int, nvml: Nvml) -> tuple[dict, list[str]]:
             "the power limit, so every step is slower; ask the cluster's admins why "
             "(nvidia-smi -q -d POWER)"
         )
-    slowing = [name for name in held if name != "power cap"]
+    slowing = sample.slowed_by()
     if slowing:
         warnings.append(
             f"GPU {index} has its clock held down by {' and '.join(slowing)} now "

@@ -24,6 +24,11 @@ class Sample:
     def held_down_by(self) -> list[str]:
         return [name for name, bits in HELD_DOWN_BY.items() if self.reasons & bits]
 
+    def slowed_by(self) -> list[str]:
+        """What held the clock down besides the power cap (a busy GPU's normal state): heat, a
+        hardware slowdown — a node that runs every step slower."""
+        return [name for name in self.held_down_by() if name != "power cap"]
+
 
 class Nvml:
     """A CUDA device as NVML sees it (found by its UUID: NVML's device order is not CUDA's under

@@ -102,8 +102,6 @@ class ClockWatch:
     a hot node or a failing fan slows every step of the run. The power cap holding the clock is
     a busy GPU's normal state, and only logged."""
 
-    SLOWING = ("thermal", "hardware slowdown")
-
     def __init__(self, nvml: Nvml | None, rank: int = 0, patience: int = 5) -> None:
         self.nvml, self.rank, self.patience = nvml, rank, patience
         self.in_row, self.said = 0, False
@@ -111,14 +109,17 @@ class ClockWatch:
     def check(self, step: int) -> tuple[dict, str | None]:
         if self.nvml is None:
             return {}, None
-        sample = self.nvml.read()
-        held = sample.held_down_by()
+        try:
+            sample = self.nvml.read()
+        except Exception as error:  # a metric is never worth a run: stop reading, say so once
+            self.nvml = None
+            return {}, f"step {step}: the GPU's clock and power are no longer read ({error})"
         stats = {
             "gpu_sm_clock_mhz": sample.sm_clock_mhz,
             "gpu_power_w": sample.power_w,
-            "gpu_clock_held_down_by": held,
+            "gpu_clock_held_down_by": sample.held_down_by(),
         }
-        slowing = [name for name in held if name in self.SLOWING]
+        slowing = sample.slowed_by()
         self.in_row = self.in_row + 1 if slowing else 0
         if self.in_row < self.patience or self.said:
             return stats, None
