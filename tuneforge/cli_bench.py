@@ -245,7 +245,9 @@ def summary_table(results: list[dict]) -> Table:
     from tuneforge.bench.report import ratios
 
     table = Table("workload", "system", "variant", "tokens/s", "ms/step", "peak GiB", "MFU",
-                  "vs HF+PEFT", "vs fastest peer")  # fmt: skip
+                  "SM MHz", "vs HF+PEFT", "vs fastest peer")  # fmt: skip
+    if any("sm_clock_mhz" in r.get("gpu_clocks", {}) for r in results):
+        table.caption = "SM MHz: the median clock over the timed steps; *: held by the power cap"
     for result, (vs_hf, vs_best) in zip(results, ratios(results), strict=True):
         if "error" in result:
             table.add_row(result["workload"], result["system"], result.get("variant", ""), "failed")
@@ -258,7 +260,18 @@ def summary_table(results: list[dict]) -> Table:
             f"{result['ms_per_step']:.1f}",
             f"{result['peak_alloc_gib']:.1f}",
             f"{result['mfu']:.0%}",
+            _clock(result),
             f"{vs_hf:.2f}x" if vs_hf else "",
             f"{vs_best:.2f}x" if vs_best else "",
         )
     return table
+
+
+def _clock(result: dict) -> str:
+    """The median SM clock over the timed steps, `*` where the power cap held it down in most
+    samples (a board at its cap: its speed follows the clock it holds there)."""
+    clocks = result.get("gpu_clocks", {})
+    if "sm_clock_mhz" not in clocks:
+        return ""
+    capped = clocks["held_down_share"].get("power cap", 0.0) > 0.5
+    return f"{clocks['sm_clock_mhz']:,.0f}{'*' if capped else ''}"

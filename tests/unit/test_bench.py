@@ -260,6 +260,30 @@ def test_a_sampler_whose_reading_fails_keeps_what_it_read_and_says_why():
     assert summary["stopped_by"] == "NVML_ERROR_GPU_IS_LOST"
 
 
+def test_the_summary_table_gives_each_runs_clock_and_marks_the_power_cap():
+    from rich.console import Console
+
+    from tuneforge.cli_bench import summary_table
+
+    run = {"workload": "w", "variant": "", "tokens_per_s": 1000.0, "ms_per_step": 1.0}
+    run |= {"peak_alloc_gib": 1.0, "mfu": 0.5}
+    capped = {"sm_clock_mhz": 1545.0, "held_down_share": {"power cap": 1.0}}
+    free = {"sm_clock_mhz": 1935.0, "held_down_share": {"power cap": 0.2}}
+    results = [
+        run | {"system": "tuneforge", "gpu_clocks": capped},
+        run | {"system": "hf+peft", "gpu_clocks": free},
+        run | {"system": "unsloth", "gpu_clocks": {"unavailable": "no CUDA device"}},
+    ]
+    console = Console(record=True, width=200)
+    console.print(summary_table(results))
+    text = console.export_text()
+    rows = text.splitlines()
+    assert "1,545*" in next(r for r in rows if "tuneforge" in r)
+    hf = next(r for r in rows if "hf+peft" in r)
+    assert "1,935" in hf and "1,935*" not in hf
+    assert "held by the power cap" in text
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the case without a GPU")
 def test_without_a_gpu_nothing_is_sampled_and_the_result_says_why():
     from tuneforge.bench import timing
