@@ -3,6 +3,8 @@ in use and the allocator's costly events, and the GPU's clock and power; with wa
 these show a run slowed."""
 
 import logging
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -97,18 +99,29 @@ class RetryWatch:
 
 
 class ClockWatch:
-    """The GPU's SM clock and power draw at each step (NVML; nothing without it), and a warning
-    once when heat or a hardware slowdown has held the clock down at `patience` steps in a row:
-    a hot node or a failing fan slows every step of the run. The power cap holding the clock is
-    a busy GPU's normal state, and only logged."""
+    """The GPU's SM clock and power draw (NVML; nothing without it), read with a step at most
+    every `interval_s` (a reading costs the host up to a millisecond), and a warning once when
+    heat or a hardware slowdown has held the clock down at `patience` readings in a row: a hot
+    node or a failing fan slows every step of the run. The power cap holding the clock is a busy
+    GPU's normal state, and only logged."""
 
-    def __init__(self, nvml: Nvml | None, rank: int = 0, patience: int = 5) -> None:
+    def __init__(
+        self,
+        nvml: Nvml | None,
+        rank: int = 0,
+        patience: int = 5,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.nvml, self.rank, self.patience = nvml, rank, patience
+        self.interval_s, self.clock, self.next_read = interval_s, clock, float("-inf")
         self.in_row, self.said = 0, False
 
     def check(self, step: int) -> tuple[dict, str | None]:
-        if self.nvml is None:
+        """This step's reading for the metrics (empty between readings) and a warning, if due."""
+        if self.nvml is None or self.clock() < self.next_read:
             return {}, None
+        self.next_read = self.clock() + self.interval_s
         try:
             sample = self.nvml.read()
         except Exception as error:  # a metric is never worth a run: stop reading, say so once
@@ -126,7 +139,7 @@ class ClockWatch:
         self.said = True
         return stats, (
             f"step {step}: rank {self.rank}'s GPU has had its clock held down by "
-            f"{' and '.join(slowing)} at {self.patience} steps in a row (SM clock "
+            f"{' and '.join(slowing)} at {self.patience} readings in a row (SM clock "
             f"{sample.sm_clock_mhz:,.0f} of {self.nvml.max_sm_clock_mhz:,.0f} MHz, "
             f"{sample.power_w:.0f} W): every step of the run is slower for it. Check the node's "
             "cooling, or leave the node out of the job (sbatch --exclude=NODE)"
