@@ -85,7 +85,9 @@ def test_tuneforge_and_hf_peft_runners_measure_the_same_step_on_a_cpu():
     peer = run_hf(workload, liger=False, checkpointing=False, warmup=1, steps=2)
     for result in (ours, peer):
         assert result["tokens_per_step"] == 1024 and result["ms_per_step"] > 0
-        assert len(result["ms_per_step_all"]) == 2
+    # ours cycles through 4 packed batches of different costs: timed in whole cycles
+    assert len(ours["ms_per_step_all"]) == ours["steps"] == 4
+    assert len(peer["ms_per_step_all"]) == 2
     assert ours["system"] == "tuneforge" and peer["system"] == "hf+peft"
     # one 1,024-token document costs more attention than packed documents of the same tokens
     assert peer["flops_per_step"] > ours["flops_per_step"] > 0
@@ -181,6 +183,23 @@ def test_allocator_retries_are_counted_over_the_timed_steps_and_printed(monkeypa
     line = {"tokens_per_s": 1.0, "ms_per_step": 1.0, "peak_alloc_gib": 1.0, "mfu": 0.1}
     cli_bench._print_line(line | {"peak_reserved_gib": 1.0} | result)
     assert "1 allocator retries per step" in console.export_text()
+
+
+def test_the_step_time_is_the_mean_so_that_tokens_per_second_is_tokens_over_their_time():
+    """Steps of different costs (packed batches): the mean, not the median, gives the time the
+    tokens took; the median is kept beside it."""
+    import time
+
+    from tuneforge.bench import timing
+
+    costs = iter([0.0] + [0.01, 0.01, 0.01, 0.05] * 2)  # one warm-up step, then two cycles
+
+    def step():
+        time.sleep(next(costs))
+
+    result = timing.time_steps(step, warmup=1, steps=8)
+    assert result["ms_per_step"] == pytest.approx(20.0, abs=4.0)  # (3 x 10 + 50) / 4 ms
+    assert result["ms_per_step_median"] == pytest.approx(10.0, abs=4.0)
 
 
 def test_clock_and_power_are_summarised_as_medians_with_the_share_held_down():

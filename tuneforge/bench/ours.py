@@ -21,6 +21,13 @@ from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import StepResult
 
 DISTINCT_BATCHES = 4
+"""Packed batches the timed steps cycle through; their costs differ (attention grows with each
+document's length), so the timed steps are whole cycles of them."""
+
+
+def whole_cycles(steps: int) -> int:
+    """`steps` rounded up to whole cycles of the distinct batches."""
+    return -(-steps // DISTINCT_BATCHES) * DISTINCT_BATCHES
 
 
 def lora_shape(workload: Workload) -> LoraShape | None:
@@ -39,7 +46,9 @@ def run_ours(
     profile: bool = False,
     host_profiler=None,
 ) -> dict:
-    """`host_profiler` (a `cProfile.Profile`) runs over the timed steps only."""
+    """`host_profiler` (a `cProfile.Profile`) runs over the timed steps only; `steps` is rounded
+    up to whole cycles of the distinct batches."""
+    steps = whole_cycles(steps)
     settings = Variant.parse(variant)
     world = init_distributed(settings.nccl_max_channels)
     torch.manual_seed(0)
@@ -109,7 +118,7 @@ def run_ours(
             queued.pop().get()
         queued.append(result)
 
-    result = time_steps(step, warmup, steps, host_profiler)
+    result = time_steps(step, warmup, steps, host_profiler) | {"steps": steps}
     if isinstance(queue_step, CapturedStep):  # replays allocate nothing: the captured step's peak
         result["peak_alloc_gib"] = max(result["peak_alloc_gib"], queue_step.peak_allocated / 2**30)
     if profile:
