@@ -278,3 +278,20 @@ def test_memory_left_is_offered_to_checkpointed_blocks():
     three = plan_run(load_config(DEMO, [*shape, "train.keep_activations=3"]), hardware)
     assert not any("keep_activations" in a for a in three.advice)  # already the most
     assert three.step_time_s < plan.step_time_s
+
+
+def test_a_calibration_run_gives_the_useful_flops_over_the_time_they_took(tmp_path):
+    """Steps of different cost (packed batches): the MFU of the whole time, each step's weighted
+    by its time — not the median step's. The first quarter of the records (warm-up) is left
+    out."""
+    from tuneforge.plan.planner import measured_mfu
+
+    warmup = [{"step": s, "mfu": 0.05, "step_s": 30.0} for s in range(1, 5)]
+    steady = [
+        {"step": 5 + s, "mfu": mfu, "step_s": step_s}
+        for s, (mfu, step_s) in enumerate([(0.5, 1.0), (0.5, 1.0), (0.3, 3.0), (0.5, 1.0)] * 3)
+    ]
+    lines = "".join(json.dumps(record) + "\n" for record in warmup + steady)
+    (tmp_path / "metrics.jsonl").write_text(lines)
+    # per cycle: 0.5 x 3 s + 0.3 x 3 s of useful work over 6 s = 0.4 (the median step: 0.5)
+    assert measured_mfu(tmp_path) == pytest.approx(0.4)

@@ -59,6 +59,15 @@ def pace(step_s: float, steps: int = 25) -> Pace:
     return result
 
 
+def test_the_steady_step_time_is_the_mean_so_that_batches_of_different_cost_add_up():
+    """Three cheap batches and a dear one in turn: 100 steps take 100 x 2 s, not 100 x 1 s."""
+    result = Pace()
+    for seconds in [30.0, 20.0, 10.0] + [1.0, 1.0, 1.0, 5.0] * 10:  # compilation first
+        result.add(seconds)
+    assert result.steady_step_s == 2.0
+    assert result.eta_s(100) == 200.0
+
+
 def test_projection_counts_jobs_and_flags_unreachable_checkpoints():
     config = load_config(
         DEMO, ["train.max_steps=10000", "train.time_limit=1h", "checkpoint.save_steps=2000"]

@@ -227,7 +227,12 @@ def measured_mfu(run_dir: Path) -> float:
     if not records:
         raise ValueError(f"{file} has no MFU figures (a GPU run of tuneforge writes them)")
     steady = records[len(records) // 4 :] or records
-    return statistics.median(r["mfu"] for r in steady)
+    # weighted by each step's time: the useful FLOPs over the time they took (packed batches
+    # differ in cost; a median of the steps' MFU would count the common batches only)
+    seconds = [r.get("step_s") or 0.0 for r in steady]
+    if sum(seconds) <= 0:
+        return statistics.median(r["mfu"] for r in steady)
+    return sum(r["mfu"] * s for r, s in zip(steady, seconds, strict=True)) / sum(seconds)
 
 
 def jobs_needed(eta_s: float, time_limit_s: float, margin_s: float) -> int:

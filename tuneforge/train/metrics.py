@@ -87,7 +87,9 @@ def read_metrics(file: Path) -> list[dict[str, Any]]:
 
 
 class Pace:
-    """Step times of this job; the steady state is their median after the first few."""
+    """Step times of this job; the steady state is their mean after the first few. Packed
+    batches differ in cost (one holding a long document pays much more attention), so N steps
+    take N times the mean; a median would count only the common, cheaper batches."""
 
     def __init__(self) -> None:
         self.step_times: list[float] = []
@@ -98,7 +100,7 @@ class Pace:
     @property
     def steady_step_s(self) -> float | None:
         settled = self.step_times[WARMUP_STEPS:] or self.step_times
-        return statistics.median(settled) if settled else None
+        return statistics.fmean(settled) if settled else None
 
     def eta_s(self, remaining_steps: int) -> float | None:
         step = self.steady_step_s
