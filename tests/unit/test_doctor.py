@@ -119,7 +119,9 @@ def test_a_lumi_style_log_shows_every_problem():
     assert found["allocator_env_deprecated"].count == 1
     assert found["nan_or_skipped_iterations"].count == 1
     assert found["collective_error"].count == 1
-    assert report.step_time_s == pytest.approx(125.0) and report.total_steps == 6060
+    # the mean of the steps' times: N steps take N times the mean
+    assert report.step_time_s == pytest.approx((125.0 + 125.0 + 125.1) / 3)
+    assert report.total_steps == 6060
     # 6060 steps at 125 s is about 210 h: six jobs of 38 h
     assert (
         "210 h" in found["eta_exceeds_limit"].message
@@ -138,6 +140,20 @@ def test_megatron_iterations_and_skips():
     found = codes(report)
     assert "nan_or_skipped_iterations" in found and "eta_exceeds_limit" in found
     assert "restart_from_step_zero" not in found
+
+
+def test_a_gpu_held_down_by_heat_is_found_with_its_rank():
+    log = (
+        "step 40/600  loss 1.2\n"
+        "WARNING step 45: rank 3's GPU has had its clock held down by thermal at 5 readings in a "
+        "row (SM clock 1,100 of 1,980 MHz, 450 W): every step of the run is slower for it.\n"
+        "    HW Slowdown                       : Active\n"
+        "    SW Power Cap                      : Active\n"
+    )
+    found = codes(scan_log(log))["gpu_clock_slowdown"]
+    assert found.count == 2 and "ranks: 3, ?" in found.message
+    assert "sbatch --exclude" in found.advice
+    assert "gpu_clock_slowdown" not in codes(scan_log("    SW Power Cap : Active\n"))
 
 
 def test_a_clean_log_has_no_findings():

@@ -1,7 +1,7 @@
 """`tuneforge doctor log`: what a training log says went wrong (ours, and the common formats of
 HF Trainer / tqdm, Megatron and torchrun): an allocator setting silently inactive, deprecated
 allocator variables, NaN or skipped iterations, a chain that restarted from step 0, an ETA past
-the time limit, and collective (NCCL/RCCL) errors."""
+the time limit, a GPU slowed by heat or a hardware slowdown, and collective (NCCL/RCCL) errors."""
 
 import re
 import statistics
@@ -25,6 +25,11 @@ STEP_TIME_PATTERNS = (
 NAN = re.compile(
     r"non-finite|loss is nan|nan loss|'loss': nan|loss[=: ]+nan\b|skipped iterations?: *[1-9]"
     r"|skipping (?:step|batch|update)|update skipped|inf(?:inite)? (?:loss|grad)",
+    re.IGNORECASE,
+)
+SLOWDOWN = re.compile(
+    r"clock held down by (?:thermal|hardware slowdown)"  # ours (train/hardware.py)
+    r"|(?:HW|SW Thermal|HW Thermal|HW Power Brake) Slowdown\s*:\s*Active",  # nvidia-smi -q
     re.IGNORECASE,
 )
 COLLECTIVE = re.compile(
@@ -144,6 +149,19 @@ def scan_log(text: str, time_limit_s: float | None = None) -> LogReport:
                 "rank reached the same collective (a rank that died first shows in its own log)",
             )
         )
+    slowdown = [line for line in lines if SLOWDOWN.search(line)]
+    if slowdown:
+        ranks = sorted({_rank_of(line) for line in slowdown})
+        report.findings.append(
+            Finding(
+                "gpu_clock_slowdown",
+                len(slowdown),
+                f"{len(slowdown)} line(s) report a GPU's clock held down by heat or a hardware "
+                f"slowdown (ranks: {', '.join(ranks)}), first: {slowdown[0].strip()[:160]}",
+                "every step waits for the slowest GPU: check the node's cooling and power "
+                "(nvidia-smi -q -d PERFORMANCE), or leave the node out (sbatch --exclude=NODE)",
+            )
+        )
     times = [
         float(m.group(1)) for line in lines for p in STEP_TIME_PATTERNS if (m := p.search(line))
     ]
@@ -152,7 +170,7 @@ def scan_log(text: str, time_limit_s: float | None = None) -> LogReport:
     if steps:
         report.steps_seen, report.total_steps = steps[-1]
     if times:
-        report.step_time_s = statistics.median(times[-50:])
+        report.step_time_s = statistics.fmean(times[-50:])  # N steps take N times the mean
     if report.step_time_s and report.total_steps and report.steps_seen is not None:
         report.eta_s = (report.total_steps - report.steps_seen) * report.step_time_s
         total_s = report.total_steps * report.step_time_s
