@@ -65,6 +65,11 @@ def _rank_of(line: str) -> str:
     return (match.group(1) or match.group(2)) if match else "?"
 
 
+def _ranks(lines: list[str]) -> str:
+    """The ranks the lines name, in order ("?" for a line that names none)."""
+    return ", ".join(sorted({_rank_of(line) for line in lines}))
+
+
 def _steps(lines: list[str]) -> list[tuple[int, int]]:
     found = []
     for line in lines:
@@ -81,13 +86,12 @@ def scan_log(text: str, time_limit_s: float | None = None) -> LogReport:
     report = LogReport()
     inactive = [line for line in lines if "expandable_segments not supported" in line]
     if inactive:
-        ranks = sorted({_rank_of(line) for line in inactive})
         report.findings.append(
             Finding(
                 "expandable_segments_inactive",
                 len(inactive),
                 f"'expandable_segments not supported' appears {len(inactive)} time(s) "
-                f"(ranks: {', '.join(ranks)}): fragmentation protection is off on those ranks",
+                f"(ranks: {_ranks(inactive)}): fragmentation protection is off on those ranks",
                 "this PyTorch/ROCm build ignores the setting: expect fragmentation OOMs; leave "
                 "headroom (smaller micro-batches), or use a build that supports it",
             )
@@ -151,13 +155,12 @@ def scan_log(text: str, time_limit_s: float | None = None) -> LogReport:
         )
     slowdown = [line for line in lines if SLOWDOWN.search(line)]
     if slowdown:
-        ranks = sorted({_rank_of(line) for line in slowdown})
         report.findings.append(
             Finding(
                 "gpu_clock_slowdown",
                 len(slowdown),
                 f"{len(slowdown)} line(s) report a GPU's clock held down by heat or a hardware "
-                f"slowdown (ranks: {', '.join(ranks)}), first: {slowdown[0].strip()[:160]}",
+                f"slowdown (ranks: {_ranks(slowdown)}), first: {slowdown[0].strip()[:160]}",
                 "every step waits for the slowest GPU: check the node's cooling and power "
                 "(nvidia-smi -q -d PERFORMANCE), or leave the node out (sbatch --exclude=NODE)",
             )
