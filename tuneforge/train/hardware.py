@@ -43,14 +43,15 @@ def memory_stats(device: torch.device) -> dict[str, float]:
     and tried again (a run at its memory limit; each retry slows its step)."""
     if device.type != "cuda":
         return {}
-    allocated = torch.cuda.memory_allocated(device)
-    reserved = torch.cuda.memory_reserved(device)
+    stats = torch.cuda.memory_stats(device)  # one read: each of torch's getters builds it anew
+    allocated = stats.get("allocated_bytes.all.current", 0)
+    reserved = stats.get("reserved_bytes.all.current", 0)
     return {
         "mem_allocated_gib": allocated / GIB,
         "mem_reserved_gib": reserved / GIB,
-        "mem_peak_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "mem_peak_gib": stats.get("allocated_bytes.all.peak", 0) / GIB,
         "mem_reserved_unallocated_gib": (reserved - allocated) / GIB,
-        "alloc_retries": allocator_counts(device)["num_alloc_retries"],
+        "alloc_retries": stats.get("num_alloc_retries", 0),
     }
 
 
