@@ -146,6 +146,9 @@ def bench_command(
             # written after every run, so that a benchmark cut off by a time limit keeps the rest
             file.write_text(json.dumps(record, indent=2))
     console.print(summary_table(results))
+    scaling = scaling_table(results)
+    if scaling.row_count:
+        console.print(scaling)
     if rounds > 1:
         console.print(rounds_table(results))
     console.print(f"results: {file}")
@@ -228,6 +231,25 @@ def _print_line(result: dict) -> None:
                         f"    {stream}: {gib['reserved_gib']:.2f} GiB reserved, "
                         f"{gib['allocated_gib']:.2f} allocated, {gib['cached_free_gib']:.2f} cached"
                     )
+
+
+def scaling_table(results: list[dict]) -> Table:
+    from tuneforge.bench.report import scaling
+
+    table = Table("workload", "variant", "round", "GPUs", "tokens/s", "1 GPU tokens/s", "scaling")
+    table.caption = "scaling: tokens/s over the GPUs times one GPU's, with the same work per GPU"
+    for row in scaling(results):
+        one_gpu, efficiency = row["one_gpu_tokens_per_s"], row["efficiency"]
+        table.add_row(
+            row["workload"],
+            row["variant"],
+            str(row["round"]),
+            str(row["gpus"]),
+            f"{row['tokens_per_s']:,.0f}",
+            "not run" if one_gpu is None else f"{one_gpu:,.0f}",
+            "" if efficiency is None else f"{efficiency:.1%}",
+        )
+    return table
 
 
 def rounds_table(results: list[dict]) -> Table:

@@ -29,11 +29,47 @@ def test_plan_runs_peers_per_workload():
     systems = {run.system for run in runs}
     assert systems == {"tuneforge", "hf+peft"}  # Unsloth adapts modules, not expert banks
     runs = plan_runs([WORKLOADS["llama3.2-1b-full-fsdp2-2gpu"]], ["hf+peft"])
+    workload = WORKLOADS["llama3.2-1b-full-fsdp2-2gpu"]
     assert [run.variant for run in runs] == [
-        "compiled+zero2+bf16reduce",
-        "compiled+zero2+bf16reduce+nccl8",
-        "compiled+ddp",
+        *workload.variants,
         "compiled+1gpu",
+        "compiled+samedata+1gpu",
+        "compiled+accum4+1gpu",
+    ]
+
+
+def test_scaling_compares_each_multi_gpu_run_with_one_gpu_doing_the_same_work_per_gpu():
+    """The baseline keeps the options that change a GPU's work (micro-batches per step, which
+    batches) and drops how the GPUs share it; a round's run is compared within its round."""
+    from tuneforge.bench.report import scaling
+    from tuneforge.bench.workloads import baseline_variant
+
+    assert baseline_variant("compiled+ddp+nccl8") == "compiled"
+    assert baseline_variant("compiled+zero2+bf16reduce+nccl8+accum4") == "compiled+accum4"
+    assert baseline_variant("compiled+ddp+samedata") == "compiled+samedata"
+
+    def run(variant, speed, gpus=2, round_=1):
+        single = variant.endswith("+1gpu")
+        return {"workload": "w", "system": "tuneforge", "variant": variant.removesuffix("+1gpu"),
+                "variant_run": variant, "tokens_per_s": speed, "gpus": 1 if single else gpus,
+                "round": round_}  # fmt: skip
+
+    results = [
+        run("compiled+ddp", 180.0),
+        run("compiled+ddp+accum4", 190.0),
+        run("compiled+1gpu", 100.0),
+        run("compiled+accum4+1gpu", 100.0),
+        run("compiled+ddp", 150.0, round_=2),
+        run("compiled+1gpu", 80.0, round_=2),
+        {"workload": "w", "system": "tuneforge", "variant": "compiled+ddp+samedata", "error": "x"},
+        run("compiled+ddp+nccl8", 160.0, round_=3),  # its round's one-GPU run failed
+    ]
+    rows = scaling(results)
+    assert [(r["variant"], r["round"], r["efficiency"]) for r in rows] == [
+        ("compiled+ddp", 1, 0.9),
+        ("compiled+ddp+accum4", 1, 0.95),
+        ("compiled+ddp", 2, 150.0 / 160.0),
+        ("compiled+ddp+nccl8", 3, None),
     ]
 
 
@@ -94,6 +130,26 @@ def test_tuneforge_and_hf_peft_runners_measure_the_same_step_on_a_cpu():
     assert ours["documents_per_step"] >= 1
 
 
+def test_one_gpu_standing_in_for_two_trains_on_both_ranks_batches_a_step_of_micro_batches():
+    """The one-GPU baseline of a two-GPU workload cycles through both ranks' batches (the work
+    they share), in whole cycles of micro-batches; with samedata every rank has rank 0's."""
+    from tuneforge.bench.ours import batch_seeds, run_ours, whole_cycles
+    from tuneforge.bench.workloads import Workload
+
+    assert batch_seeds(0, 1, 2, same_data=False) == [0, 100, 1, 101, 2, 102, 3, 103]
+    assert batch_seeds(1, 2, 2, same_data=False) == [100, 101, 102, 103]
+    assert batch_seeds(1, 2, 2, same_data=True) == batch_seeds(0, 1, 1, False) == [0, 1, 2, 3]
+    assert whole_cycles(5, batches=8) == 8 and whole_cycles(5, batches=4, micro_batches=4) == 5
+    assert whole_cycles(3, batches=8, micro_batches=4) == 4
+
+    workload = Workload("tiny-2gpu", "demo-tiny", None, tokens=512, gpus=2)
+    one = run_ours(workload, "eager+accum2", warmup=1, steps=1)
+    assert one["steps"] == 4  # 8 batches, 2 a step
+    assert one["tokens_per_step"] == 1024 and one["gpus"] == 1
+    single = run_ours(Workload("tiny", "demo-tiny", None, tokens=512), "eager", warmup=1, steps=1)
+    assert one["flops_per_step"] > single["flops_per_step"]
+
+
 def test_variant_names_parse_into_settings_and_typos_are_refused():
     from tuneforge.bench.workloads import Variant
     from tuneforge.errors import TuneforgeError
@@ -107,6 +163,9 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
     assert Variant.parse("compiled+zero2+nccl8").nccl_max_channels == 8
     assert Variant.parse("compiled+varlen").attention == "varlen"
     assert Variant.parse("compiled").attention == "auto"
+    assert Variant.parse("compiled+ddp+accum4+samedata") == Variant(
+        compiled=True, ddp=True, grad_accum_steps=4, same_data=True
+    )
     for bad in (
         "compiled+offlaod",
         "fast",
@@ -114,6 +173,8 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
         "compiled+chunkX",
         "eager+hostX",
         "compiled+ncclX",
+        "compiled+accum0",
+        "compiled+samedate",
     ):
         with pytest.raises(TuneforgeError, match="variant"):
             Variant.parse(bad)

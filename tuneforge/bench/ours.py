@@ -2,6 +2,8 @@
 catalog shape with random weights, through the same model, LoRA, checkpointing, compile and
 parallel wrappers as `tuneforge train`."""
 
+import math
+
 import torch
 
 from tuneforge.bench.batches import synthetic_batch
@@ -21,13 +23,27 @@ from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import StepResult
 
 DISTINCT_BATCHES = 4
-"""Packed batches the timed steps cycle through; their costs differ (attention grows with each
+"""Packed batches each rank cycles through; their costs differ (attention grows with each
 document's length), so the timed steps are whole cycles of them."""
 
 
-def whole_cycles(steps: int) -> int:
-    """`steps` rounded up to whole cycles of the distinct batches."""
-    return -(-steps // DISTINCT_BATCHES) * DISTINCT_BATCHES
+def batch_seeds(rank: int, world_size: int, workload_gpus: int, same_data: bool) -> list[int]:
+    """Seeds of the packed batches a process cycles through: its rank's own; on one GPU standing
+    in for a multi-GPU workload, every rank's (the work those ranks share between them); with
+    `same_data`, rank 0's on every rank."""
+    if same_data:
+        ranks = [0]
+    elif world_size == 1:
+        ranks = list(range(workload_gpus))
+    else:
+        ranks = [rank]
+    return [r * 100 + index for index in range(DISTINCT_BATCHES) for r in ranks]
+
+
+def whole_cycles(steps: int, batches: int = DISTINCT_BATCHES, micro_batches: int = 1) -> int:
+    """`steps` rounded up to whole cycles through `batches`, `micro_batches` of them a step."""
+    cycle = batches // math.gcd(batches, micro_batches)
+    return -(-steps // cycle) * cycle
 
 
 def lora_shape(workload: Workload) -> LoraShape | None:
@@ -48,9 +64,11 @@ def run_ours(
 ) -> dict:
     """`host_profiler` (a `cProfile.Profile`) runs over the timed steps only; `steps` is rounded
     up to whole cycles of the distinct batches."""
-    steps = whole_cycles(steps)
     settings = Variant.parse(variant)
     world = init_distributed(settings.nccl_max_channels)
+    seeds = batch_seeds(world.rank, world.world_size, workload.gpus, settings.same_data)
+    accum = settings.grad_accum_steps
+    steps = whole_cycles(steps, len(seeds), accum)
     torch.manual_seed(0)
     model = load_model(
         workload.shape,
@@ -95,17 +113,13 @@ def run_ours(
     train = TrainSection(
         max_steps=warmup + steps,
         tokens_per_micro_batch=workload.tokens,
+        grad_accum_steps=accum,
         cuda_graph=settings.cuda_graph,
     )
     optimizer = build_optimizer(model, train, world.device)
     batches = [
-        synthetic_batch(
-            model.args.vocab_size,
-            workload.tokens,
-            settings.one_document,
-            seed=world.rank * 100 + index,
-        )
-        for index in range(DISTINCT_BATCHES)
+        synthetic_batch(model.args.vocab_size, workload.tokens, settings.one_document, seed)
+        for seed in seeds
     ]
     counter = iter(range(10**9))
     queued: list[StepResult] = []
@@ -113,7 +127,8 @@ def run_ours(
 
     def step() -> None:
         """As the trainer's loop: a step's numbers are read once the next step is queued."""
-        result = queue_step(iter([batches[next(counter) % len(batches)]]), 1e-4)
+        step_batches = [batches[next(counter) % len(batches)] for _ in range(accum)]
+        result = queue_step(iter(step_batches), 1e-4)
         if queued:
             queued.pop().get()
         queued.append(result)
@@ -132,13 +147,14 @@ def run_ours(
         )
         for batch in batches
     ) / len(batches)
+    documents = sum(b.packed.cu_seqlens.numel() - 1 for b in batches) / len(batches)
     return result | {
         "system": "tuneforge",
         "variant": variant,
-        "tokens_per_step": workload.tokens * world.world_size,
-        "flops_per_step": flops * world.world_size,
+        "tokens_per_step": workload.tokens * accum * world.world_size,
+        "flops_per_step": flops * accum * world.world_size,
         "gpus": world.world_size,
-        "documents_per_step": sum(b.packed.cu_seqlens.numel() - 1 for b in batches) / len(batches),
+        "documents_per_step": documents * accum,
         "padding_share": 0.0,
         "attention": model.layers[0].attn.backend,
         "is_main": world.is_main,

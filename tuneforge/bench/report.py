@@ -1,7 +1,10 @@
 """Ratios of each tuneforge run to the peers on the same workload in the same round: to HF +
-PEFT (its fastest run) and to the fastest peer run; and each run's spread over the rounds."""
+PEFT (its fastest run) and to the fastest peer run; each multi-GPU run's scaling against one GPU;
+and each run's spread over the rounds."""
 
 import statistics
+
+from tuneforge.bench.workloads import baseline_variant
 
 
 def ratios(results: list[dict]) -> list[tuple[float | None, float | None]]:
@@ -19,6 +22,34 @@ def ratios(results: list[dict]) -> list[tuple[float | None, float | None]]:
         best = max(r["tokens_per_s"] for r in runs)
         speed = result["tokens_per_s"]
         rows.append((speed / max(hf) if hf else None, speed / best))
+    return rows
+
+
+def scaling(results: list[dict]) -> list[dict]:
+    """Each multi-GPU tuneforge run against the one-GPU run of the same work per GPU in the same
+    round: its tokens/s over the GPUs times one GPU's (1.0: perfect scaling)."""
+    single = {
+        (*_place(r), r["variant"]): r["tokens_per_s"]
+        for r in results
+        if "error" not in r and r.get("variant_run", "").endswith("+1gpu")
+    }
+    rows = []
+    for result in results:
+        if "error" in result or result.get("gpus", 1) == 1:
+            continue
+        one_gpu = single.get((*_place(result), baseline_variant(result["variant"])))
+        speed = result["tokens_per_s"]
+        rows.append(
+            {
+                "workload": result["workload"],
+                "variant": result["variant"],
+                "round": result.get("round", 1),
+                "gpus": result["gpus"],
+                "tokens_per_s": speed,
+                "one_gpu_tokens_per_s": one_gpu,
+                "efficiency": speed / (result["gpus"] * one_gpu) if one_gpu else None,
+            }
+        )
     return rows
 
 

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from tuneforge.bench.child import RESULT_PREFIX
-from tuneforge.bench.workloads import Workload
+from tuneforge.bench.workloads import Workload, baseline_variant
 
 PEERS = ("hf+peft", "hf+peft+liger", "unsloth")
 PEER_MODULES = {"hf+peft": "peft", "hf+peft+liger": "liger_kernel", "unsloth": "unsloth"}
@@ -55,7 +55,8 @@ def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
     for workload in workloads:
         runs += [Run(workload.name, "tuneforge", variant) for variant in workload.variants]
         if workload.gpus > 1:
-            runs.append(Run(workload.name, "tuneforge", "compiled+1gpu"))
+            baselines = dict.fromkeys(baseline_variant(v) for v in workload.variants)
+            runs += [Run(workload.name, "tuneforge", f"{b}+1gpu") for b in baselines]
             continue
         for peer in peers:
             if (

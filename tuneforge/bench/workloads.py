@@ -34,7 +34,11 @@ class Workload:
     parameters replicated), `ncclN` (at most N NCCL channels per collective), `flash4`,
     `varlen` or `sdpa` (the attention backend; default: what `auto` picks), `onedoc` (one
     4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
-    matmuls in fp32), `graph` (the whole step captured as one CUDA graph, `train.cuda_graph`)."""
+    matmuls in fp32), `graph` (the whole step captured as one CUDA graph, `train.cuda_graph`),
+    `accumN` (N micro-batches of `tokens` per optimizer step on each GPU, gradients reduced once),
+    `samedata` (every GPU trains on the same batches: a multi-GPU run without the ranks' uneven
+    attention work). A multi-GPU workload also runs each variant's per-GPU work on one GPU
+    (`baseline_variant`, suffixed `+1gpu`): its scaling efficiency."""
 
 
 WORKLOADS = {
@@ -108,9 +112,12 @@ WORKLOADS = {
             gpus=2,
             peer_checkpointing=(),
             variants=(
-                "compiled+zero2+bf16reduce",
                 "compiled+zero2+bf16reduce+nccl8",
                 "compiled+ddp",
+                "compiled+ddp+nccl8",
+                "compiled+ddp+samedata",
+                "compiled+ddp+accum4",
+                "compiled+zero2+bf16reduce+nccl8+accum4",
             ),
         ),
     )
@@ -137,6 +144,8 @@ class Variant:
     nccl_max_channels: int | None = None
     attention: str = "auto"
     cuda_graph: bool = False
+    grad_accum_steps: int = 1
+    same_data: bool = False
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -146,7 +155,7 @@ class Variant:
         settings: dict = {"compiled": mode == "compiled"}
         flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce", "ddp": "ddp",
                  "hostembed": "offload_embedding", "onedoc": "one_document",
-                 "fp32lora": "fp32_lora", "graph": "cuda_graph"}  # fmt: skip
+                 "fp32lora": "fp32_lora", "graph": "cuda_graph", "samedata": "same_data"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
                 settings["checkpointing"] = option
@@ -160,6 +169,8 @@ class Variant:
                 settings["loss_chunk_tokens"] = int(option.removeprefix("chunk"))
             elif option.startswith("nccl") and option.removeprefix("nccl").isdigit():
                 settings["nccl_max_channels"] = int(option.removeprefix("nccl"))
+            elif option.startswith("accum") and _is_count(option.removeprefix("accum")):
+                settings["grad_accum_steps"] = int(option.removeprefix("accum"))
             elif option.startswith("host") and option.removeprefix("host").isdigit():
                 settings["offload_activations"] = int(option.removeprefix("host"))
             elif option.startswith("keep") and option.removeprefix("keep").isdigit():
@@ -168,9 +179,25 @@ class Variant:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, "
-                    "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph)"
+                    "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph, "
+                    "accum<micro-batches>, samedata)"
                 )
         return cls(**settings)
+
+
+PER_GPU_WORK = ("samedata", "accum")
+"""Variant options that change the work of each GPU: kept in the one-GPU run it scales against."""
+
+
+def baseline_variant(variant: str) -> str:
+    """The one-GPU run a multi-GPU variant's scaling is measured against: compiled blocks and
+    the same work per GPU (`compiled+ddp+accum4` → `compiled+accum4`)."""
+    options = variant.split("+")[1:]
+    return "+".join(["compiled", *(o for o in options if o.startswith(PER_GPU_WORK))])
+
+
+def _is_count(text: str) -> bool:
+    return text.isdigit() and int(text) >= 1
 
 
 def _is_share(text: str) -> bool:
