@@ -43,6 +43,17 @@ def test_two_ranks_give_the_losses_of_one(tmp_path, one_process, strategy):
     assert losses(run) == pytest.approx(one_process, rel=1e-5, abs=1e-6)
 
 
+def test_two_zero2_ranks_accumulating_give_the_losses_of_one(tmp_path):
+    """FSDP2 under ZeRO-2 keeps its parameters gathered between a step's micro-batches and
+    gathers them again after each update: two ranks of two micro-batches each train as one
+    process with four."""
+    finish(launch(tmp_path / "one", 1, "train.grad_accum_steps=4"))
+    two = tmp_path / "two"
+    zero2 = ["train.grad_accum_steps=2", "parallel.strategy=fsdp", "parallel.zero_stage=2"]
+    finish(launch(two, 2, *zero2))
+    assert losses(two) == pytest.approx(losses(tmp_path / "one"), rel=1e-5, abs=1e-6)
+
+
 def test_two_ddp_ranks_with_compiled_blocks_give_the_losses_of_one(tmp_path):
     """DDP's gradients as views into its buckets, filled by compiled blocks' backward graphs."""
     finish(launch(tmp_path / "one", 1, "train.compile=true"))

@@ -3,6 +3,7 @@ parallel wrapping (DDP, or FSDP2 `fully_shard` per block) applied from outside t
 
 import contextlib
 import os
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -14,6 +15,10 @@ from tuneforge.config.schema import ParallelSection
 from tuneforge.errors import TuneforgeError
 
 CPU = torch.device("cpu")
+
+_GATHERED_AFTER_FORWARD: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+"""FSDP2 roots under ZeRO-2: their blocks keep parameters gathered from forward to backward, so
+they may as well keep them until the step's last micro-batch (`gradient_sync`)."""
 
 
 @dataclass(frozen=True)
@@ -101,18 +106,24 @@ def parallelize(
         last = index == len(blocks) - 1
         fully_shard(block, mp_policy=policy, reshard_after_forward=reshard and not last)
     fully_shard(root, mp_policy=policy, reshard_after_forward=False)
+    if not reshard:
+        _GATHERED_AFTER_FORWARD.add(root)
     return root
 
 
 @contextlib.contextmanager
 def gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
-    """Reduce gradients only on the last micro-batch of a step (DDP and FSDP2)."""
+    """Reduce gradients only on the last micro-batch of a step (DDP and FSDP2). Under ZeRO-2,
+    FSDP2 also keeps the parameters gathered until then: its peak already holds them all
+    during backward, and the next micro-batch's forward then gathers nothing."""
     if isinstance(module, nn.parallel.DistributedDataParallel) and not enabled:
         with module.no_sync():
             yield
         return
     if hasattr(module, "set_requires_gradient_sync"):
         module.set_requires_gradient_sync(enabled)
+        if module in _GATHERED_AFTER_FORWARD:
+            module.set_reshard_after_backward(enabled)
     yield
 
 
