@@ -98,6 +98,10 @@ def plan_command(
         f"{plan.steps} steps, ETA {plan.eta_h:.1f} h"
         + (f", {plan.jobs_needed} job(s) under the limit" if plan.jobs_needed else "")
     )
+    if hardware.data_parallel > 1:
+        console.print(
+            f"collectives: {plan.collective_gb_per_step:.2f} GB sent per GPU and optimizer step"
+        )
     for problem in plan.problems:
         console.print(f"[red]• {problem}[/red]")
     for line in plan.advice:

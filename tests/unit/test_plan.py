@@ -295,3 +295,43 @@ def test_a_calibration_run_gives_the_useful_flops_over_the_time_they_took(tmp_pa
     (tmp_path / "metrics.jsonl").write_text(lines)
     # per cycle: 0.5 x 3 s + 0.3 x 3 s of useful work over 6 s = 0.4 (the median step: 0.5)
     assert measured_mfu(tmp_path) == pytest.approx(0.4)
+
+
+def test_collective_traffic_counts_ring_phases_over_the_gradients_and_gathered_weights():
+    """Per GPU and step on two ranks: DDP all-reduces the bf16 gradients (two phases of half the
+    buffer); FSDP2 ZeRO-2 gathers the weights once and reduce-scatters fp32 gradients; ZeRO-3
+    gathers for forward and backward of each micro-batch; LoRA moves only fp32 adapter
+    gradients under DDP."""
+    from dataclasses import replace
+
+    from tuneforge.models.cost import LoraShape, lora_params
+    from tuneforge.plan.traffic import step_traffic_bytes
+
+    args = catalog_shape("llama-3.2-1b")
+    params = args.num_params()
+    ddp = Setup(args, 2, 4096, data_parallel=2, zero_stage=0)
+    assert step_traffic_bytes(ddp, 4) == 2 * 0.5 * params * 2
+    assert step_traffic_bytes(replace(ddp, zero_stage=2), 4) == 0.5 * (params * 2 + params * 4)
+    zero3 = replace(ddp, zero_stage=3, grad_accum_steps=2)
+    assert step_traffic_bytes(zero3, 2) == 0.5 * (4 * params * 2 + params * 2)
+    lora = LoraShape(16, ("q_proj", "v_proj"), ())
+    assert step_traffic_bytes(replace(ddp, lora=lora), 4) == lora_params(args, lora) * 4
+    assert step_traffic_bytes(replace(ddp, data_parallel=1), 4) == 0.0
+
+
+def test_ddp_is_advised_where_every_gpu_holds_the_whole_model():
+    """A 1B full fine-tune under FSDP2 on two H200s fits replicated: DDP is proposed with both
+    traffics; a 70B one does not fit replicated and keeps the ZeRO advice."""
+    small = ["model.name=llama-3.2-1b", "model.dtype=bfloat16", "train.tokens_per_micro_batch=4096",
+             "data.max_seq_len=4096", "parallel.strategy=fsdp", "parallel.zero_stage=2"]  # fmt: skip
+    plan = plan_run(load_config(DEMO, small), Hardware(gpus=2, gpu="H200"))
+    advice = [line for line in plan.advice if "parallel.strategy: ddp" in line]
+    assert len(advice) == 1
+    assert "2.47 GB per GPU and step (gradients only) against FSDP's 3.71 GB" in advice[0]
+    assert plan.as_dict()["collective_gb_per_step"] == pytest.approx(3.707, abs=1e-3)
+    large = [*small, "model.name=llama-3-70b", "train.activation_checkpointing=full"]
+    plan = plan_run(load_config(DEMO, large), Hardware(gpus=8, gpu="H200"))
+    assert not any("parallel.strategy: ddp" in line for line in plan.advice)
+    ddp = [*small, "parallel.strategy=ddp"]
+    plan = plan_run(load_config(DEMO, ddp), Hardware(gpus=2, gpu="H200"))
+    assert not any("parallel.strategy: ddp" in line for line in plan.advice)

@@ -19,6 +19,7 @@ from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import read_hf_config
 from tuneforge.plan.advice import COMPILE_BUDGET, KEPT_BLOCKS_SHARE, MemoryOptions, advise
 from tuneforge.plan.memory import GIB, Memory, Setup, predict_memory
+from tuneforge.plan.traffic import step_traffic_bytes
 from tuneforge.plan.workload import Workload, epoch_workload, lengths_after_policy
 from tuneforge.train.distributed import reshard_after_forward
 from tuneforge.train.hardware import PEAK_TFLOPS
@@ -82,6 +83,8 @@ class Plan:
     eta_h: float
     jobs_needed: int | None
     epoch: Workload | None
+    collective_gb_per_step: float = 0.0
+    """Bytes (GB) each GPU sends per optimizer step in its data-parallel collectives."""
     suggested_max_seq_len: int | None = None
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
@@ -102,6 +105,7 @@ class Plan:
             "steps": self.steps,
             "eta_h": self.eta_h,
             "jobs_needed": self.jobs_needed,
+            "collective_gb_per_step": self.collective_gb_per_step,
             "problems": self.problems,
             "advice": self.advice,
             "what_if": self.what_if,
@@ -280,7 +284,10 @@ def plan_run(
         ).total
         / GIB,
         kept_blocks=_most_kept_blocks(setup, capacity * KEPT_BLOCKS_SHARE),
+        replicated=predict_memory(replace(setup, zero_stage=0)).total / GIB,
+        replicated_traffic_gb=step_traffic_bytes(replace(setup, zero_stage=0), 0) / 1e9,
     )
+    reduce_bytes = 4 if config.parallel.reduce_dtype == "float32" else setup.param_bytes
     needs_checkpointing = options.without_checkpointing > capacity >= options.full_checkpointing
     peak = PEAK_TFLOPS.get(hardware.gpu, PEAK_TFLOPS["H100"]) * 1e12
     mfu = hardware.mfu or DEFAULT_MFU
@@ -319,6 +326,7 @@ def plan_run(
         eta_h=eta_s / 3600,
         jobs_needed=None,
         epoch=epoch,
+        collective_gb_per_step=step_traffic_bytes(setup, reduce_bytes) / 1e9,
     )
     if raw_lengths:
         p99 = float(np.percentile(raw_lengths, 99))
