@@ -83,6 +83,7 @@ def bench_command(
         execute,
         held_cap,
         plan_runs,
+        run_gpus,
         summarise,
     )
     from tuneforge.bench.workloads import WORKLOADS, Variant
@@ -132,14 +133,20 @@ def bench_command(
     stamp = record["date"].replace(":", "").replace("-", "").replace("+0000", "Z")
     file = out / f"bench-{stamp}.json"
     results = record["results"]
+    runs = plan_runs(selected, present)
+    too_few = [run for run in runs if run_gpus(run) > gpus]
+    for run in too_few:
+        console.print(
+            f"[yellow]{run.workload}: {run.variant} left out: it needs "
+            f"{run_gpus(run)} GPUs, {gpus} here[/yellow]"
+        )
     for round_index in range(1, rounds + 1):
-        for run in plan_runs(selected, present):
-            workload_gpus = WORKLOADS[run.workload].gpus
+        for run in [run for run in runs if run not in too_few]:
             cap = held_cap(WORKLOADS[run.workload], enforce_cap, cap_gib)
             console.print(
                 f"[dim]{run.workload}: {run.system} {run.variant or ''} (round {round_index})[/dim]"
             )
-            result = execute(run, warmup, steps, workload_gpus, profile, run_limit, cap)
+            result = execute(run, warmup, steps, profile, run_limit, cap)
             result = summarise(result, peak) | {"round": round_index}
             results.append(result)
             _print_line(result)

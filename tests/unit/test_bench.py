@@ -38,6 +38,14 @@ def test_plan_runs_peers_per_workload():
     ]
 
 
+def test_runs_needing_more_gpus_than_there_are_are_left_out_with_a_note():
+    from tuneforge.bench.runner import Run, run_gpus
+
+    assert run_gpus(Run("llama3.2-1b-full-fsdp2-2gpu", "tuneforge", "compiled+ddp")) == 2
+    assert run_gpus(Run("llama3.2-1b-full-fsdp2-2gpu", "tuneforge", "compiled+1gpu")) == 1
+    assert run_gpus(Run("llama3-8b-lora", "hf+peft")) == 1
+
+
 def test_scaling_compares_each_multi_gpu_run_with_one_gpu_doing_the_same_work_per_gpu():
     """The baseline keeps the options that change a GPU's work (micro-batches per step, which
     batches) and drops how the GPUs share it; a round's run is compared within its round."""
@@ -190,7 +198,7 @@ def test_bench_refuses_a_bad_variant_before_looking_for_a_gpu():
 def test_a_run_over_its_time_limit_is_stopped_and_reported():
     from tuneforge.bench.runner import Run, execute
 
-    result = execute(Run("llama3.2-1b-lora", "tuneforge", "eager"), 1, 1, 1, limit_s=0.5)
+    result = execute(Run("llama3.2-1b-lora", "tuneforge", "eager"), 1, 1, limit_s=0.5)
     assert result["error"] == "stopped after the 0.5 s limit per run"
     assert result["workload"] == "llama3.2-1b-lora"
 

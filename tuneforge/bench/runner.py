@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from tuneforge.bench.child import RESULT_PREFIX
-from tuneforge.bench.workloads import Workload, baseline_variant
+from tuneforge.bench.workloads import WORKLOADS, Workload, baseline_variant
 
 PEERS = ("hf+peft", "hf+peft+liger", "unsloth")
 PEER_MODULES = {"hf+peft": "peft", "hf+peft+liger": "liger_kernel", "unsloth": "unsloth"}
@@ -69,6 +69,11 @@ def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
     return runs
 
 
+def run_gpus(run: Run) -> int:
+    """GPUs a run takes: its workload's, or one for a one-GPU baseline (`+1gpu`)."""
+    return 1 if run.variant.endswith("+1gpu") else WORKLOADS[run.workload].gpus
+
+
 def held_cap(workload: Workload, enforce_cap: bool, cap_gib: float | None) -> float | None:
     """The GiB a run's allocator is held to: `--cap-gib` for every run; otherwise, with
     `--enforce-cap`, a capped workload's own cap (the strongest peer's checkpointed peak)."""
@@ -81,7 +86,6 @@ def execute(
     run: Run,
     warmup: int,
     steps: int,
-    gpus: int,
     profile: bool = False,
     limit_s: float | None = None,
     memory_cap_gib: float | None = None,
@@ -90,7 +94,8 @@ def execute(
     `memory_cap_gib`, the process's allocator may hold no more than that."""
     spec = run.spec(warmup, steps, profile, memory_cap_gib)
     if run.variant.endswith("+1gpu"):
-        spec["variant"], gpus = run.variant.removesuffix("+1gpu"), 1
+        spec["variant"] = run.variant.removesuffix("+1gpu")
+    gpus = run_gpus(run)
     if gpus > 1:
         launcher = ["torchrun", "--standalone", f"--nproc_per_node={gpus}"]
     else:
