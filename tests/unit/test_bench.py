@@ -35,6 +35,7 @@ def test_plan_runs_peers_per_workload():
         "compiled+1gpu",
         "compiled+samedata+1gpu",
         "compiled+accum4+1gpu",
+        "compiled+tokens16384+1gpu",
     ]
 
 
@@ -55,6 +56,7 @@ def test_scaling_compares_each_multi_gpu_run_with_one_gpu_doing_the_same_work_pe
     assert baseline_variant("compiled+ddp+nccl8") == "compiled"
     assert baseline_variant("compiled+zero2+bf16reduce+nccl8+accum4") == "compiled+accum4"
     assert baseline_variant("compiled+ddp+samedata") == "compiled+samedata"
+    assert baseline_variant("compiled+ddp+tokens16384+nccl4") == "compiled+tokens16384"
 
     def run(variant, speed, gpus=2, round_=1):
         single = variant.endswith("+1gpu")
@@ -154,6 +156,7 @@ def test_one_gpu_standing_in_for_two_trains_on_both_ranks_batches_a_step_of_micr
     one = run_ours(workload, "eager+accum2", warmup=1, steps=1)
     assert one["steps"] == 4  # 8 batches, 2 a step
     assert one["tokens_per_step"] == 1024 and one["gpus"] == 1
+    assert run_ours(workload, "eager+tokens256", warmup=1, steps=1)["tokens_per_step"] == 256
     single = run_ours(Workload("tiny", "demo-tiny", None, tokens=512), "eager", warmup=1, steps=1)
     assert one["flops_per_step"] > single["flops_per_step"]
 
@@ -183,6 +186,7 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
         "compiled+ncclX",
         "compiled+accum0",
         "compiled+samedate",
+        "compiled+tokens0",
     ):
         with pytest.raises(TuneforgeError, match="variant"):
             Variant.parse(bad)

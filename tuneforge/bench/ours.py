@@ -68,6 +68,7 @@ def run_ours(
     world = init_distributed(settings.nccl_max_channels)
     seeds = batch_seeds(world.rank, world.world_size, workload.gpus, settings.same_data)
     accum = settings.grad_accum_steps
+    tokens = settings.tokens or workload.tokens
     steps = whole_cycles(steps, len(seeds), accum)
     torch.manual_seed(0)
     model = load_model(
@@ -112,13 +113,13 @@ def run_ours(
     stack_frozen_weights(model)
     train = TrainSection(
         max_steps=warmup + steps,
-        tokens_per_micro_batch=workload.tokens,
+        tokens_per_micro_batch=tokens,
         grad_accum_steps=accum,
         cuda_graph=settings.cuda_graph,
     )
     optimizer = build_optimizer(model, train, world.device)
     batches = [
-        synthetic_batch(model.args.vocab_size, workload.tokens, settings.one_document, seed)
+        synthetic_batch(model.args.vocab_size, tokens, settings.one_document, seed)
         for seed in seeds
     ]
     counter = iter(range(10**9))
@@ -151,7 +152,7 @@ def run_ours(
     return result | {
         "system": "tuneforge",
         "variant": variant,
-        "tokens_per_step": workload.tokens * accum * world.world_size,
+        "tokens_per_step": tokens * accum * world.world_size,
         "flops_per_step": flops * accum * world.world_size,
         "gpus": world.world_size,
         "documents_per_step": documents * accum,

@@ -36,6 +36,7 @@ class Workload:
     4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
     matmuls in fp32), `graph` (the whole step captured as one CUDA graph, `train.cuda_graph`),
     `accumN` (N micro-batches of `tokens` per optimizer step on each GPU, gradients reduced once),
+    `tokensN` (N tokens per micro-batch instead of the workload's),
     `samedata` (every GPU trains on the same batches: a multi-GPU run without the ranks' uneven
     attention work). A multi-GPU workload also runs each variant's per-GPU work on one GPU
     (`baseline_variant`, suffixed `+1gpu`): its scaling efficiency."""
@@ -117,6 +118,7 @@ WORKLOADS = {
                 "compiled+ddp+nccl8",
                 "compiled+ddp+samedata",
                 "compiled+ddp+accum4",
+                "compiled+ddp+tokens16384",
                 "compiled+zero2+bf16reduce+nccl8+accum4",
             ),
         ),
@@ -146,6 +148,7 @@ class Variant:
     cuda_graph: bool = False
     grad_accum_steps: int = 1
     same_data: bool = False
+    tokens: int | None = None
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -171,6 +174,8 @@ class Variant:
                 settings["nccl_max_channels"] = int(option.removeprefix("nccl"))
             elif option.startswith("accum") and _is_count(option.removeprefix("accum")):
                 settings["grad_accum_steps"] = int(option.removeprefix("accum"))
+            elif option.startswith("tokens") and _is_count(option.removeprefix("tokens")):
+                settings["tokens"] = int(option.removeprefix("tokens"))
             elif option.startswith("host") and option.removeprefix("host").isdigit():
                 settings["offload_activations"] = int(option.removeprefix("host"))
             elif option.startswith("keep") and option.removeprefix("keep").isdigit():
@@ -180,12 +185,12 @@ class Variant:
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, "
                     "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph, "
-                    "accum<micro-batches>, samedata)"
+                    "accum<micro-batches>, tokens<per micro-batch>, samedata)"
                 )
         return cls(**settings)
 
 
-PER_GPU_WORK = ("samedata", "accum")
+PER_GPU_WORK = ("samedata", "accum", "tokens")
 """Variant options that change the work of each GPU: kept in the one-GPU run it scales against."""
 
 
