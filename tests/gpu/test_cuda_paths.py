@@ -217,6 +217,27 @@ def test_the_memory_profile_names_the_copy_streams_pools():
     assert cache["by_stream"]["copies to_device"]["reserved_gib"] > 0
 
 
+def test_the_kernel_profile_counts_kernels_not_the_optimizers_annotated_range():
+    """The optimizer's step is a range annotated on the device's timeline around its kernels:
+    counted too, the kernels' time exceeded the step's."""
+    from tuneforge.bench.profile import profile_steps
+
+    layer = torch.nn.Linear(2048, 2048, device=CUDA)
+    optimizer = torch.optim.AdamW(layer.parameters(), fused=True)
+    x = torch.randn(4096, 2048, device=CUDA)
+
+    def step():
+        layer(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()
+    profile = profile_steps(step, steps=3)
+    names = [kernel["kernel"] for kernel in profile["top_kernels"]]
+    assert names and not any(name.startswith("Optimizer.") for name in names)
+    assert 0 < profile["gpu_busy_ms_per_step"] <= profile["wall_ms_per_step"]
+
+
 def test_offloaded_blocks_come_back_into_the_compute_streams_slots():
     """Blocks alternating activations in host memory and checkpointed inputs in host memory,
     three steps: the gradients are the plain run's, the copies back allocate nothing on their

@@ -23,7 +23,7 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
     kernels = [
         (event.key, _device_us(event) / 1e3 / steps, event.count // steps)
         for event in events
-        if _device_us(event) > 0 and event.device_type == torch.autograd.DeviceType.CUDA
+        if _is_kernel(event)
     ]
     kernels.sort(key=lambda kernel: -kernel[1])
     host = [
@@ -36,7 +36,7 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
     named = [
         (event.time_range.start, event.time_range.end, event.name)
         for event in profiler.events()
-        if event.device_type == torch.autograd.DeviceType.CUDA and _device_us(event) > 0
+        if _is_kernel(event)
     ]
     spans = [(start, end, _is_collective(name)) for start, end, name in named]
     return {
@@ -54,6 +54,16 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
             for name, ms, calls in host[:top]
         ],
     }
+
+
+def _is_kernel(event) -> bool:
+    """Device time of a kernel or copy; not a range annotated on the device's timeline (the
+    optimizer's `Optimizer.step#AdamW.step` spans the kernels it launched)."""
+    return (
+        event.device_type == torch.autograd.DeviceType.CUDA
+        and _device_us(event) > 0
+        and not getattr(event, "is_user_annotation", False)
+    )
 
 
 def _is_collective(name: str) -> bool:
