@@ -142,15 +142,39 @@ def test_tuneforge_and_hf_peft_runners_measure_the_same_step_on_a_cpu():
 
 def test_one_gpu_standing_in_for_two_trains_on_both_ranks_batches_a_step_of_micro_batches():
     """The one-GPU baseline of a two-GPU workload cycles through both ranks' batches (the work
-    they share), in whole cycles of micro-batches; with samedata every rank has rank 0's."""
-    from tuneforge.bench.ours import batch_seeds, run_ours, whole_cycles
-    from tuneforge.bench.workloads import Workload
+    they share), in whole cycles of micro-batches; with samedata every rank has rank 0's; with
+    balanced the ranks share the same batches, dealt so that a step waits less for its slower
+    rank."""
+    from tuneforge.bench.ours import batch_seeds, rank_batches, run_ours, whole_cycles
+    from tuneforge.bench.workloads import Variant, Workload
+    from tuneforge.data.rank_balance import attention_cost
+    from tuneforge.train.distributed import Dist
 
     assert batch_seeds(0, 1, 2, same_data=False) == [0, 100, 1, 101, 2, 102, 3, 103]
     assert batch_seeds(1, 2, 2, same_data=False) == [100, 101, 102, 103]
     assert batch_seeds(1, 2, 2, same_data=True) == batch_seeds(0, 1, 1, False) == [0, 1, 2, 3]
     assert whole_cycles(5, batches=8) == 8 and whole_cycles(5, batches=4, micro_batches=4) == 5
     assert whole_cycles(3, batches=8, micro_batches=4) == 4
+
+    balanced, plain = Variant.parse("eager+balanced"), Variant.parse("eager")
+    ranks = [rank_batches(1000, 4096, balanced, Dist(rank, 2), 2) for rank in range(2)]
+    one_gpu = rank_batches(1000, 4096, balanced, Dist(), 2)  # every rank's, as without balance
+
+    def lengths(batches):
+        return sorted(tuple(batch.packed.lengths()) for batch in batches)
+
+    assert lengths(one_gpu) == lengths(rank_batches(1000, 4096, plain, Dist(), 2))
+
+    assert lengths(ranks[0] + ranks[1]) == lengths(one_gpu)
+
+    def waited(ranks):  # each step's costlier batch, summed
+        return sum(
+            max(attention_cost(a.packed.lengths()), attention_cost(b.packed.lengths()))
+            for a, b in zip(*ranks, strict=True)
+        )
+
+    unbalanced = [rank_batches(1000, 4096, plain, Dist(rank, 2), 2) for rank in range(2)]
+    assert waited(ranks) < waited(unbalanced)
 
     workload = Workload("tiny-2gpu", "demo-tiny", None, tokens=512, gpus=2)
     one = run_ours(workload, "eager+accum2", warmup=1, steps=1)

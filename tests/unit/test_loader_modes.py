@@ -122,3 +122,47 @@ def test_inspect_reports_what_packing_none_would_waste(tmp_path, tokenizer):
     real = sum(len(ex.input_ids) for ex in loader_examples)
     computed = sum(loader.batch(i).tokens.numel() for i in range(len(loader.bins)))
     assert report.padding_waste == pytest.approx(1 - real / computed)
+
+
+def slowest(loaders, costs):
+    """The epoch's steps' costliest micro-batch, summed: what the ranks wait for."""
+    per_step = zip(*(loader.epoch_order(0) for loader in loaders), strict=True)
+    return sum(max(costs[i] for i in step) for step in per_step)
+
+
+def test_balanced_ranks_get_similar_attention_work_and_every_bin_once():
+    """Two and four ranks with balance: every bin once per epoch over the ranks; each step's
+    costliest micro-batch costs less summed over the epoch than without balance (sorted
+    neighbours per window are the least such sum); the order is the seed's, so a loader resumed
+    from its state hands out the same batches."""
+    from tuneforge.data.rank_balance import attention_cost
+
+    lengths = [
+        int(x) for x in np.random.default_rng(3).lognormal(np.log(60), 0.9, 600).clip(4, 400)
+    ]
+    examples = examples_of_lengths(lengths)
+    for world_size in (2, 4):
+        plain = [
+            PackedLoader(examples, 400, 7, rank=r, world_size=world_size) for r in range(world_size)
+        ]
+        balanced = [PackedLoader(examples, 400, 7, rank=r, world_size=world_size, balance=True)
+                    for r in range(world_size)]  # fmt: skip
+        costs = [attention_cost([lengths[i] for i in bin_]) for bin_ in plain[0].bins]
+        orders = [loader.epoch_order(0) for loader in balanced]
+        assert sorted(i for order in orders for i in order) == sorted(
+            i for loader in plain for i in loader.epoch_order(0)
+        )
+
+        assert slowest(balanced, costs) < 0.9 * slowest(plain, costs)
+        assert balanced[0].epoch_order(1) != orders[0]  # a new deal every epoch
+
+    loader = PackedLoader(examples, 400, 7, rank=1, world_size=2, balance=True)
+    stream = iter(loader)
+    taken = [next(stream).tokens.tolist() for _ in range(5)]
+    resumed = PackedLoader(examples, 400, 7, rank=1, world_size=2, balance=True)
+    resumed.load_state_dict(loader.state_dict())
+    reference = iter(PackedLoader(examples, 400, 7, rank=1, world_size=2, balance=True))
+    expected = [next(reference).tokens.tolist() for _ in range(8)]
+    assert [*taken, next(iter(resumed)).tokens.tolist()] == expected[:6]
+    with pytest.raises(ValueError, match="balance_ranks"):
+        PackedLoader(examples, 400, 7, rank=1, world_size=2).load_state_dict(loader.state_dict())

@@ -3,6 +3,7 @@ catalog shape with random weights, through the same model, LoRA, checkpointing, 
 parallel wrappers as `tuneforge train`."""
 
 import math
+import random
 
 import torch
 
@@ -10,13 +11,15 @@ from tuneforge.bench.batches import synthetic_batch
 from tuneforge.bench.timing import time_steps
 from tuneforge.bench.workloads import Variant, Workload
 from tuneforge.config.schema import ParallelSection, TrainSection
+from tuneforge.data.packing import PackedBatch
+from tuneforge.data.rank_balance import attention_cost, balanced_deal
 from tuneforge.models.api import load_model
 from tuneforge.models.cost import LoraShape
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.train.block_wrappers import wrap_blocks
 from tuneforge.train.captured_step import CapturedStep, step_function
-from tuneforge.train.distributed import init_distributed, parallelize, strategy_of
+from tuneforge.train.distributed import Dist, init_distributed, parallelize, strategy_of
 from tuneforge.train.host_embedding import embedding_to_host
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
@@ -38,6 +41,23 @@ def batch_seeds(rank: int, world_size: int, workload_gpus: int, same_data: bool)
     else:
         ranks = [rank]
     return [r * 100 + index for index in range(DISTINCT_BATCHES) for r in ranks]
+
+
+def rank_batches(
+    vocab_size: int, tokens: int, settings: Variant, world: Dist, workload_gpus: int
+) -> list[PackedBatch]:
+    """This process's batches (`batch_seeds`); with `balanced` on several GPUs, every rank's
+    batches dealt again as the trainer's `data.balance_ranks` deals them."""
+
+    def batches(seeds: list[int]) -> list[PackedBatch]:
+        return [synthetic_batch(vocab_size, tokens, settings.one_document, s) for s in seeds]
+
+    if not (settings.balanced and world.world_size > 1):
+        return batches(batch_seeds(world.rank, world.world_size, workload_gpus, settings.same_data))
+    pool = batches(batch_seeds(0, 1, world.world_size, same_data=False))
+    costs = [attention_cost(batch.packed.lengths()) for batch in pool]
+    dealt = balanced_deal(range(len(pool)), costs, world.world_size, random.Random(0))
+    return [pool[index] for index in dealt[world.rank :: world.world_size]]
 
 
 def whole_cycles(steps: int, batches: int = DISTINCT_BATCHES, micro_batches: int = 1) -> int:
@@ -66,10 +86,8 @@ def run_ours(
     up to whole cycles of the distinct batches."""
     settings = Variant.parse(variant)
     world = init_distributed(settings.nccl_max_channels)
-    seeds = batch_seeds(world.rank, world.world_size, workload.gpus, settings.same_data)
     accum = settings.grad_accum_steps
     tokens = settings.tokens or workload.tokens
-    steps = whole_cycles(steps, len(seeds), accum)
     torch.manual_seed(0)
     model = load_model(
         workload.shape,
@@ -118,10 +136,8 @@ def run_ours(
         cuda_graph=settings.cuda_graph,
     )
     optimizer = build_optimizer(model, train, world.device)
-    batches = [
-        synthetic_batch(model.args.vocab_size, tokens, settings.one_document, seed)
-        for seed in seeds
-    ]
+    batches = rank_batches(model.args.vocab_size, tokens, settings, world, workload.gpus)
+    steps = whole_cycles(steps, len(batches), accum)
     counter = iter(range(10**9))
     queued: list[StepResult] = []
     queue_step = step_function(objective, model, optimizer, train, world.device)

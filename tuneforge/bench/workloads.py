@@ -38,7 +38,8 @@ class Workload:
     `accumN` (N micro-batches of `tokens` per optimizer step on each GPU, gradients reduced once),
     `tokensN` (N tokens per micro-batch instead of the workload's),
     `samedata` (every GPU trains on the same batches: a multi-GPU run without the ranks' uneven
-    attention work). A multi-GPU workload also runs each variant's per-GPU work on one GPU
+    attention work), `balanced` (the ranks' batches dealt as `data.balance_ranks` deals them).
+    A multi-GPU workload also runs each variant's per-GPU work on one GPU
     (`baseline_variant`, suffixed `+1gpu`): its scaling efficiency."""
 
 
@@ -117,6 +118,7 @@ WORKLOADS = {
                 "compiled+ddp",
                 "compiled+ddp+nccl8",
                 "compiled+ddp+samedata",
+                "compiled+ddp+balanced",
                 "compiled+ddp+accum4",
                 "compiled+ddp+tokens16384",
                 "compiled+zero2+bf16reduce+nccl8+accum4",
@@ -149,6 +151,7 @@ class Variant:
     grad_accum_steps: int = 1
     same_data: bool = False
     tokens: int | None = None
+    balanced: bool = False
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -158,7 +161,8 @@ class Variant:
         settings: dict = {"compiled": mode == "compiled"}
         flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce", "ddp": "ddp",
                  "hostembed": "offload_embedding", "onedoc": "one_document",
-                 "fp32lora": "fp32_lora", "graph": "cuda_graph", "samedata": "same_data"}  # fmt: skip
+                 "fp32lora": "fp32_lora", "graph": "cuda_graph", "samedata": "same_data",
+                 "balanced": "balanced"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
                 settings["checkpointing"] = option
@@ -185,7 +189,7 @@ class Variant:
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, "
                     "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph, "
-                    "accum<micro-batches>, tokens<per micro-batch>, samedata)"
+                    "accum<micro-batches>, tokens<per micro-batch>, samedata, balanced)"
                 )
         return cls(**settings)
 

@@ -96,6 +96,8 @@ class DataSection(Section):
     """Cache tokenised data, keyed by the contents of sources, tokenizer, template and options."""
     packing: Literal["ffd", "bfd", "none"] = "ffd"
     """How documents fill micro-batches: packed first-fit or best-fit decreasing, or `none` (padded to the longest, for comparison)."""
+    balance_ranks: bool = False
+    """With several data-parallel ranks, give each step's ranks micro-batches of similar attention work (the sum of their documents' squared lengths): a step waits for its slowest rank. Within windows of 8 steps micro-batches are sorted by it and dealt in neighbouring groups, the groups' order shuffled. Off: each rank takes every world_size-th micro-batch of the shuffled order."""
     split_long: bool = False
     """Cut documents longer than max_seq_len into max_seq_len pieces (each attends only within itself) instead of applying on_too_long."""
     tokenize_workers: int | None = Field(None, ge=0)

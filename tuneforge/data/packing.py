@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from tuneforge.data.bin_packing import STRATEGIES, padded_groups
+from tuneforge.data.rank_balance import attention_cost, balanced_deal
 from tuneforge.data.token_store import IGNORE_INDEX, Example, TokenStore, make_example
 from tuneforge.models.packed import PackedSequences, to_device
 
@@ -96,7 +97,8 @@ class PackedLoader:
     while the padded batch fits the budget. With several data-parallel ranks each takes every
     `world_size`-th bin of the epoch's order, so ranks never share a bin; the last
     `len(bins) % world_size` bins of an epoch's order are left out of that epoch so that every rank
-    runs the same number of steps. The next `prefetch` micro-batches are built in a background
+    runs the same number of steps. With `balance`, each step's ranks get bins of similar
+    attention work instead (`rank_balance.balanced_deal`). The next `prefetch` micro-batches are built in a background
     thread; the state (epoch, position, seed) counts the micro-batches handed out, so it resumes
     the exact sequence.
     """
@@ -110,6 +112,7 @@ class PackedLoader:
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
+        balance: bool = False,
     ) -> None:
         self.store = TokenStore.from_examples(examples)
         lengths = self.store.lengths
@@ -122,6 +125,13 @@ class PackedLoader:
         self.rank = rank
         self.world_size = world_size
         self.prefetch = prefetch
+        self.balance = balance
+        """As asked (kept in the state); on one rank there is nothing to balance."""
+        self.costs = (
+            [attention_cost([lengths[i] for i in bin_]) for bin_ in self.bins]
+            if balance and world_size > 1
+            else []
+        )
         self.epoch = 0
         self.position = 0
         if len(self.bins) < world_size:
@@ -133,8 +143,12 @@ class PackedLoader:
 
     def epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.bins)))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order[self.rank : len(self) * self.world_size : self.world_size]
+        rng = random.Random(self.seed * 1_000_003 + epoch)
+        rng.shuffle(order)
+        order = order[: len(self) * self.world_size]
+        if self.costs:
+            order = balanced_deal(order, self.costs, self.world_size, rng)
+        return order[self.rank :: self.world_size]
 
     def _schedule(self) -> Iterator[tuple[int, int, int]]:
         """(epoch, position after it, bin) from the current state on."""
@@ -167,12 +181,19 @@ class PackedLoader:
                 yield batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+        state = {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+        return state | ({"balance": 1} if self.balance else {})
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["seed"] != self.seed:
             raise ValueError(
                 f"loader state was saved with seed {state['seed']}, this loader has {self.seed}"
+            )
+        if bool(state.get("balance", 0)) != self.balance:
+            saved = "on" if state.get("balance") else "off"
+            raise ValueError(
+                f"loader state was saved with data.balance_ranks {saved}: the epoch's order "
+                "differs with it; resume with the same setting"
             )
         self.epoch, self.position = state["epoch"], state["position"]
 

@@ -95,7 +95,15 @@ def load_training_data(
         lambda: tokenise((split or training_conversations(data, seed))[0]),
     )
     held_out = split[1] if split is not None else []
-    loader = PackedLoader(examples, tokens_per_micro_batch, seed, data.packing, rank, world_size)
+    loader = PackedLoader(
+        examples,
+        tokens_per_micro_batch,
+        seed,
+        data.packing,
+        rank,
+        world_size,
+        balance=data.balance_ranks,
+    )
     result = TrainingData(loader, stats)
     if data.eval or held_out:
         result.eval_conversations = held_out or [
