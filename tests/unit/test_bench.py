@@ -31,11 +31,11 @@ def test_plan_runs_peers_per_workload():
     runs = plan_runs([WORKLOADS["llama3.2-1b-full-fsdp2-2gpu"]], ["hf+peft"])
     workload = WORKLOADS["llama3.2-1b-full-fsdp2-2gpu"]
     assert [run.variant for run in runs] == [
-        *workload.variants,
         "compiled+1gpu",
         "compiled+samedata+1gpu",
         "compiled+accum4+1gpu",
         "compiled+tokens16384+1gpu",
+        *workload.variants,
     ]
 
 

@@ -53,10 +53,11 @@ def available_peers(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
 def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
     runs = []
     for workload in workloads:
-        runs += [Run(workload.name, "tuneforge", variant) for variant in workload.variants]
-        if workload.gpus > 1:
+        if workload.gpus > 1:  # the one-GPU runs first: a cut-off call keeps what scaling needs
             baselines = dict.fromkeys(baseline_variant(v) for v in workload.variants)
             runs += [Run(workload.name, "tuneforge", f"{b}+1gpu") for b in baselines]
+        runs += [Run(workload.name, "tuneforge", variant) for variant in workload.variants]
+        if workload.gpus > 1:
             continue
         for peer in peers:
             if (
