@@ -100,7 +100,10 @@ def plan_command(
     )
     if hardware.data_parallel > 1:
         console.print(
-            f"collectives: {plan.collective_gb_per_step:.2f} GB sent per GPU and optimizer step"
+            f"parallel.strategy {plan.strategy} ({plan.strategy_reason}); collectives: "
+            f"{plan.collective_gb_per_step:.2f} GB sent per GPU and optimizer step",
+            markup=False,
+            highlight=False,
         )
     for problem in plan.problems:
         console.print(f"[red]• {problem}[/red]")

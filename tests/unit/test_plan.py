@@ -335,3 +335,44 @@ def test_ddp_is_advised_where_every_gpu_holds_the_whole_model():
     ddp = [*small, "parallel.strategy=ddp"]
     plan = plan_run(load_config(DEMO, ddp), Hardware(gpus=2, gpu="H200"))
     assert not any("parallel.strategy: ddp" in line for line in plan.advice)
+
+
+def test_auto_runs_ddp_where_every_gpu_holds_the_whole_model_and_fsdp_elsewhere(monkeypatch):
+    """`parallel.strategy: auto` on several GPUs: DDP for a 1B full fine-tune on two H200s (the
+    plan is then DDP's: no sharding, no DDP advice), FSDP2 for a 70B one on eight, and FSDP2
+    where a ZeRO stage is asked for; the trainer decides the same way from its GPU's memory."""
+    from types import SimpleNamespace
+
+    from tuneforge.plan.strategy import resolve_strategy
+    from tuneforge.train import strategy_choice
+    from tuneforge.train.distributed import Dist
+
+    small = ["model.name=llama-3.2-1b", "model.dtype=bfloat16", "train.tokens_per_micro_batch=4096",
+             "data.max_seq_len=4096"]  # fmt: skip
+    plan = plan_run(load_config(DEMO, small), Hardware(gpus=2, gpu="H200"))
+    assert (plan.strategy, plan.zero_stage) == ("ddp", 0)
+    assert plan.strategy_reason.startswith("every GPU holds the whole model")
+    assert not any("parallel.strategy: ddp" in line for line in plan.advice)
+    assert plan.collective_gb_per_step == pytest.approx(2.47, abs=0.01)
+    large = [*small, "model.name=llama-3-70b", "train.activation_checkpointing=full"]
+    plan = plan_run(load_config(DEMO, large), Hardware(gpus=8, gpu="H200"))
+    assert plan.strategy == "fsdp" and plan.zero_stage == 3
+    assert "would need" in plan.strategy_reason
+    staged = plan_run(load_config(DEMO, [*small, "parallel.zero_stage=2"]), Hardware(gpus=2))
+    assert (staged.strategy, staged.zero_stage) == ("fsdp", 2)
+    assert plan_run(load_config(DEMO, small), Hardware(gpus=1)).strategy == "single"
+
+    parallel = load_config(DEMO, small).parallel
+    assert resolve_strategy(parallel, 2, 16.0, None)[0] == "fsdp"  # memory unknown (CPU)
+    assert resolve_strategy(parallel, 2, 16.0, 18.0)[0] == "fsdp"  # over 85% of the GPU
+    assert resolve_strategy(parallel, 2, 16.0, 80.0)[0] == "ddp"
+
+    config = load_config(DEMO, small)
+    cpu = Dist(rank=0, world_size=2)
+    assert strategy_choice.choose_strategy(config, cpu) == "fsdp"
+    gpu = Dist(rank=0, world_size=2, device=torch.device("cuda", 0))
+    properties = SimpleNamespace(total_memory=141 * GIB)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: properties)
+    assert strategy_choice.choose_strategy(config, gpu) == "ddp"
+    properties.total_memory = 16 * GIB
+    assert strategy_choice.choose_strategy(config, gpu) == "fsdp"

@@ -252,7 +252,7 @@ class EvalSection(Section):
 
 class ParallelSection(Section):
     strategy: Literal["auto", "single", "ddp", "fsdp"] = "auto"
-    """How to spread the run across devices; `auto` is `single` on one process."""
+    """How to spread the run across devices; `auto` is `single` on one process and, on several, `ddp` where every GPU can hold the whole model (its predicted peak within 85% of the GPU; only gradients cross between GPUs), else `fsdp`."""
     zero_stage: Literal[2, 3] | None = None
     """FSDP sharding: 2 keeps parameters gathered after forward (ZeRO-2), 3 reshards them (ZeRO-3)."""
     reshard_after_forward: bool | None = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tuneforge.plan.memory import GIB
+from tuneforge.plan.strategy import REPLICATED_SHARE
 
 COMPILE_BUDGET = 0.8
 """The compiled blocks' memory budget the planner proposes before checkpointing: on Llama-3-8B
@@ -98,7 +99,7 @@ def advise(
     if (
         hardware.data_parallel > 1
         and plan.zero_stage >= 2
-        and options.replicated <= capacity * KEPT_BLOCKS_SHARE
+        and options.replicated <= capacity * REPLICATED_SHARE
     ):
         plan.advice.append(
             f"every GPU can hold the whole model: {options.replicated:.1f} GiB with "

@@ -5,7 +5,7 @@ real lengths, before any GPU is used."""
 import logging
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import read_hf_config
 from tuneforge.plan.advice import COMPILE_BUDGET, KEPT_BLOCKS_SHARE, MemoryOptions, advise
 from tuneforge.plan.memory import GIB, Memory, Setup, predict_memory
+from tuneforge.plan.strategy import resolve_strategy
 from tuneforge.plan.traffic import step_traffic_bytes
 from tuneforge.plan.workload import Workload, epoch_workload, lengths_after_policy
 from tuneforge.train.distributed import reshard_after_forward
@@ -85,6 +86,8 @@ class Plan:
     epoch: Workload | None
     collective_gb_per_step: float = 0.0
     """Bytes (GB) each GPU sends per optimizer step in its data-parallel collectives."""
+    strategy: str = "single"
+    strategy_reason: str = ""
     suggested_max_seq_len: int | None = None
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
@@ -106,6 +109,8 @@ class Plan:
             "eta_h": self.eta_h,
             "jobs_needed": self.jobs_needed,
             "collective_gb_per_step": self.collective_gb_per_step,
+            "strategy": self.strategy,
+            "strategy_reason": self.strategy_reason,
             "problems": self.problems,
             "advice": self.advice,
             "what_if": self.what_if,
@@ -123,12 +128,21 @@ def model_args(config: RunConfig) -> ModelArgs:
     return args.with_layers(section.num_layers)
 
 
-def zero_stage_of(config: RunConfig, hardware: Hardware) -> int:
-    """The stage the run uses: 0 on one GPU or with DDP; FSDP2 is 2 or 3."""
+def fsdp_stage_of(config: RunConfig, hardware: Hardware) -> int:
+    """The stage the run uses unless `auto` picks DDP: 0 on one GPU or with DDP; FSDP2 is 2 or
+    3."""
     strategy = config.parallel.strategy
     if hardware.data_parallel == 1 or strategy in ("single", "ddp"):
         return 0
     return 3 if reshard_after_forward(config.parallel) else 2
+
+
+def replicated_memory_gib(config: RunConfig, hardware: Hardware) -> float:
+    """Per-GPU GiB of the run with the whole model on every GPU (DDP), documents as long as
+    `data.max_seq_len` (what `parallel.strategy: auto` decides on before reading the data)."""
+    args = model_args(config)
+    setup = setup_of(config, args, hardware, float(config.data.max_seq_len))
+    return predict_memory(replace(setup, zero_stage=0)).total / GIB
 
 
 def zero_stage_advice(args: ModelArgs, data_parallel: int) -> tuple[int, str]:
@@ -162,7 +176,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         attention=attention,
         mean_doc_len=mean_doc_len,
         data_parallel=hardware.data_parallel,
-        zero_stage=zero_stage_of(config, hardware),
+        zero_stage=fsdp_stage_of(config, hardware),
         precision="fp32-master" if hardware.master_weights else "pure",
         platform=hardware.platform,
         grad_accum_steps=config.train.grad_accum_steps,
@@ -210,7 +224,6 @@ def _lora_leaves(targets: list[str]) -> list[str]:
 
 def largest_budget(setup: Setup, capacity_gib: float) -> int:
     """The largest micro-batch token budget (a multiple of 256) whose memory fits."""
-    from dataclasses import replace
 
     def fits(tokens: int) -> bool:
         memory = predict_memory(replace(setup, tokens_per_micro_batch=tokens))
@@ -266,10 +279,15 @@ def plan_run(
     else:
         mean_doc_len = float(data.max_seq_len)
     setup = setup_of(config, args, hardware, mean_doc_len)
-    memory = predict_memory(setup)
     capacity = hardware.gpu_memory_gib
+    replicated = predict_memory(replace(setup, zero_stage=0)).total / GIB
+    strategy, strategy_reason = resolve_strategy(
+        config.parallel, hardware.data_parallel, replicated, capacity
+    )
+    if strategy == "ddp":
+        setup = replace(setup, zero_stage=0)
+    memory = predict_memory(setup)
     stage, stage_advice = zero_stage_advice(args, hardware.data_parallel)
-    from dataclasses import replace
 
     options = MemoryOptions(
         without_checkpointing=predict_memory(replace(setup, checkpointing="none")).total / GIB,
@@ -284,7 +302,7 @@ def plan_run(
         ).total
         / GIB,
         kept_blocks=_most_kept_blocks(setup, capacity * KEPT_BLOCKS_SHARE),
-        replicated=predict_memory(replace(setup, zero_stage=0)).total / GIB,
+        replicated=replicated,
         replicated_traffic_gb=step_traffic_bytes(replace(setup, zero_stage=0), 0) / 1e9,
     )
     reduce_bytes = 4 if config.parallel.reduce_dtype == "float32" else setup.param_bytes
@@ -327,6 +345,8 @@ def plan_run(
         jobs_needed=None,
         epoch=epoch,
         collective_gb_per_step=step_traffic_bytes(setup, reduce_bytes) / 1e9,
+        strategy=strategy,
+        strategy_reason=strategy_reason,
     )
     if raw_lengths:
         p99 = float(np.percentile(raw_lengths, 99))
@@ -353,8 +373,6 @@ def plan_run(
 def _most_kept_blocks(setup: Setup, within_gib: float) -> tuple[int, float]:
     """The most recomputed blocks that could keep their activations with the total within
     `within_gib`, and that total; (the configured count, its total) where none more can."""
-    from dataclasses import replace
-
     kept = setup.keep_activations
     total = predict_memory(setup).total / GIB
     while _checkpointed(replace(setup, keep_activations=kept)):

@@ -33,7 +33,6 @@ from tuneforge.train.distributed import (
     barrier,
     init_distributed,
     parallelize,
-    strategy_of,
     unwrap,
 )
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
@@ -55,6 +54,7 @@ from tuneforge.train.run_dir import (
 )
 from tuneforge.train.step import HostValues, StepResult
 from tuneforge.train.stopping import STOP_REASONS, agree_on_stop, local_stop_code
+from tuneforge.train.strategy_choice import choose_strategy
 from tuneforge.train.time_budget import StopSignals, find_deadline
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class Trainer:
         self._refuse_unsupported()
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
-        self.strategy = strategy_of(config.parallel, self.world)
+        self.strategy = choose_strategy(config, self.world)
         checkpoint = self._prepare_run_dir()
         seed = config.train.seed
         torch.manual_seed(seed)
