@@ -60,6 +60,8 @@ def barrier() -> None:
 
 
 def strategy_of(parallel: ParallelSection, world: Dist) -> str:
+    """The configured strategy, `single` for `auto` on one process and `fsdp` for it on several
+    (the trainer's `choose_strategy` picks DDP there where the whole model fits each GPU)."""
     if parallel.strategy == "auto":
         return "fsdp" if world.world_size > 1 else "single"
     if parallel.strategy == "single" and world.world_size > 1:
