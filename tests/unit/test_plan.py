@@ -376,3 +376,50 @@ def test_auto_runs_ddp_where_every_gpu_holds_the_whole_model_and_fsdp_elsewhere(
     assert strategy_choice.choose_strategy(config, gpu) == "ddp"
     properties.total_memory = 16 * GIB
     assert strategy_choice.choose_strategy(config, gpu) == "fsdp"
+
+
+def test_a_step_waits_for_its_slowest_rank_as_the_loader_deals_the_epoch():
+    """Long-tailed documents on eight ranks: the planner's wait factor equals the one counted
+    from the loaders' own epoch orders; balancing lowers it; the step time grows by it, and the
+    planner proposes data.balance_ranks."""
+    from tuneforge.data.packing import PackedLoader
+    from tuneforge.data.token_store import make_example
+    from tuneforge.models.catalog import catalog_shape
+    from tuneforge.plan.rank_wait import slowest_rank_factor
+    from tuneforge.plan.workload import epoch_workload
+
+    rng = np.random.default_rng(5)
+    lengths = [int(x) for x in rng.lognormal(np.log(900), 1.0, 3000).clip(16, 8192)]
+    args = catalog_shape("llama-3.2-1b")
+    epoch = epoch_workload(args, lengths, 8192, "ffd", None)
+    examples = [make_example(list(range(n)), [True] * n) for n in lengths]
+    factors = {}
+    for balance in (False, True):
+        loaders = [PackedLoader(examples, 8192, 3, "ffd", r, 8, balance=balance) for r in range(8)]
+        orders = [loader.epoch_order(0) for loader in loaders]
+        steps = len(orders[0]) // 2  # two micro-batches a step
+        work = [
+            [sum(epoch.micro_batch_flops[i] for i in order[2 * s : 2 * s + 2]) for order in orders]
+            for s in range(steps)
+        ]
+        counted = sum(max(w) for w in work) / sum(sum(w) / 8 for w in work)
+        factor = slowest_rank_factor(
+            epoch.micro_batch_flops, epoch.micro_batch_attention, 8, 2, 3, balance
+        )
+        assert factor == pytest.approx(counted, rel=1e-12)
+        factors[balance] = factor
+    assert factors[False] > factors[True] > 1.0
+    assert (
+        slowest_rank_factor(epoch.micro_batch_flops, epoch.micro_batch_attention, 1, 2, 3, False)
+        == 1.0
+    )
+
+    config = load_config(DEMO, ["model.name=llama-3.2-1b", "model.dtype=bfloat16",
+                                "data.max_seq_len=8192", "train.tokens_per_micro_batch=8192",
+                                "train.grad_accum_steps=2", "train.seed=3"])  # fmt: skip
+    one = plan_run(config, Hardware(gpus=1, gpu="H200"), lengths)
+    eight = plan_run(config, Hardware(gpus=8, gpu="H200"), lengths)
+    assert one.slowest_rank_factor == 1.0
+    assert eight.step_time_s == pytest.approx(one.step_time_s * eight.slowest_rank_factor)
+    assert eight.balanced_slowest_rank_factor < eight.slowest_rank_factor
+    assert any("data.balance_ranks: true" in line for line in eight.advice)

@@ -90,6 +90,19 @@ def collate_from(store: TokenStore, indexes: list[int], padded: bool = False) ->
     )
 
 
+def epoch_deal(
+    num_bins: int, seed: int, epoch: int, world_size: int, costs: Sequence[int] = ()
+) -> list[int]:
+    """An epoch's micro-batches in the order they are dealt: rank r takes every `world_size`-th
+    from r. The seeded shuffle's last `num_bins % world_size` are left out; with `costs` (each
+    micro-batch's attention work) the rest are dealt by `rank_balance.balanced_deal`."""
+    order = list(range(num_bins))
+    rng = random.Random(seed * 1_000_003 + epoch)
+    rng.shuffle(order)
+    order = order[: num_bins // world_size * world_size]
+    return balanced_deal(order, costs, world_size, rng) if costs else order
+
+
 class PackedLoader:
     """Endless micro-batches: the bins, reshuffled every epoch with a seeded generator.
 
@@ -142,13 +155,8 @@ class PackedLoader:
         return len(self.bins) // self.world_size
 
     def epoch_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.bins)))
-        rng = random.Random(self.seed * 1_000_003 + epoch)
-        rng.shuffle(order)
-        order = order[: len(self) * self.world_size]
-        if self.costs:
-            order = balanced_deal(order, self.costs, self.world_size, rng)
-        return order[self.rank :: self.world_size]
+        dealt = epoch_deal(len(self.bins), self.seed, epoch, self.world_size, self.costs)
+        return dealt[self.rank :: self.world_size]
 
     def _schedule(self) -> Iterator[tuple[int, int, int]]:
         """(epoch, position after it, bin) from the current state on."""

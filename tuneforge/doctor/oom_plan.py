@@ -6,8 +6,8 @@ the error message."""
 from pathlib import Path
 
 from tuneforge.config import load_config
-from tuneforge.plan.advice import COMPILE_BUDGET
 from tuneforge.plan.memory import GIB
+from tuneforge.plan.memory_options import COMPILE_BUDGET
 from tuneforge.plan.planner import Hardware, plan_run
 
 REMEDIES = {

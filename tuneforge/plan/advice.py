@@ -4,45 +4,18 @@ micro-batch, sequence length), and the recomputation memory left over could spar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tuneforge.plan.memory import GIB
+from tuneforge.plan.memory_options import COMPILE_BUDGET, MemoryOptions
 from tuneforge.plan.strategy import REPLICATED_SHARE
 
-COMPILE_BUDGET = 0.8
-"""The compiled blocks' memory budget the planner proposes before checkpointing: on Llama-3-8B
-LoRA at 4,096 tokens it kept 28.2 instead of 33.7 GiB for ~1% of speed (bench/RESULTS.md)."""
-
-KEPT_BLOCKS_SHARE = 0.9
-"""Blocks that keep their activations are proposed up to this share of the GPU: near its limit
-the allocator's retries cost more than the recomputation saves (bench/RESULTS.md)."""
+RANK_WAIT_WORTH_BALANCING = 1.02
+"""Balancing the ranks' work is proposed where it would shorten the steps by more than this."""
 
 if TYPE_CHECKING:
     from tuneforge.config import RunConfig
     from tuneforge.plan.planner import Hardware, Plan
-
-
-@dataclass(frozen=True)
-class MemoryOptions:
-    """Total GiB per GPU of the planned run with one memory setting changed."""
-
-    without_checkpointing: float
-    full_checkpointing: float
-    offloaded_checkpoints: float
-    """Full checkpointing with the blocks' inputs in host memory."""
-    embedding_on_host: float
-    """The frozen, untied input embedding in host memory (equal to the plan where it cannot be)."""
-    kept_blocks: tuple[int, float]
-    """The most checkpointed blocks that could keep their activations within
-    `KEPT_BLOCKS_SHARE` of the GPU (`train.keep_activations`), and the total then."""
-    compile_budget: float
-    """`train.compile_memory_budget` at `COMPILE_BUDGET` (equal to the plan where the blocks are
-    not compiled, are checkpointed, or keep less already)."""
-    replicated: float
-    """The whole model on every GPU (DDP, ZeRO stage 0)."""
-    replicated_traffic_gb: float
-    """What DDP's all-reduce sends per GPU and optimizer step (GB)."""
 
 
 def advise(
@@ -110,6 +83,16 @@ def advise(
         )
     elif hardware.data_parallel > 1 and plan.zero_stage not in (0, stage):
         plan.advice.append(f"the report's choice here is {plan.zero_stage_advice}")
+    if (
+        not config.data.balance_ranks
+        and plan.slowest_rank_factor > RANK_WAIT_WORTH_BALANCING * plan.balanced_slowest_rank_factor
+    ):
+        plan.advice.append(
+            f"each step waits for its slowest rank: {plan.slowest_rank_factor - 1:.0%} over the "
+            "mean rank's work (a long document's attention grows with its length squared); "
+            "data.balance_ranks: true deals the ranks similar work: "
+            f"{plan.balanced_slowest_rank_factor - 1:.0%}"
+        )
     if plan.largest_micro_batch_tokens < train.tokens_per_micro_batch:
         plan.advice.append(
             f"the largest micro-batch that fits is about {plan.largest_micro_batch_tokens} tokens "

@@ -17,8 +17,10 @@ from tuneforge.models.catalog import CATALOG, catalog_shape
 from tuneforge.models.cost import LoraShape
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import read_hf_config
-from tuneforge.plan.advice import COMPILE_BUDGET, KEPT_BLOCKS_SHARE, MemoryOptions, advise
+from tuneforge.plan.advice import advise
 from tuneforge.plan.memory import GIB, Memory, Setup, predict_memory
+from tuneforge.plan.memory_options import memory_options, recomputed
+from tuneforge.plan.rank_wait import slowest_rank_factor
 from tuneforge.plan.strategy import resolve_strategy
 from tuneforge.plan.traffic import step_traffic_bytes
 from tuneforge.plan.workload import Workload, epoch_workload, lengths_after_policy
@@ -88,6 +90,10 @@ class Plan:
     """Bytes (GB) each GPU sends per optimizer step in its data-parallel collectives."""
     strategy: str = "single"
     strategy_reason: str = ""
+    slowest_rank_factor: float = 1.0
+    """A step's time over its mean rank's work (`rank_wait`; 1.0 without the data's lengths)."""
+    balanced_slowest_rank_factor: float = 1.0
+    """The same with `data.balance_ranks`."""
     suggested_max_seq_len: int | None = None
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
@@ -111,6 +117,8 @@ class Plan:
             "collective_gb_per_step": self.collective_gb_per_step,
             "strategy": self.strategy,
             "strategy_reason": self.strategy_reason,
+            "slowest_rank_factor": self.slowest_rank_factor,
+            "balanced_slowest_rank_factor": self.balanced_slowest_rank_factor,
             "problems": self.problems,
             "advice": self.advice,
             "what_if": self.what_if,
@@ -289,22 +297,7 @@ def plan_run(
     memory = predict_memory(setup)
     stage, stage_advice = zero_stage_advice(args, hardware.data_parallel)
 
-    options = MemoryOptions(
-        without_checkpointing=predict_memory(replace(setup, checkpointing="none")).total / GIB,
-        full_checkpointing=predict_memory(replace(setup, checkpointing="full")).total / GIB,
-        offloaded_checkpoints=predict_memory(
-            replace(setup, checkpointing="full", offload_checkpoints=True)
-        ).total
-        / GIB,
-        embedding_on_host=predict_memory(replace(setup, offload_embedding=True)).total / GIB,
-        compile_budget=predict_memory(
-            replace(setup, compile_memory_budget=min(setup.compile_memory_budget, COMPILE_BUDGET))
-        ).total
-        / GIB,
-        kept_blocks=_most_kept_blocks(setup, capacity * KEPT_BLOCKS_SHARE),
-        replicated=replicated,
-        replicated_traffic_gb=step_traffic_bytes(replace(setup, zero_stage=0), 0) / 1e9,
-    )
+    options = memory_options(setup, capacity, replicated)
     reduce_bytes = 4 if config.parallel.reduce_dtype == "float32" else setup.param_bytes
     needs_checkpointing = options.without_checkpointing > capacity >= options.full_checkpointing
     peak = PEAK_TFLOPS.get(hardware.gpu, PEAK_TFLOPS["H100"]) * 1e12
@@ -318,11 +311,25 @@ def plan_run(
         )
         micro_batches_per_epoch = None
     if setup.checkpointing != "none":  # recomputation: another forward of the checkpointed blocks
-        share = len([i for i in range(args.num_layers) if i in _checkpointed(setup)]) / max(
+        share = len([i for i in range(args.num_layers) if i in recomputed(setup)]) / max(
             args.num_layers, 1
         )
         flops_per_micro_batch *= 1 + share / 3
     step_time = flops_per_micro_batch * train.grad_accum_steps / (peak * mfu)
+    waits = (1.0, 1.0)  # the step over its mean rank's work: as configured, and balanced
+    if epoch is not None and hardware.data_parallel > 1:
+        waits = tuple(
+            slowest_rank_factor(
+                epoch.micro_batch_flops,
+                epoch.micro_batch_attention,
+                hardware.data_parallel,
+                train.grad_accum_steps,
+                train.seed,
+                balance,
+            )
+            for balance in (data.balance_ranks, True)
+        )
+        step_time *= waits[0]
     if train.max_steps is not None:
         steps = train.max_steps
     elif micro_batches_per_epoch is not None:
@@ -347,6 +354,8 @@ def plan_run(
         collective_gb_per_step=step_traffic_bytes(setup, reduce_bytes) / 1e9,
         strategy=strategy,
         strategy_reason=strategy_reason,
+        slowest_rank_factor=waits[0],
+        balanced_slowest_rank_factor=waits[1],
     )
     if raw_lengths:
         p99 = float(np.percentile(raw_lengths, 99))
@@ -368,32 +377,6 @@ def plan_run(
             )
     advise(plan, config, hardware, stage, options)
     return plan
-
-
-def _most_kept_blocks(setup: Setup, within_gib: float) -> tuple[int, float]:
-    """The most recomputed blocks that could keep their activations with the total within
-    `within_gib`, and that total; (the configured count, its total) where none more can."""
-    kept = setup.keep_activations
-    total = predict_memory(setup).total / GIB
-    while _checkpointed(replace(setup, keep_activations=kept)):
-        more = predict_memory(replace(setup, keep_activations=kept + 1)).total / GIB
-        if more > within_gib:
-            break
-        kept, total = kept + 1, more
-    return kept, total
-
-
-def _checkpointed(setup: Setup) -> set[int]:
-    """The recomputed blocks: those with offloaded or kept activations run once."""
-    from tuneforge.train.block_wrappers import recomputed_blocks
-
-    return recomputed_blocks(
-        setup.args.num_layers,
-        setup.checkpointing,
-        setup.checkpoint_every,
-        setup.offload_activations,
-        setup.keep_activations,
-    )
 
 
 def plan_config(

@@ -4,9 +4,10 @@ micro-batches (packed, or padded to the longest), the tokens computed and their 
 Without packing a micro-batch costs its longest document times its size, which is why halving
 max_seq_len does not halve the time: the LUMI-G report measured 1.2x instead of 4x."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuneforge.data.bin_packing import STRATEGIES, padded_groups
+from tuneforge.data.rank_balance import attention_cost
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
     LoraShape,
@@ -25,6 +26,10 @@ class Workload:
     flops: float
     """Training FLOPs of the epoch (forward and backward)."""
     mean_doc_len: float
+    micro_batch_flops: list[float] = field(default_factory=list)
+    """Each micro-batch's training FLOPs, in packing order."""
+    micro_batch_attention: list[int] = field(default_factory=list)
+    """Each micro-batch's attention work as the loader deals by it (`rank_balance`)."""
 
 
 def lengths_after_policy(
@@ -51,17 +56,28 @@ def epoch_workload(
     own length (a padded row attends over its padded width)."""
     if packing == "none":
         groups = padded_groups(lengths, budget, 0)
-        rows = [(max(lengths[i] for i in group), len(group)) for group in groups]
+        rows = [[(max(lengths[i] for i in group), len(group))] for group in groups]
     else:
         groups = STRATEGIES[packing](lengths, budget)
-        rows = [(length, 1) for length in lengths]
+        rows = [[(lengths[i], 1) for i in group] for group in groups]
     matmul = forward_matmul_flops_per_token(args)
     adapters = 2 * lora_params(args, lora, active=True) if lora is not None else 0.0
     per_token = (2 * matmul + 3 * adapters) if lora is not None else 3 * matmul
-    computed = sum(width * count for width, count in rows)
-    flops = sum(
-        width * count * (per_token + 3 * attention_flops_per_token(args, width))
-        for width, count in rows
-    )
+    computed = sum(width * count for group in rows for width, count in group)
+    group_flops = [
+        sum(
+            width * count * (per_token + 3 * attention_flops_per_token(args, width))
+            for width, count in group
+        )
+        for group in rows
+    ]
     real = sum(lengths)
-    return Workload(len(groups), real, computed, flops, real / max(len(lengths), 1))
+    return Workload(
+        len(groups),
+        real,
+        computed,
+        sum(group_flops),
+        real / max(len(lengths), 1),
+        group_flops,
+        [attention_cost([lengths[i] for i in group]) for group in groups],
+    )
