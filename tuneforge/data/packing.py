@@ -111,9 +111,9 @@ class PackedLoader:
     `world_size`-th bin of the epoch's order, so ranks never share a bin; the last
     `len(bins) % world_size` bins of an epoch's order are left out of that epoch so that every rank
     runs the same number of steps. With `balance`, each step's ranks get bins of similar
-    attention work instead (`rank_balance.balanced_deal`). The next `prefetch` micro-batches are built in a background
-    thread; the state (epoch, position, seed) counts the micro-batches handed out, so it resumes
-    the exact sequence.
+    attention work instead (`rank_balance.balanced_deal`). The next `prefetch` micro-batches are
+    built in a background thread; the state (epoch, position, seed) counts the micro-batches
+    handed out, so it resumes the exact sequence.
     """
 
     def __init__(

@@ -282,6 +282,7 @@ def plan_run(
             train.tokens_per_micro_batch,
             data.packing,
             lora_shape_of(config),
+            train.seed,
         )
         mean_doc_len = epoch.mean_doc_len
     else:

@@ -50,12 +50,17 @@ def lengths_after_policy(
 
 
 def epoch_workload(
-    args: ModelArgs, lengths: list[int], budget: int, packing: str, lora: LoraShape | None
+    args: ModelArgs,
+    lengths: list[int],
+    budget: int,
+    packing: str,
+    lora: LoraShape | None,
+    seed: int = 0,
 ) -> Workload:
     """FLOPs of one epoch: every row costs its matmuls per token and causal attention over its
     own length (a padded row attends over its padded width)."""
     if packing == "none":
-        groups = padded_groups(lengths, budget, 0)
+        groups = padded_groups(lengths, budget, seed)  # as the loader groups them
         rows = [[(max(lengths[i] for i in group), len(group))] for group in groups]
     else:
         groups = STRATEGIES[packing](lengths, budget)
