@@ -201,13 +201,15 @@ def _print_line(result: dict) -> None:
         console.print(f"  kernels {busy:.1f} ms per step{share}; top kernels:")
         for kernel in profile["top_kernels"][:8]:
             console.print(f"    {kernel['ms_per_step']:8.2f} ms  {kernel['kernel'][:90]}")
-        spans = profile.get("timeline")
-        if spans:
-            console.print(
-                f"  timeline per step: compute {spans['compute']:.1f} ms, collectives "
-                f"{spans['collectives']:.1f} ms ({spans['exposed_collectives']:.1f} ms with no "
-                f"compute beside them), idle {spans['idle']:.1f} ms"
-            )
+        by_rank = profile.get("timeline_by_rank") or [profile.get("timeline")]
+        for rank, spans in enumerate(by_rank):
+            if spans:
+                who = f"rank {rank} " if len(by_rank) > 1 else ""
+                console.print(
+                    f"  {who}timeline per step: compute {spans['compute']:.1f} ms, collectives "
+                    f"{spans['collectives']:.1f} ms ({spans['exposed_collectives']:.1f} ms with no "
+                    f"compute beside them), idle {spans['idle']:.1f} ms"
+                )
         gaps = profile.get("idle_gaps")
         if gaps:
             bins = ", ".join(f"{key} {ms:.1f} ms" for key, ms in gaps["ms_per_step"].items())

@@ -255,6 +255,15 @@ def test_a_profiled_result_is_printed_against_the_unprofiled_step(monkeypatch):
     assert "kernels 25.0 ms per step (83%)" in text
     assert "nvjet_gemm" in text and "tuneforge::matmul_add_low_rank" in text
 
+    # several ranks: each one's timeline (one waiting for the other shows exposed collectives)
+    spans = {"compute": 70.0, "collectives": 9.0, "exposed_collectives": 1.0, "idle": 2.0}
+    waiting = spans | {"exposed_collectives": 6.5}
+    ranks = profile | {"timeline": spans, "timeline_by_rank": [spans, waiting]}
+    cli_bench._print_line(result | {"peak_reserved_gib": 9.5, "profile": ranks})
+    text = console.export_text()
+    assert "rank 0 timeline per step: compute 70.0 ms, collectives 9.0 ms (1.0 ms" in text
+    assert "rank 1 timeline per step: compute 70.0 ms, collectives 9.0 ms (6.5 ms" in text
+
 
 def test_allocator_retries_are_counted_over_the_timed_steps_and_printed(monkeypatch):
     """The allocator's counters are read before and after the timed steps: a retry during

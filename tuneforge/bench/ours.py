@@ -157,6 +157,10 @@ def run_ours(
         from tuneforge.bench.profile import peak_breakdown, profile_steps
 
         result["profile"] = profile_steps(step) | {"memory": peak_breakdown(step)}
+        if world.world_size > 1:  # a rank that waits for the others shows it in its timeline
+            timelines: list = [None] * world.world_size
+            torch.distributed.all_gather_object(timelines, result["profile"]["timeline"])
+            result["profile"]["timeline_by_rank"] = timelines
     flops = sum(
         sum(
             length * model.args.training_flops_per_token(length, lora_shape(workload))
