@@ -90,8 +90,9 @@ def plan_command(
         table.add_row(key, f"{value:.1f}")
     console.print(table)
     verdict = "fits" if plan.fits else "does NOT fit"
+    sharding = f"; {plan.zero_stage_advice}" if plan.strategy == "fsdp" else ""
     console.print(
-        f"{verdict}: {plan.gpu_memory_gib - plan.memory.total / 2**30:+.1f} GiB headroom; {plan.zero_stage_advice}"
+        f"{verdict}: {plan.gpu_memory_gib - plan.memory.total / 2**30:+.1f} GiB headroom{sharding}"
     )
     console.print(
         f"step {plan.step_time_s:.2f} s (MFU {hardware.mfu or 0.4:.0%}{' measured' if mfu else ' assumed'}), "
