@@ -20,7 +20,7 @@ from tuneforge.models.hf.checkpoint import read_hf_config
 from tuneforge.plan.advice import advise
 from tuneforge.plan.memory import GIB, Memory, Setup, predict_memory
 from tuneforge.plan.memory_options import memory_options, recomputed
-from tuneforge.plan.rank_wait import slowest_rank_factor
+from tuneforge.plan.rank_wait import rank_waits
 from tuneforge.plan.strategy import resolve_strategy
 from tuneforge.plan.traffic import step_traffic_bytes
 from tuneforge.plan.workload import Workload, epoch_workload, lengths_after_policy
@@ -317,20 +317,8 @@ def plan_run(
         )
         flops_per_micro_batch *= 1 + share / 3
     step_time = flops_per_micro_batch * train.grad_accum_steps / (peak * mfu)
-    waits = (1.0, 1.0)  # the step over its mean rank's work: as configured, and balanced
-    if epoch is not None and hardware.data_parallel > 1:
-        waits = tuple(
-            slowest_rank_factor(
-                epoch.micro_batch_flops,
-                epoch.micro_batch_attention,
-                hardware.data_parallel,
-                train.grad_accum_steps,
-                train.seed,
-                balance,
-            )
-            for balance in (data.balance_ranks, True)
-        )
-        step_time *= waits[0]
+    waits = rank_waits(epoch, config, hardware.data_parallel) if epoch else (1.0, 1.0)
+    step_time *= waits[0]
     if train.max_steps is not None:
         steps = train.max_steps
     elif micro_batches_per_epoch is not None:

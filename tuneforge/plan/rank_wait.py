@@ -5,7 +5,25 @@ or balanced (`data.balance_ranks`), and each step's largest rank work is compare
 
 from collections.abc import Sequence
 
+from tuneforge.config import RunConfig
 from tuneforge.data.packing import epoch_deal
+from tuneforge.plan.workload import Workload
+
+
+def rank_waits(epoch: Workload, config: RunConfig, data_parallel: int) -> tuple[float, float]:
+    """The step's time over its mean rank's work for the epoch's micro-batches dealt as
+    configured, and dealt with `data.balance_ranks`."""
+    return tuple(
+        slowest_rank_factor(
+            epoch.micro_batch_flops,
+            epoch.micro_batch_attention,
+            data_parallel,
+            config.train.grad_accum_steps,
+            config.train.seed,
+            balance,
+        )
+        for balance in (config.data.balance_ranks, True)
+    )
 
 
 def slowest_rank_factor(
