@@ -159,6 +159,20 @@ def test_plan_command_prints_json():
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["fits"] and data["gpu_memory_gib"] == 141.0 and data["suggested_max_seq_len"]
+    assert data["strategy"] == "single" and data["collective_gb_per_step"] == 0.0
+
+
+def test_plan_command_names_the_strategy_and_its_traffic_on_several_gpus():
+    result = subprocess.run(
+        [sys.executable, "-m", "tuneforge", "plan", DEMO, "--gpus", "4", "--gpu", "H200"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "parallel.strategy ddp (every GPU holds the whole model:" in text
+    assert "GB sent per GPU and optimizer step" in text
 
 
 def test_offloaded_checkpoints_leave_the_block_inputs_off_the_gpu():
