@@ -47,6 +47,17 @@ def test_runs_needing_more_gpus_than_there_are_are_left_out_with_a_note():
     assert run_gpus(Run("llama3-8b-lora", "hf+peft")) == 1
 
 
+def test_ddp_runs_where_there_are_several_gpus_or_a_process_group():
+    from tuneforge.bench.ours import strategy_for
+    from tuneforge.bench.workloads import Variant
+    from tuneforge.train.distributed import Dist
+
+    ddp, plain = Variant.parse("compiled+ddp"), Variant.parse("compiled")
+    assert strategy_for(ddp, Dist(world_size=2)) == "ddp"
+    assert strategy_for(plain, Dist(world_size=2)) == "fsdp"
+    assert strategy_for(ddp, Dist()) == strategy_for(plain, Dist()) == "single"  # no group here
+
+
 def test_scaling_compares_each_multi_gpu_run_with_one_gpu_doing_the_same_work_per_gpu():
     """The baseline keeps the options that change a GPU's work (micro-batches per step, which
     batches) and drops how the GPUs share it; a round's run is compared within its round."""

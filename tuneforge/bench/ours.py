@@ -66,6 +66,16 @@ def whole_cycles(steps: int, batches: int = DISTINCT_BATCHES, micro_batches: int
     return -(-steps // cycle) * cycle
 
 
+def strategy_for(settings: Variant, world: Dist) -> str:
+    """DDP or FSDP2 on several GPUs; DDP on one too where a process group exists
+    (`bench/ddp_probe.py`: DDP's own cost without a second GPU)."""
+    if settings.ddp and torch.distributed.is_initialized():
+        return "ddp"
+    if world.world_size == 1:
+        return "single"
+    return "ddp" if settings.ddp else "fsdp"
+
+
 def lora_shape(workload: Workload) -> LoraShape | None:
     if workload.targets is None:
         return None
@@ -117,7 +127,7 @@ def run_ours(
         keep_activations=settings.keep_activations,
     )
     parallel = ParallelSection(
-        strategy=("ddp" if settings.ddp else "fsdp") if world.world_size > 1 else "single",
+        strategy=strategy_for(settings, world),
         zero_stage=2 if settings.zero2 else None,
         reduce_dtype="model" if settings.bf16_reduce else "float32",
     )
