@@ -182,6 +182,12 @@ def _print_line(result: dict) -> None:
             f"peak {result['peak_alloc_gib']:.2f} GiB allocated, "
             f"{result['peak_reserved_gib']:.2f} reserved, MFU {result['mfu']:.0%}{held}"
         )
+        stall = slowest_step(result)
+        if stall:
+            console.print(
+                f"  [yellow]one step took {stall[0]:.1f} ms, {stall[1]:.1f}x the median[/yellow] "
+                "(a stall: the mean counts it)"
+            )
         retries = result.get("allocator_per_step", {}).get("num_alloc_retries", 0)
         if retries:
             console.print(
@@ -259,6 +265,19 @@ def scaling_table(results: list[dict]) -> Table:
             "" if efficiency is None else f"{efficiency:.1%}",
         )
     return table
+
+
+STALL_FACTOR = 2.0
+
+
+def slowest_step(result: dict) -> tuple[float, float] | None:
+    """(ms, times the median) of the slowest timed step, where it took over `STALL_FACTOR` times
+    the median."""
+    steps, median = result.get("ms_per_step_all"), result.get("ms_per_step_median")
+    if not steps or not median:
+        return None
+    slowest = max(steps)
+    return (slowest, slowest / median) if slowest > STALL_FACTOR * median else None
 
 
 def rounds_table(results: list[dict]) -> Table:

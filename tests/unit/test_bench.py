@@ -302,6 +302,22 @@ def test_allocator_retries_are_counted_over_the_timed_steps_and_printed(monkeypa
     assert "1 allocator retries per step" in console.export_text()
 
 
+def test_a_stalled_step_is_named(monkeypatch):
+    """One of twelve steps at four times the others: printed, since the mean counts it."""
+    from rich.console import Console
+
+    from tuneforge import cli_bench
+
+    console = Console(record=True, width=120)
+    monkeypatch.setattr(cli_bench, "console", console)
+    line = {"tokens_per_s": 1.0, "ms_per_step": 1.0, "peak_alloc_gib": 1.0, "mfu": 0.1,
+            "peak_reserved_gib": 1.0, "ms_per_step_median": 100.0}  # fmt: skip
+    cli_bench._print_line(line | {"ms_per_step_all": [100.0] * 11 + [403.2]})
+    assert "one step took 403.2 ms, 4.0x the median" in console.export_text()
+    cli_bench._print_line(line | {"ms_per_step_all": [100.0] * 11 + [180.0]})
+    assert "180.0 ms" not in console.export_text()
+
+
 def test_the_step_time_is_the_mean_so_that_tokens_per_second_is_tokens_over_their_time():
     """Steps of different costs (packed batches): the mean, not the median, gives the time the
     tokens took; the median is kept beside it."""
