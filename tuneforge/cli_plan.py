@@ -106,6 +106,14 @@ def plan_command(
             markup=False,
             highlight=False,
         )
+    if plan.slowest_rank_factor > 1.0:
+        console.print(
+            f"each step waits for its slowest rank: +{plan.slowest_rank_factor - 1:.1%} over the "
+            f"mean rank's work as configured, +{plan.balanced_slowest_rank_factor - 1:.1%} with "
+            "data.balance_ranks (counted in the step time)",
+            markup=False,
+            highlight=False,
+        )
     for problem in plan.problems:
         console.print(f"[red]• {problem}[/red]")
     for line in plan.advice:
