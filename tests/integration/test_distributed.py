@@ -77,6 +77,10 @@ def test_two_lora_ranks_resume_exactly(tmp_path):
     process.send_signal(signal.SIGKILL)
     process.wait()
     subprocess.run(["pkill", "-9", "-f", str(run)], check=False)
+    unbalanced = launch(run, 2, *lora, "data.balance_ranks=false", resume=True)
+    _, err = unbalanced.communicate(timeout=600)
+    assert unbalanced.returncode != 0 and "ValueError" not in err  # torchrun adds its own trace
+    assert "error: resuming" in err and "saved with data.balance_ranks on" in err, err[-2000:]
     finish(launch(run, 2, *lora, resume=True))
     assert losses(run) == losses(reference)
 

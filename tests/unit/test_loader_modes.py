@@ -63,7 +63,7 @@ def test_the_loader_state_counts_batches_handed_out_not_prefetched():
     loader = PackedLoader(examples, 40, 5, prefetch=6)
     stream = iter(loader)
     taken = [next(stream).tokens.tolist() for _ in range(len(loader) + 2)]
-    assert loader.state_dict() == {"epoch": 1, "position": 2, "seed": 5}
+    assert loader.state_dict() == {"epoch": 1, "position": 2, "seed": 5, "balance": 0}
     resumed = PackedLoader(examples, 40, 5, prefetch=1)
     resumed.load_state_dict(loader.state_dict())
     stream = iter(resumed)

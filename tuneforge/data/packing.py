@@ -138,11 +138,10 @@ class PackedLoader:
         self.rank = rank
         self.world_size = world_size
         self.prefetch = prefetch
-        self.balance = balance
-        """As asked (kept in the state); on one rank there is nothing to balance."""
+        self.balance = balance and world_size > 1  # on one rank there is nothing to balance
         self.costs = (
             [attention_cost([lengths[i] for i in bin_]) for bin_ in self.bins]
-            if balance and world_size > 1
+            if self.balance
             else []
         )
         self.epoch = 0
@@ -190,18 +189,18 @@ class PackedLoader:
 
     def state_dict(self) -> dict[str, int]:
         state = {"epoch": self.epoch, "position": self.position, "seed": self.seed}
-        return state | ({"balance": 1} if self.balance else {})
+        return state | {"balance": int(self.balance)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["seed"] != self.seed:
             raise ValueError(
                 f"loader state was saved with seed {state['seed']}, this loader has {self.seed}"
             )
-        if bool(state.get("balance", 0)) != self.balance:
+        if bool(state.get("balance", 0)) != self.balance:  # saved before it existed: off
             saved = "on" if state.get("balance") else "off"
             raise ValueError(
-                f"loader state was saved with data.balance_ranks {saved}: the epoch's order "
-                "differs with it; resume with the same setting"
+                f"the loader's state was saved with data.balance_ranks {saved}: the epoch's "
+                "order differs with it; resume with the same setting"
             )
         self.epoch, self.position = state["epoch"], state["position"]
 

@@ -207,7 +207,11 @@ class Trainer:
             loader_state["position"] = (
                 loader_state["position"] * state.world_size // self.world.world_size
             )
-        self.loader.load_state_dict(loader_state)
+            loader_state["balance"] = int(self.loader.balance)  # a new split deals anew anyway
+        try:
+            self.loader.load_state_dict(loader_state)
+        except ValueError as error:
+            raise TuneforgeError(f"resuming {checkpoint}: {error}") from None
         self.step, self.tokens_seen = state.step, state.tokens_seen
         self.nonfinite_steps, self.elapsed_before = state.nonfinite_steps, state.elapsed_s
         self.resumed_from = state.step
