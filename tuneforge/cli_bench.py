@@ -77,6 +77,7 @@ def bench_command(
     """Benchmark one training step: tokens/s, ms/step, peak memory, MFU and ratios."""
     import torch
 
+    from tuneforge.bench.report import scaling
     from tuneforge.bench.runner import (
         PEERS,
         available_peers,
@@ -150,12 +151,13 @@ def bench_command(
             result = summarise(result, peak) | {"round": round_index}
             results.append(result)
             _print_line(result)
+            record["scaling"] = scaling(results)
             # written after every run, so that a benchmark cut off by a time limit keeps the rest
             file.write_text(json.dumps(record, indent=2))
     console.print(summary_table(results))
-    scaling = scaling_table(results)
-    if scaling.row_count:
-        console.print(scaling)
+    multi_gpu = scaling_table(results)
+    if multi_gpu.row_count:
+        console.print(multi_gpu)
     if rounds > 1:
         console.print(rounds_table(results))
     console.print(f"results: {file}")
