@@ -191,7 +191,12 @@ class PackedLoader:
         state = {"epoch": self.epoch, "position": self.position, "seed": self.seed}
         return state | {"balance": int(self.balance)}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int], saved_world_size: int | None = None) -> None:
+        """`saved_world_size`: the ranks the state was saved on, where they differ from these;
+        the same share of the epoch is taken, under the new split's own deal."""
+        if saved_world_size not in (None, self.world_size):
+            position = state["position"] * saved_world_size // self.world_size
+            state = state | {"position": position, "balance": int(self.balance)}
         if state["seed"] != self.seed:
             raise ValueError(
                 f"loader state was saved with seed {state['seed']}, this loader has {self.seed}"

@@ -202,14 +202,8 @@ class Trainer:
                 f"({'; '.join(changed)}): restore them, or pass --force to resume anyway"
             )
         state = load_checkpoint(checkpoint, self.objective, self.optimizer, self.world)
-        loader_state = dict(state.loader)
-        if state.world_size != self.world.world_size:  # same share of the epoch, new rank split
-            loader_state["position"] = (
-                loader_state["position"] * state.world_size // self.world.world_size
-            )
-            loader_state["balance"] = int(self.loader.balance)  # a new split deals anew anyway
         try:
-            self.loader.load_state_dict(loader_state)
+            self.loader.load_state_dict(dict(state.loader), state.world_size)
         except ValueError as error:
             raise TuneforgeError(f"resuming {checkpoint}: {error}") from None
         self.step, self.tokens_seen = state.step, state.tokens_seen
