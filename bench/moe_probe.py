@@ -2,7 +2,13 @@
 128 experts each), one GPU: combining each token's 8 expert rows (gather and sum, as compiled
 in the block, eagerly, or as a batched matmul with the router weights), and the gate and up
 projections as two grouped GEMMs or one over the stacked weights, forward and the input
-gradient's GEMMs. `python -m bench.moe_probe`."""
+gradient's GEMMs; and each of the layer's four grouped GEMMs (gate-up and down, forward and input
+gradient) as ATen runs it (CUTLASS) against the fastest choice of Inductor's autotuning
+(`max_autotune_gemm`: ATen and its Triton templates), and on rows dealt evenly to the experts
+against rows as routed (whole tiles against a partial last tile per expert).
+`python -m bench.moe_probe`."""
+
+import functools
 
 import torch
 
@@ -84,7 +90,69 @@ def main() -> None:
     for name, fn in gemms.items():
         ms = median_ms(fn)
         print(f"{name:34s} {ms:7.3f} ms  {flops / ms * 1e3:6.0f} TFLOP/s")
+    autotuned_grouped_gemms(offsets, generator)
+    tile_quantization(offsets, generator)
+
+
+def autotuned_grouped_gemms(offsets: torch.Tensor, generator: torch.Generator) -> None:
+    rows = TOKENS * TOP_K
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=generator).bfloat16()
+
+    gate_up, down = randn(EXPERTS, 2 * FFN, DIM), randn(EXPERTS, DIM, FFN)
+    cases = {  # name: (rows' input, the expert weights as the GEMM's second operand)
+        "gate-up forward": (randn(rows, DIM), gate_up.transpose(-2, -1)),
+        "down forward": (randn(rows, FFN), down.transpose(-2, -1)),
+        "gate-up input gradient": (randn(rows, 2 * FFN), gate_up),
+        "down input gradient": (randn(rows, DIM), down),
+    }
+
+    def mm(x, w, offs):
+        return torch._grouped_mm(x, w, offs=offs)
+
+    for name, (x, w) in cases.items():
+        tuned = torch.compile(mm, mode="max-autotune-no-cudagraphs", dynamic=False)
+        flops = 2 * rows * w.shape[1] * w.shape[2] / 1e12
+        error = (tuned(x, w, offsets).float() - mm(x, w, offsets).float()).abs().max().item()
+        for label, fn in (("ATen", mm), ("autotuned", tuned)):
+            ms = median_ms(functools.partial(fn, x, w, offsets))
+            print(f"{name:24s} {label:9s} {ms:7.3f} ms  {flops / ms * 1e3:6.0f} TFLOP/s")
+        print(f"{name:24s} largest difference {error:.2e}")
+        torch._dynamo.reset()
 
 
 if __name__ == "__main__":
     main()
+
+
+def tile_quantization(routed: torch.Tensor, generator: torch.Generator) -> None:
+    """ATen's grouped GEMMs on rows dealt evenly (256 per expert: two whole 128-row tiles each),
+    as routed (256 ± 16), and 255 / 257 alternating (the same rows; half the experts need a
+    third tile for one row)."""
+    rows = TOKENS * TOP_K
+    even = torch.full((EXPERTS,), rows // EXPERTS, device="cuda")
+    uneven = even + torch.tensor([-1, 1], device="cuda").repeat(EXPERTS // 2)
+    dealings = {
+        "even": even.cumsum(0).to(torch.int32),
+        "routed": routed,
+        "255/257": uneven.cumsum(0).to(torch.int32),
+    }
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=generator).bfloat16()
+
+    gate_up, down = randn(EXPERTS, 2 * FFN, DIM), randn(EXPERTS, DIM, FFN)
+    cases = {
+        "gate-up forward": (randn(rows, DIM), gate_up.transpose(-2, -1)),
+        "down forward": (randn(rows, FFN), down.transpose(-2, -1)),
+        "gate-up input gradient": (randn(rows, 2 * FFN), gate_up),
+        "down input gradient": (randn(rows, DIM), down),
+    }
+    for name, (x, w) in cases.items():
+        flops = 2 * rows * w.shape[1] * w.shape[2] / 1e12
+        line = f"{name:24s}"
+        for dealing, offs in dealings.items():
+            ms = median_ms(functools.partial(torch._grouped_mm, x, w, offs=offs))
+            line += f"  {dealing} {ms:.3f} ms {flops / ms * 1e3:4.0f} TFLOP/s"
+        print(line)

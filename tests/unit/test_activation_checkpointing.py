@@ -221,6 +221,21 @@ def test_offloaded_blocks_prefetch_the_input_below_once_their_backward_is_queued
         torch.testing.assert_close(g, e)
 
 
+@pytest.mark.parametrize("autotune", [False, True])
+def test_autotune_asks_inductor_to_time_the_matrix_products(tmp_path, monkeypatch, autotune):
+    from tuneforge.train import block_wrappers
+
+    calls = []
+    monkeypatch.setattr(
+        block_wrappers.torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn
+    )
+    save_tiny_llama(tmp_path)
+    model = load_hf_model(tmp_path, "float32", "sdpa")
+    wrap_blocks(model, compile=True, autotune=autotune)
+    expected = {"max_autotune_gemm": True} if autotune else None
+    assert calls == [{"options": expected}] * len(model.layers)
+
+
 def test_checkpointed_blocks_run_compiled():
     """The checkpoint wraps the compiled forward: compiling around `checkpoint` would silently
     run the blocks eagerly."""

@@ -212,6 +212,9 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
     assert Variant.parse("compiled+ddp+accum4+samedata") == Variant(
         compiled=True, ddp=True, grad_accum_steps=4, same_data=True
     )
+    assert Variant.parse("compiled+graph+autotune") == Variant(
+        compiled=True, cuda_graph=True, autotune=True
+    )
     for bad in (
         "compiled+offlaod",
         "fast",

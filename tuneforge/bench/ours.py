@@ -125,6 +125,7 @@ def run_ours(
         memory_budget=settings.memory_budget,
         offload_activations=settings.offload_activations,
         keep_activations=settings.keep_activations,
+        autotune=settings.autotune,
     )
     parallel = ParallelSection(
         strategy=strategy_for(settings, world),

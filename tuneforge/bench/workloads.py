@@ -152,6 +152,7 @@ class Variant:
     same_data: bool = False
     tokens: int | None = None
     balanced: bool = False
+    autotune: bool = False
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -162,7 +163,7 @@ class Variant:
         flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce", "ddp": "ddp",
                  "hostembed": "offload_embedding", "onedoc": "one_document",
                  "fp32lora": "fp32_lora", "graph": "cuda_graph", "samedata": "same_data",
-                 "balanced": "balanced"}  # fmt: skip
+                 "balanced": "balanced", "autotune": "autotune"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
                 settings["checkpointing"] = option
@@ -189,7 +190,7 @@ class Variant:
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, "
                     "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph, "
-                    "accum<micro-batches>, tokens<per micro-batch>, samedata, balanced)"
+                    "accum<micro-batches>, tokens<per micro-batch>, samedata, balanced, autotune)"
                 )
         return cls(**settings)
 

@@ -63,9 +63,11 @@ def wrap_blocks(
     memory_budget: float = 1.0,
     offload_activations: int = 0,
     keep_activations: int = 0,
+    autotune: bool = False,
 ) -> None:
     """Compile each block's forward (`compile`; the compiled graph keeps at most
-    `memory_budget` of what it could keep for backward); keep the saved activations of
+    `memory_budget` of what it could keep for backward; with `autotune` its matrix products
+    are timed against Inductor's Triton templates); keep the saved activations of
     `offload_activations` blocks in pinned host memory; checkpoint the chosen blocks among the
     others around it but the last `keep_activations`, keeping their inputs in pinned host
     memory with `offload`."""
@@ -76,7 +78,7 @@ def wrap_blocks(
     offloaded = set(offloaded_blocks(layers, offload_activations))
     chain = OffloadChain()
     for index, layer in enumerate(model.layers):
-        forward = compiled(layer.forward, memory_budget) if compile else layer.forward
+        forward = compiled(layer.forward, memory_budget, autotune) if compile else layer.forward
         if index in offloaded:
             forward = offloaded_activations(forward, layer, chain)
         elif index in recomputed and offload:
@@ -87,12 +89,15 @@ def wrap_blocks(
         layer.forward = forward
 
 
-def compiled(forward: Callable, memory_budget: float = 1.0) -> Callable:
+def compiled(forward: Callable, memory_budget: float = 1.0, autotune: bool = False) -> Callable:
     """`torch.compile(forward)`; with `memory_budget` below 1, the partition of forward and
     backward keeps that share of the activations and recomputes cheap values (elementwise
     results such as norm outputs and the SwiGLU product) in backward instead
-    (torch's `activation_memory_budget`, read when the graph is first compiled)."""
-    run = torch.compile(forward)
+    (torch's `activation_memory_budget`, read when the graph is first compiled). With
+    `autotune`, each matrix product in the graph (the experts' grouped GEMMs among them; the
+    adapters' operators are opaque to it) runs the fastest of cuBLAS/CUTLASS and Inductor's
+    Triton templates, timed when the graph is compiled."""
+    run = torch.compile(forward, options={"max_autotune_gemm": True} if autotune else None)
     if memory_budget >= 1.0:
         return run
 
