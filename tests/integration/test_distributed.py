@@ -36,11 +36,16 @@ def one_process(tmp_path_factory):
     return losses(run)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "auto"])
 def test_two_ranks_give_the_losses_of_one(tmp_path, one_process, strategy):
+    """`auto` on CPUs (memory unknown): FSDP2, chosen by the first rank for both."""
     run = tmp_path / "run"
-    finish(launch(run, 2, "train.grad_accum_steps=1", f"parallel.strategy={strategy}"))
+    process = launch(run, 2, "train.grad_accum_steps=1", f"parallel.strategy={strategy}")
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, out + err
     assert losses(run) == pytest.approx(one_process, rel=1e-5, abs=1e-6)
+    if strategy == "auto":
+        assert "parallel.strategy auto: fsdp" in out + err
 
 
 def test_two_zero2_ranks_accumulating_give_the_losses_of_one(tmp_path):

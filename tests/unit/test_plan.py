@@ -15,7 +15,13 @@ from tuneforge.models.catalog import catalog_shape
 from tuneforge.models.cost import attention_activation_bytes_per_token
 from tuneforge.models.decoder import Decoder
 from tuneforge.plan.memory import GIB, Setup, static_bytes
-from tuneforge.plan.planner import Hardware, jobs_needed, plan_config, plan_run
+from tuneforge.plan.planner import (
+    Hardware,
+    jobs_needed,
+    plan_config,
+    plan_run,
+    replicated_memory_gib,
+)
 from tuneforge.plan.workload import epoch_workload, lengths_after_policy
 
 DEMO = "examples/demo.yaml"
@@ -390,6 +396,20 @@ def test_auto_runs_ddp_where_every_gpu_holds_the_whole_model_and_fsdp_elsewhere(
     assert strategy_choice.choose_strategy(config, gpu) == "ddp"
     properties.total_memory = 16 * GIB
     assert strategy_choice.choose_strategy(config, gpu) == "fsdp"
+
+    # eager attention holds each document's scores: the data's own lengths decide, as in the plan
+    eager = load_config(DEMO, [*small, "model.attention=eager"])
+    short = [300, 450, 200] * 50
+    hardware = Hardware(gpus=2, gpu="H100")
+    plan = plan_run(eager, hardware, short)
+    assert plan.strategy == "ddp"
+    assert plan.memory.total / GIB == pytest.approx(replicated_memory_gib(eager, hardware, short))
+    long_gib = replicated_memory_gib(eager, hardware)
+    short_gib = replicated_memory_gib(eager, hardware, short)
+    assert short_gib < 0.9 * long_gib
+    properties.total_memory = (short_gib + long_gib) / 2 / 0.85 * GIB
+    assert strategy_choice.choose_strategy(eager, gpu) == "fsdp"
+    assert strategy_choice.choose_strategy(eager, gpu, short) == "ddp"
 
 
 def test_a_step_waits_for_its_slowest_rank_as_the_loader_deals_the_epoch():

@@ -145,11 +145,24 @@ def fsdp_stage_of(config: RunConfig, hardware: Hardware) -> int:
     return 3 if reshard_after_forward(config.parallel) else 2
 
 
-def replicated_memory_gib(config: RunConfig, hardware: Hardware) -> float:
-    """Per-GPU GiB of the run with the whole model on every GPU (DDP), documents as long as
-    `data.max_seq_len` (what `parallel.strategy: auto` decides on before reading the data)."""
+def mean_document_length(config: RunConfig, raw_lengths: list[int] | None) -> float:
+    """The mean length of the documents the loader deals (the length policy applied to the
+    records' tokenised lengths); `data.max_seq_len` without them."""
+    data = config.data
+    if not raw_lengths:
+        return float(data.max_seq_len)
+    lengths = lengths_after_policy(raw_lengths, data.max_seq_len, data.on_too_long, data.split_long)
+    return sum(lengths) / max(len(lengths), 1)
+
+
+def replicated_memory_gib(
+    config: RunConfig, hardware: Hardware, raw_lengths: list[int] | None = None
+) -> float:
+    """Per-GPU GiB of the run with the whole model on every GPU (DDP), for the records'
+    tokenised lengths as `plan_run` predicts it (documents as long as `data.max_seq_len`
+    without them)."""
     args = model_args(config)
-    setup = setup_of(config, args, hardware, float(config.data.max_seq_len))
+    setup = setup_of(config, args, hardware, mean_document_length(config, raw_lengths))
     return predict_memory(replace(setup, zero_stage=0)).total / GIB
 
 
@@ -284,10 +297,7 @@ def plan_run(
             lora_shape_of(config),
             train.seed,
         )
-        mean_doc_len = epoch.mean_doc_len
-    else:
-        mean_doc_len = float(data.max_seq_len)
-    setup = setup_of(config, args, hardware, mean_doc_len)
+    setup = setup_of(config, args, hardware, mean_document_length(config, raw_lengths))
     capacity = hardware.gpu_memory_gib
     replicated = predict_memory(replace(setup, zero_stage=0)).total / GIB
     strategy, strategy_reason = resolve_strategy(

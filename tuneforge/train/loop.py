@@ -103,7 +103,6 @@ class Trainer:
         self._refuse_unsupported()
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
-        self.strategy = choose_strategy(config, self.world)
         checkpoint = self._prepare_run_dir()
         seed = config.train.seed
         torch.manual_seed(seed)
@@ -111,6 +110,7 @@ class Trainer:
         np.random.seed(seed)
         self.tokenizer = load_tokenizer(config)
         self.train_stats = self._load_data()
+        self.strategy = choose_strategy(config, self.world, self.train_stats.raw_lengths)
         self.model = build_model(config.model, self.device, seed)
         if len(self.tokenizer) > self.model.args.vocab_size:
             raise TuneforgeError(

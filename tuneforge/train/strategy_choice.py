@@ -1,9 +1,11 @@
 """The strategy a run uses: as configured, or for `parallel.strategy: auto` on several processes
-the planner's choice (`plan/strategy.py`) from the model's predicted memory and this GPU's."""
+the planner's choice (`plan/strategy.py`) from the model's predicted memory for the run's own
+documents and the first rank's GPU, which every rank then follows."""
 
 import logging
 
 import torch
+import torch.distributed as dist
 
 from tuneforge.config import RunConfig
 from tuneforge.plan.memory import GIB
@@ -14,7 +16,9 @@ from tuneforge.train.distributed import Dist, strategy_of
 log = logging.getLogger(__name__)
 
 
-def choose_strategy(config: RunConfig, world: Dist) -> str:
+def choose_strategy(config: RunConfig, world: Dist, raw_lengths: list[int] | None = None) -> str:
+    """`raw_lengths`: the records' tokenised lengths (the data's statistics), as `tuneforge plan`
+    reads them, so both predict the same memory."""
     configured = strategy_of(config.parallel, world)  # refuses `single` on several processes
     if config.parallel.strategy != "auto" or world.world_size == 1:
         return configured
@@ -25,8 +29,11 @@ def choose_strategy(config: RunConfig, world: Dist) -> str:
     hardware = Hardware(
         gpus=world.world_size, gpu="MI300X" if torch.version.hip else "H100", memory_gib=gpu_gib
     )
-    replicated = replicated_memory_gib(config, hardware)
-    strategy, why = resolve_strategy(config.parallel, world.world_size, replicated, gpu_gib)
+    replicated = replicated_memory_gib(config, hardware, raw_lengths)
+    decision = list(resolve_strategy(config.parallel, world.world_size, replicated, gpu_gib))
+    if dist.is_initialized():  # one choice for all, were the GPUs of different sizes
+        dist.broadcast_object_list(decision, src=0)
+    strategy, why = decision
     if world.is_main:
         log.info("parallel.strategy auto: %s (%s)", strategy, why)
     return strategy
