@@ -23,7 +23,12 @@ from tuneforge.plan.memory_options import memory_options, recomputed
 from tuneforge.plan.rank_wait import rank_waits
 from tuneforge.plan.strategy import resolve_strategy
 from tuneforge.plan.traffic import step_traffic_bytes
-from tuneforge.plan.workload import Workload, epoch_workload, lengths_after_policy
+from tuneforge.plan.workload import (
+    Workload,
+    epoch_workload,
+    lengths_after_policy,
+    mean_document_length,
+)
 from tuneforge.train.distributed import reshard_after_forward
 from tuneforge.train.hardware import PEAK_TFLOPS
 from tuneforge.train.metrics import read_metrics
@@ -145,16 +150,6 @@ def fsdp_stage_of(config: RunConfig, hardware: Hardware) -> int:
     return 3 if reshard_after_forward(config.parallel) else 2
 
 
-def mean_document_length(config: RunConfig, raw_lengths: list[int] | None) -> float:
-    """The mean length of the documents the loader deals (the length policy applied to the
-    records' tokenised lengths); `data.max_seq_len` without them."""
-    data = config.data
-    if not raw_lengths:
-        return float(data.max_seq_len)
-    lengths = lengths_after_policy(raw_lengths, data.max_seq_len, data.on_too_long, data.split_long)
-    return sum(lengths) / max(len(lengths), 1)
-
-
 def replicated_memory_gib(
     config: RunConfig, hardware: Hardware, raw_lengths: list[int] | None = None
 ) -> float:
@@ -162,7 +157,7 @@ def replicated_memory_gib(
     tokenised lengths as `plan_run` predicts it (documents as long as `data.max_seq_len`
     without them)."""
     args = model_args(config)
-    setup = setup_of(config, args, hardware, mean_document_length(config, raw_lengths))
+    setup = setup_of(config, args, hardware, mean_document_length(config.data, raw_lengths))
     return predict_memory(replace(setup, zero_stage=0)).total / GIB
 
 
@@ -297,7 +292,7 @@ def plan_run(
             lora_shape_of(config),
             train.seed,
         )
-    setup = setup_of(config, args, hardware, mean_document_length(config, raw_lengths))
+    setup = setup_of(config, args, hardware, mean_document_length(config.data, raw_lengths))
     capacity = hardware.gpu_memory_gib
     replicated = predict_memory(replace(setup, zero_stage=0)).total / GIB
     strategy, strategy_reason = resolve_strategy(

@@ -6,6 +6,7 @@ max_seq_len does not halve the time: the LUMI-G report measured 1.2x instead of 
 
 from dataclasses import dataclass, field
 
+from tuneforge.config.schema import DataSection
 from tuneforge.data.bin_packing import STRATEGIES, padded_groups
 from tuneforge.data.rank_balance import attention_cost
 from tuneforge.models.args import ModelArgs
@@ -47,6 +48,15 @@ def lengths_after_policy(
         elif on_too_long == "truncate":
             kept.append(max_seq_len)
     return kept
+
+
+def mean_document_length(data: DataSection, raw_lengths: list[int] | None) -> float:
+    """The mean length of the documents the loader deals (the length policy applied to the
+    records' tokenised lengths); `data.max_seq_len` without them."""
+    if not raw_lengths:
+        return float(data.max_seq_len)
+    lengths = lengths_after_policy(raw_lengths, data.max_seq_len, data.on_too_long, data.split_long)
+    return sum(lengths) / max(len(lengths), 1)
 
 
 def epoch_workload(
