@@ -146,3 +146,20 @@ def test_an_existing_run_directory_is_never_overwritten_silently(tmp_path):
 
     with pytest.raises(TuneforgeError, match="already holds a run"):
         Trainer(short_demo(tmp_path / "run")).setup()
+
+
+def test_single_on_several_processes_is_refused_before_the_run_directory_is_touched(
+    tmp_path, monkeypatch
+):
+    from tuneforge.errors import TuneforgeError
+    from tuneforge.train import loop
+    from tuneforge.train.distributed import Dist
+
+    run_dir = tmp_path / "run"
+    Trainer(short_demo(run_dir, "train.max_steps=1", "eval.num_samples=0")).setup()
+    before = sorted(p.name for p in run_dir.iterdir())
+    monkeypatch.setattr(loop, "init_distributed", lambda channels: Dist(rank=0, world_size=2))
+    trainer = Trainer(short_demo(run_dir, "parallel.strategy=single"), overwrite=True)
+    with pytest.raises(TuneforgeError, match="use ddp or fsdp"):
+        trainer.setup()
+    assert before and sorted(p.name for p in run_dir.iterdir()) == before

@@ -33,6 +33,7 @@ from tuneforge.train.distributed import (
     barrier,
     init_distributed,
     parallelize,
+    strategy_of,
     unwrap,
 )
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
@@ -103,6 +104,7 @@ class Trainer:
         self._refuse_unsupported()
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
+        strategy_of(config.parallel, self.world)  # refuses `single` on several processes early
         checkpoint = self._prepare_run_dir()
         seed = config.train.seed
         torch.manual_seed(seed)
