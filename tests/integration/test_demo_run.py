@@ -163,3 +163,16 @@ def test_single_on_several_processes_is_refused_before_the_run_directory_is_touc
     with pytest.raises(TuneforgeError, match="use ddp or fsdp"):
         trainer.setup()
     assert before and sorted(p.name for p in run_dir.iterdir()) == before
+
+
+def test_an_overwrite_whose_setup_fails_keeps_the_previous_run(tmp_path):
+    from tuneforge.errors import TuneforgeError
+
+    run_dir = tmp_path / "run"
+    Trainer(short_demo(run_dir, "train.max_steps=1", "eval.num_samples=0")).setup()
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    wrong_targets = ["lora.enabled=true", "lora.target_modules=[nope_proj]"]
+    with pytest.raises(TuneforgeError, match="nope_proj"):
+        Trainer(short_demo(run_dir, *wrong_targets), overwrite=True).setup()
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    assert not (run_dir / ".replaced").exists()

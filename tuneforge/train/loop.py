@@ -52,6 +52,7 @@ from tuneforge.train.run_dir import (
     changed_settings,
     memory_settings,
     prepare_run_dir,
+    replacing,
 )
 from tuneforge.train.step import HostValues, StepResult
 from tuneforge.train.stopping import STOP_REASONS, agree_on_stop, local_stop_code
@@ -105,7 +106,14 @@ class Trainer:
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
         strategy_of(config.parallel, self.world)  # refuses `single` on several processes early
+        replaced = self.overwrite and (self.run_dir / CONFIG_FILE).exists()
         checkpoint = self._prepare_run_dir()
+        with replacing(self.run_dir, self.world, replaced):  # a setup that stops: the old run back
+            self._build(checkpoint)
+
+    def _build(self, checkpoint: Path | None) -> None:
+        """Data, model, adapters, wrappers, optimizer and the first files of the run."""
+        config = self.config
         seed = config.train.seed
         torch.manual_seed(seed)
         random.seed(seed)

@@ -1,8 +1,10 @@
 """The run directory: its fixed files, whether a run there finished, where to resume it from,
 and the settings a resume may not change silently."""
 
+import contextlib
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,8 @@ RUN_FILES = (
     JOBS_FILE,
 )
 """What runs write in their directory: all that `--overwrite` removes."""
+SET_ASIDE_DIR = ".replaced"
+"""Where `--overwrite` keeps the previous run until the new one has set itself up."""
 MEMORY_SETTINGS = (
     ("train", "activation_checkpointing"),
     ("train", "checkpoint_every"),
@@ -68,6 +72,41 @@ def clear_run(run_dir: Path) -> list[str]:
     return sorted(entry.name for entry in run_dir.iterdir())
 
 
+def set_aside(run_dir: Path) -> list[str]:
+    """Move what a run wrote into `SET_ASIDE_DIR` (emptied of an older one first); returns the
+    names of the other entries, which stay."""
+    aside = run_dir / SET_ASIDE_DIR
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.mkdir()
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.exists() or path.is_symlink():
+            path.rename(aside / name)
+    return sorted(entry.name for entry in run_dir.iterdir() if entry.name != SET_ASIDE_DIR)
+
+
+@contextlib.contextmanager
+def replacing(run_dir: Path, world: Dist, replaced: bool) -> Iterator[None]:
+    """Around the new run's setup, where `--overwrite` has just set a run aside (`replaced`):
+    should the setup stop (bad data, a model that does not load, an interrupt), what it wrote
+    goes and the previous run comes back; once it is set up, the previous run is removed."""
+    aside = run_dir / SET_ASIDE_DIR
+    if not (replaced and world.is_main):
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        if aside.is_dir():
+            clear_run(run_dir)
+            for entry in aside.iterdir():
+                entry.rename(run_dir / entry.name)
+            aside.rmdir()
+            log.info("%s: the new run did not start; the previous run is back", run_dir)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def is_finished(run_dir: Path) -> bool:
     return (run_dir / FINISHED_FILE).is_file()
 
@@ -100,9 +139,16 @@ def prepare_run_dir(run_dir: Path, resume: str, overwrite: bool, world: Dist) ->
     barrier()
     if world.is_main:
         if exists and overwrite:
-            kept = clear_run(run_dir)
+            kept = set_aside(run_dir)
             if kept:
-                log.info("%s: the previous run removed; left in place: %s", run_dir, kept)
+                log.info("%s: the previous run set aside; left in place: %s", run_dir, kept)
+        if (run_dir / SET_ASIDE_DIR).is_dir() and not overwrite:
+            log.warning(
+                "%s holds a run set aside by an --overwrite that was killed while it set up: "
+                "move the files of %s back to keep it",
+                run_dir,
+                run_dir / SET_ASIDE_DIR,
+            )
         if checkpoint is None and exists and resume == "auto":
             log.info("%s has no complete checkpoint: starting from step 0", run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
