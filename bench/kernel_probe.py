@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from tuneforge.bench.batches import document_lengths
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 
 TOKENS, HEADS, KV_HEADS, HEAD_DIM, DIM, FFN = 4096, 32, 8, 128, 4096, 14336
 

@@ -225,8 +225,10 @@ def measure(out: Path, *names: str) -> None:
 def predict(measured_file: Path) -> None:
     from tuneforge.config import load_config
     from tuneforge.data.training_data import load_training_data
-    from tuneforge.plan.memory import CONTEXT_GIB, GIB
-    from tuneforge.plan.planner import Hardware, plan_run
+    from tuneforge.hardware.gpus import GIB
+    from tuneforge.plan.memory import CONTEXT_GIB
+    from tuneforge.plan.plan import Hardware
+    from tuneforge.plan.planner import plan_run
     from tuneforge.train.build import load_tokenizer
 
     data = Path(tempfile.gettempdir()) / "tuneforge-plan-validation" / "long.jsonl"

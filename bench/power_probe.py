@@ -9,7 +9,7 @@ import time
 import torch
 
 from tuneforge.bench.gpu_clocks import GpuSampler, describe
-from tuneforge.train.gpu_clocks import open_nvml
+from tuneforge.hardware.nvml import open_nvml
 
 TOKENS, DIM, FFN = 4096, 4096, 14336
 FLOP = 2 * TOKENS * DIM * FFN

@@ -67,3 +67,11 @@ def save_tiny_model(directory: Path, family: str = "llama", seed: int = 0, **ove
 
 def save_tiny_llama(directory: Path, seed: int = 0, **overrides):
     return save_tiny_model(directory, "llama", seed, **overrides)
+
+
+def packed_batch(tokens, labels, packed):
+    """A `PackedBatch` of `tokens` with their `labels`, every label not ignored counted as
+    supervised."""
+    from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
+
+    return PackedBatch(tokens, labels, packed, int((labels != IGNORE_INDEX).sum()))

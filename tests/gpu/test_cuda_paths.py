@@ -8,7 +8,7 @@ from tuneforge.models import flash4
 from tuneforge.models.args import MoEArgs
 from tuneforge.models.attention import resolve_backend, sdpa_attention, varlen_attention
 from tuneforge.models.moe import MoE
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -202,7 +202,7 @@ def test_the_memory_profile_names_the_copy_streams_pools():
     """A tensor sent to the host and brought back: the copy back is allocated in its side
     stream's pool, which the profile's cache breakdown names."""
     from tuneforge.bench.profile import peak_breakdown
-    from tuneforge.train.offload import HostCopy
+    from tuneforge.parallel.offload import HostCopy
 
     x = torch.randn(1024, 1024, device="cuda")
 
@@ -243,8 +243,8 @@ def test_offloaded_blocks_come_back_into_the_compute_streams_slots():
     three steps: the gradients are the plain run's, the copies back allocate nothing on their
     side stream (two slots of the compute stream's, reused in turn), and the slots go back to
     the compute stream's pool once backward is over."""
-    from tuneforge.train.activation_offload import offloaded_activations
-    from tuneforge.train.offload import OffloadChain, copy_stream_names, offloaded_checkpoint
+    from tuneforge.parallel.activation_offload import offloaded_activations
+    from tuneforge.parallel.offload import OffloadChain, copy_stream_names, offloaded_checkpoint
 
     torch.cuda.empty_cache()  # no side-stream segment left by an earlier test
     torch.manual_seed(0)
@@ -286,7 +286,7 @@ def test_nvml_reads_the_current_devices_clock_and_power():
     """The sampler's reader finds the CUDA device in NVML by its UUID and reads values within
     the board's own limits."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed")
-    from tuneforge.train.gpu_clocks import open_nvml
+    from tuneforge.hardware.nvml import open_nvml
 
     nvml, why_not = open_nvml()
     assert nvml is not None, why_not
@@ -294,7 +294,7 @@ def test_nvml_reads_the_current_devices_clock_and_power():
     assert 0 < sample.sm_clock_mhz <= nvml.max_sm_clock_mhz
     assert 0 < sample.power_w < 2 * nvml.power_limit_w
 
-    from tuneforge.train.hardware import DeviceWatch
+    from tuneforge.train.device_watch import DeviceWatch
 
     stats = DeviceWatch(torch.device("cuda"), rank=0, settle_steps=0).check(1)
     assert 0 < stats["gpu_sm_clock_mhz"] <= nvml.max_sm_clock_mhz

@@ -5,11 +5,12 @@ them against one with none."""
 import pytest
 import torch
 
+from tests.helpers import packed_batch
 from tuneforge.models.api import load_model
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
+from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora, lora_modules
 from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.train.block_wrappers import wrap_blocks
 from tuneforge.train.loss import chunked_cross_entropy
 from tuneforge.train.objective import NextTokenObjective
 
@@ -51,7 +52,7 @@ def losses(fast: bool, compiled: bool, attention: str, steps: int = 30) -> list[
     for module in lora_modules(model).values():
         module.fused = fast
     if compiled:
-        wrap_blocks(model, compile=True)
+        wrap_blocks(model, BlockWrapping(compile=True))
     if fast:
         assert stack_frozen_weights(model) == 2
     objective = NextTokenObjective(model, compiled_loss=compiled)
@@ -63,7 +64,7 @@ def losses(fast: bool, compiled: bool, attention: str, steps: int = 30) -> list[
     packed = PackedSequences.from_lengths([700, 900, 448], "cuda")
     history = []
     for _ in range(steps):
-        loss_sum, _ = objective(tokens, tokens.roll(-1), packed)
+        loss_sum = objective(packed_batch(tokens, tokens.roll(-1), packed)).loss_sum
         (loss_sum / tokens.numel()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -96,13 +97,10 @@ def checkpointed_step(
     for name, param in model.named_parameters():
         if "lora_B" in name:
             param.data.normal_(0, 0.02, generator=torch.Generator("cuda").manual_seed(3))
-    wrap_blocks(
-        model,
-        checkpointing,
-        compile=compiled,
-        offload=offload,
-        offload_activations=offload_activations,
+    wrapping = BlockWrapping(
+        checkpointing, compile=compiled, offload=offload, offload_activations=offload_activations
     )
+    wrap_blocks(model, wrapping)
     objective = NextTokenObjective(model)
     generator = torch.Generator().manual_seed(2)
     tokens = torch.randint(0, 2000, (4096,), generator=generator).cuda()
@@ -111,7 +109,7 @@ def checkpointed_step(
         model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
-        loss_sum, _ = objective(tokens, tokens.roll(-1), packed)
+        loss_sum = objective(packed_batch(tokens, tokens.roll(-1), packed)).loss_sum
         torch.cuda.synchronize()
         held = torch.cuda.memory_allocated() - before
         (loss_sum / tokens.numel()).backward()

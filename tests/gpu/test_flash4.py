@@ -6,7 +6,7 @@ import torch
 
 from tuneforge.models import flash4
 from tuneforge.models.attention import eager_attention, flash4_attention
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 
 CUDA = torch.device("cuda")
 pytestmark = pytest.mark.skipif(

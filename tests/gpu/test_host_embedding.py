@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from tests.unit.test_host_embedding import tiny
-from tuneforge.train.host_embedding import embedding_to_host
+from tuneforge.parallel.host_embedding import embedding_to_host
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 def test_an_embedding_on_the_host_gives_the_same_step_on_the_gpu():
     """The same logits and gradients from host token ids and a pinned host embedding, and the
     embedding's bytes off the GPU."""
-    from tuneforge.models.packed import PackedSequences
+    from tuneforge.packed import PackedSequences
 
     results = []
     for host in (False, True):

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from tuneforge.config import load_config
+from tuneforge.runs.files import read_metrics
 from tuneforge.train.loop import Trainer
-from tuneforge.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "demo.yaml"
@@ -152,8 +152,8 @@ def test_single_on_several_processes_is_refused_before_the_run_directory_is_touc
     tmp_path, monkeypatch
 ):
     from tuneforge.errors import TuneforgeError
+    from tuneforge.parallel.distributed import Dist
     from tuneforge.train import loop
-    from tuneforge.train.distributed import Dist
 
     run_dir = tmp_path / "run"
     Trainer(short_demo(run_dir, "train.max_steps=1", "eval.num_samples=0")).setup()

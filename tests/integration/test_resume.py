@@ -15,9 +15,9 @@ import torch
 
 from tuneforge.config import load_config
 from tuneforge.errors import TuneforgeError
+from tuneforge.runs.files import read_metrics
+from tuneforge.runs.time_budget import EXIT_RESUME
 from tuneforge.train.loop import Trainer
-from tuneforge.train.metrics import read_metrics
-from tuneforge.train.time_budget import EXIT_RESUME
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "demo.yaml"
@@ -203,7 +203,7 @@ def test_non_finite_steps_follow_the_policy(tmp_path, policy):
 
 
 def test_memory_settings_include_the_offload_options_and_skip_unrecorded_ones():
-    from tuneforge.train.run_dir import changed_settings, memory_settings
+    from tuneforge.runs.run_dir import changed_settings, memory_settings
 
     config = load_config(DEMO, ["train.offload_activations=2"])
     saved = memory_settings(load_config(DEMO, []))
@@ -217,8 +217,8 @@ def test_a_checkpoint_of_other_weights_is_refused_with_its_reason(tmp_path):
     or an older layout) names the checkpoint and the missing weight, without a traceback."""
     from torch import nn
 
+    from tuneforge.parallel.distributed import Dist
     from tuneforge.train.checkpoint import LoopState, load_checkpoint, save_checkpoint
-    from tuneforge.train.distributed import Dist
 
     def module(name: str) -> nn.Module:
         m = nn.Module()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneforge.train.metrics import read_metrics
+from tuneforge.runs.files import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "demo.yaml"

@@ -3,9 +3,10 @@ import functools
 import pytest
 import torch
 
-from tests.helpers import save_tiny_llama
+from tests.helpers import packed_batch, save_tiny_llama
 from tuneforge.models.hf.checkpoint import load_hf_model
-from tuneforge.train.block_wrappers import checkpointed_blocks, recomputed_blocks, wrap_blocks
+from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
+from tuneforge.plan.policies import checkpointed_blocks, recomputed_blocks
 
 
 def gradients(model):
@@ -18,7 +19,7 @@ def test_full_checkpointing_keeps_names_and_gradients(tmp_path):
     save_tiny_llama(tmp_path)
     plain = load_hf_model(tmp_path, "float32", "sdpa")
     checkpointed = load_hf_model(tmp_path, "float32", "sdpa")
-    wrap_blocks(checkpointed, "full")
+    wrap_blocks(checkpointed, BlockWrapping("full"))
     assert list(checkpointed.state_dict()) == list(plain.state_dict())
     expected, got = gradients(plain), gradients(checkpointed)
     for name in expected:
@@ -43,7 +44,7 @@ def test_kept_blocks_are_not_checkpointed_and_gradients_hold(tmp_path):
     save_tiny_llama(tmp_path)
     plain = load_hf_model(tmp_path, "float32", "sdpa")
     model = load_hf_model(tmp_path, "float32", "sdpa")
-    wrap_blocks(model, "full", keep_activations=1)
+    wrap_blocks(model, BlockWrapping("full", keep_activations=1))
     *checkpointed, kept = model.layers
     assert all(isinstance(layer.forward, functools.partial) for layer in checkpointed)
     assert not isinstance(kept.forward, functools.partial)
@@ -56,7 +57,7 @@ def test_selective_checkpointing_keeps_gradients(tmp_path):
     save_tiny_llama(tmp_path)
     plain = load_hf_model(tmp_path, "float32", "sdpa")
     checkpointed = load_hf_model(tmp_path, "float32", "sdpa")
-    wrap_blocks(checkpointed, "selective", 2)
+    wrap_blocks(checkpointed, BlockWrapping("selective", 2))
     assert isinstance(checkpointed.layers[1].forward, functools.partial)
     assert not isinstance(checkpointed.layers[0].forward, functools.partial)
     expected, got = gradients(plain), gradients(checkpointed)
@@ -69,7 +70,7 @@ def test_checkpointed_moe_blocks_keep_nothing_after_backward():
     activations until the next forward; the objective records them only in its own forward."""
     from tuneforge.models.args import ModelArgs, MoEArgs
     from tuneforge.models.decoder import Decoder
-    from tuneforge.models.packed import PackedSequences
+    from tuneforge.packed import PackedSequences
     from tuneforge.train.objective import NextTokenObjective
 
     args = ModelArgs(
@@ -81,10 +82,12 @@ def test_checkpointed_moe_blocks_keep_nothing_after_backward():
         torch.manual_seed(0)
         model = Decoder(args, "sdpa")
         model.init_weights(0.02, torch.Generator().manual_seed(0))
-        wrap_blocks(model, checkpointing)
+        wrap_blocks(model, BlockWrapping(checkpointing))
         objective = NextTokenObjective(model)
         tokens = torch.randint(0, 64, (24,), generator=torch.Generator().manual_seed(1))
-        loss_sum, aux = objective(tokens, tokens, PackedSequences.from_lengths([10, 14]))
+        loss_sum, aux, _ = objective(
+            packed_batch(tokens, tokens, PackedSequences.from_lengths([10, 14]))
+        )
         (loss_sum + 0.1 * aux).backward()
         assert all(layer.mlp.last_router_logits is None for layer in model.layers)
         results.append({name: p.grad for name, p in model.named_parameters()})
@@ -110,7 +113,7 @@ def lora_gradients(checkpointing="none", dropout=0.0, **wrap):
             torch.nn.init.normal_(
                 module.lora_B, std=0.1, generator=torch.Generator().manual_seed(3)
             )
-    wrap_blocks(model, checkpointing, **wrap)
+    wrap_blocks(model, BlockWrapping(checkpointing, **wrap))
     torch.manual_seed(5)  # the dropout masks
     loss = gradients_and_loss(model)
     return loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -139,7 +142,7 @@ def test_offloaded_checkpointing_of_a_fully_trained_model(tmp_path):
     save_tiny_llama(tmp_path)
     plain = load_hf_model(tmp_path, "float32", "sdpa")
     offloaded = load_hf_model(tmp_path, "float32", "sdpa")
-    wrap_blocks(offloaded, "full", offload=True)
+    wrap_blocks(offloaded, BlockWrapping("full", offload=True))
     expected, got = gradients(plain), gradients(offloaded)
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], msg=name)
@@ -148,7 +151,7 @@ def test_offloaded_checkpointing_of_a_fully_trained_model(tmp_path):
 def test_offloaded_blocks_keep_only_host_copies():
     """Inside autograd, an offloaded block keeps no tensor of its own computation: what its
     forward saves is nothing but the host copy of its input."""
-    from tuneforge.train.offload import offloaded_checkpoint
+    from tuneforge.parallel.offload import offloaded_checkpoint
 
     weight = torch.nn.Parameter(torch.randn(8, 8))
     saved = []
@@ -165,7 +168,7 @@ def test_offloaded_blocks_prefetch_the_input_below_once_their_backward_is_queued
     i's input gradient is handed on (on the GPU the copy then runs during block i's backward
     kernels); without a chain each input comes back only when its own block recomputes. The
     gradients are the same."""
-    from tuneforge.train import offload
+    from tuneforge.parallel import offload
 
     weights = [torch.nn.Parameter(torch.randn(8, 8) / 3) for _ in range(3)]
     x = torch.randn(4, 8)
@@ -223,7 +226,7 @@ def test_offloaded_blocks_prefetch_the_input_below_once_their_backward_is_queued
 
 @pytest.mark.parametrize("autotune", [False, True])
 def test_autotune_asks_inductor_to_time_the_matrix_products(tmp_path, monkeypatch, autotune):
-    from tuneforge.train import block_wrappers
+    from tuneforge.parallel import block_wrappers
 
     calls = []
     monkeypatch.setattr(
@@ -231,7 +234,7 @@ def test_autotune_asks_inductor_to_time_the_matrix_products(tmp_path, monkeypatc
     )
     save_tiny_llama(tmp_path)
     model = load_hf_model(tmp_path, "float32", "sdpa")
-    wrap_blocks(model, compile=True, autotune=autotune)
+    wrap_blocks(model, BlockWrapping(compile=True, autotune=autotune))
     expected = {"max_autotune_gemm": True} if autotune else None
     assert calls == [{"options": expected}] * len(model.layers)
 
@@ -255,7 +258,7 @@ def test_offload_refused_where_it_cannot_work():
     from tuneforge.config.schema import TrainSection
     from tuneforge.errors import TuneforgeError
     from tuneforge.models.args import ModelArgs, MoEArgs
-    from tuneforge.train.block_wrappers import refuse_unsupported_offload
+    from tuneforge.parallel.block_wrappers import refuse_unsupported_offload
 
     train = TrainSection(max_steps=1, activation_checkpointing="full", offload_checkpoints=True)
     dense = ModelArgs(vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48)

@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from tests.unit.test_activation_checkpointing import lora_gradients
-from tuneforge.train import activation_offload
-from tuneforge.train.activation_offload import SavedOnHost, offloaded_activations
-from tuneforge.train.block_wrappers import offloaded_blocks
-from tuneforge.train.offload import OffloadChain
+from tuneforge.parallel import activation_offload
+from tuneforge.parallel.activation_offload import SavedOnHost, offloaded_activations
+from tuneforge.parallel.offload import OffloadChain
+from tuneforge.plan.policies import offloaded_blocks
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_offloaded_activations_refused_where_they_cannot_work():
     from tuneforge.config.schema import TrainSection
     from tuneforge.errors import TuneforgeError
     from tuneforge.models.args import ModelArgs
-    from tuneforge.train.block_wrappers import refuse_unsupported_offload
+    from tuneforge.parallel.block_wrappers import refuse_unsupported_offload
 
     args = ModelArgs(vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48)
     refuse_unsupported_offload(TrainSection(max_steps=1, offload_activations=2), 1, args)
@@ -182,7 +182,7 @@ def test_memory_is_tight_within_the_margin_of_the_allocators_limit(monkeypatch):
     """The limit is the GPU's memory times the process's fraction (a held run's cap)."""
     import types
 
-    from tuneforge.train.offload import memory_is_tight
+    from tuneforge.parallel.offload import memory_is_tight
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

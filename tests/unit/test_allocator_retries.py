@@ -1,7 +1,7 @@
 """The trainer's word when the CUDA caching allocator starts retrying (a run at its memory
 limit), checked on the counter's sequence: the device's own counter needs a GPU."""
 
-from tuneforge.train.hardware import RetryWatch, memory_stats
+from tuneforge.train.device_watch import RetryWatch, memory_stats
 
 
 def test_retries_after_the_first_steps_are_reported_once():

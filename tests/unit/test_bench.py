@@ -50,7 +50,7 @@ def test_runs_needing_more_gpus_than_there_are_are_left_out_with_a_note():
 def test_ddp_runs_where_there_are_several_gpus_or_a_process_group():
     from tuneforge.bench.ours import strategy_for
     from tuneforge.bench.workloads import Variant
-    from tuneforge.train.distributed import Dist
+    from tuneforge.parallel.distributed import Dist
 
     ddp, plain = Variant.parse("compiled+ddp"), Variant.parse("compiled")
     assert strategy_for(ddp, Dist(world_size=2)) == "ddp"
@@ -159,7 +159,7 @@ def test_one_gpu_standing_in_for_two_trains_on_both_ranks_batches_a_step_of_micr
     from tuneforge.bench.ours import batch_seeds, rank_batches, run_ours, whole_cycles
     from tuneforge.bench.workloads import Variant, Workload
     from tuneforge.data.rank_balance import attention_cost
-    from tuneforge.train.distributed import Dist
+    from tuneforge.parallel.distributed import Dist
 
     assert batch_seeds(0, 1, 2, same_data=False) == [0, 100, 1, 101, 2, 102, 3, 103]
     assert batch_seeds(1, 2, 2, same_data=False) == [100, 101, 102, 103]
@@ -250,7 +250,7 @@ def test_a_profiled_result_is_printed_against_the_unprofiled_step(monkeypatch):
     wall time it inflates); the host's most expensive operators follow."""
     from rich.console import Console
 
-    from tuneforge import cli_bench
+    from tuneforge.cli import bench as cli_bench
 
     console = Console(record=True, width=120)
     monkeypatch.setattr(cli_bench, "console", console)
@@ -284,9 +284,9 @@ def test_allocator_retries_are_counted_over_the_timed_steps_and_printed(monkeypa
     warm-up does not count, one per timed step reads 1 per step, and the line says so."""
     from rich.console import Console
 
-    from tuneforge import cli_bench
     from tuneforge.bench import timing
-    from tuneforge.train.hardware import ALLOCATOR_COUNTS
+    from tuneforge.cli import bench as cli_bench
+    from tuneforge.train.device_watch import ALLOCATOR_COUNTS
 
     counts = {name: 0 for name in ALLOCATOR_COUNTS}
 
@@ -309,7 +309,7 @@ def test_a_stalled_step_is_named(monkeypatch):
     """One of twelve steps at four times the others: printed, since the mean counts it."""
     from rich.console import Console
 
-    from tuneforge import cli_bench
+    from tuneforge.cli import bench as cli_bench
 
     console = Console(record=True, width=120)
     monkeypatch.setattr(cli_bench, "console", console)
@@ -340,7 +340,7 @@ def test_the_step_time_is_the_mean_so_that_tokens_per_second_is_tokens_over_thei
 
 def test_clock_and_power_are_summarised_as_medians_with_the_share_held_down():
     from tuneforge.bench.gpu_clocks import summarise
-    from tuneforge.train.gpu_clocks import Sample
+    from tuneforge.hardware.nvml import Sample
 
     samples = [Sample(1000, 600, 0x4), Sample(1500, 700, 0x0), Sample(2000, 650, 0x4 | 0x40)]
     summary = summarise(samples, max_sm_clock_mhz=1980, power_limit_w=700)
@@ -359,9 +359,9 @@ def test_the_gpu_is_sampled_over_the_timed_steps_only_and_the_line_says_what_hel
 
     from rich.console import Console
 
-    from tuneforge import cli_bench
     from tuneforge.bench import timing
-    from tuneforge.train.gpu_clocks import Sample
+    from tuneforge.cli import bench as cli_bench
+    from tuneforge.hardware.nvml import Sample
 
     finished = [0]
     seen = []
@@ -396,7 +396,7 @@ def test_a_sampler_whose_reading_fails_keeps_what_it_read_and_says_why():
     import threading
 
     from tuneforge.bench.gpu_clocks import GpuSampler
-    from tuneforge.train.gpu_clocks import Sample
+    from tuneforge.hardware.nvml import Sample
 
     readings = iter([Sample(1500.0, 690.0, 0), Sample(1400.0, 695.0, 0x4)])
     done = threading.Event()
@@ -418,7 +418,7 @@ def test_a_sampler_whose_reading_fails_keeps_what_it_read_and_says_why():
 def test_the_summary_table_gives_each_runs_clock_and_marks_the_power_cap():
     from rich.console import Console
 
-    from tuneforge.cli_bench import summary_table
+    from tuneforge.cli.bench import summary_table
 
     run = {"workload": "w", "variant": "", "tokens_per_s": 1000.0, "ms_per_step": 1.0}
     run |= {"peak_alloc_gib": 1.0, "mfu": 0.5}
@@ -476,9 +476,9 @@ def test_the_cap_a_run_is_held_to(monkeypatch):
     holds every run to its value; the result line says so."""
     from rich.console import Console
 
-    from tuneforge import cli_bench
     from tuneforge.bench.runner import held_cap
     from tuneforge.bench.workloads import WORKLOADS
+    from tuneforge.cli import bench as cli_bench
 
     capped, free = WORKLOADS["llama3-8b-lora-capped"], WORKLOADS["llama3-8b-lora"]
     assert held_cap(capped, False, None) is None
@@ -535,7 +535,7 @@ def test_idle_gaps_are_binned_by_length_with_the_kernels_around_the_longest():
 def test_nccl_channels_are_set_before_the_process_group_starts(monkeypatch):
     import os
 
-    from tuneforge.train.distributed import init_distributed
+    from tuneforge.parallel.distributed import init_distributed
 
     monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
     init_distributed()

@@ -6,8 +6,8 @@ import logging
 
 import torch
 
-from tuneforge.train.gpu_clocks import Sample
-from tuneforge.train.hardware import ClockWatch, DeviceWatch
+from tuneforge.hardware.nvml import Sample
+from tuneforge.train.device_watch import ClockWatch, DeviceWatch
 
 POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_POWER_BRAKE = 0x4, 0x8, 0x20, 0x80
 

@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from tuneforge.models.args import ModelArgs, MoEArgs
-from tuneforge.models.cost import LoraShape, lora_params, training_flops_per_token
-from tuneforge.models.packed import PackedSequences
+from tuneforge.models.cost import (
+    LoraShape,
+    activation_bytes_per_token,
+    lora_params,
+    training_flops_per_token,
+)
+from tuneforge.packed import PackedSequences
 from tuneforge.peft.apply import apply_lora
 
 DENSE = ModelArgs(vocab_size=10, dim=256, num_layers=1, num_heads=8, num_kv_heads=2, ffn_dim=704)
@@ -31,7 +36,7 @@ def saved_bytes_per_token(
     such as the adapters' cast weights do not count); with `lora`, adapters on a frozen base;
     with `compile_budget`, the block compiled as the trainer compiles it, with that budget."""
     from tuneforge.models.decoder import Decoder
-    from tuneforge.train.block_wrappers import compiled
+    from tuneforge.parallel.block_wrappers import compiled
 
     model = Decoder(replace(args, num_layers=1), "sdpa").to(dtype)
     if lora is not None:
@@ -68,9 +73,11 @@ def saved_bytes_per_token(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_activation_bytes_match_what_autograd_saves(name, dtype):
     args = SHAPES[name]
-    predicted = args.activation_bytes_per_token(0, "none", dtype_bytes=torch.finfo(dtype).bits // 8)
+    predicted = activation_bytes_per_token(
+        args, 0, "none", dtype_bytes=torch.finfo(dtype).bits // 8
+    )
     assert predicted == pytest.approx(saved_bytes_per_token(args, dtype), rel=0.05)
-    assert args.activation_bytes_per_token(0, "full", 2) == args.dim * 2
+    assert activation_bytes_per_token(args, 0, "full", 2) == args.dim * 2
 
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -95,7 +102,7 @@ def test_frozen_base_activation_bytes_match_what_autograd_saves(case, dtype):
     args = SHAPES[shape]
     banks = tuple(t.split(".")[-1] for t in targets if t.startswith("experts."))
     lora = LoraShape(16, tuple(t for t in targets if t not in BANKS), banks)
-    predicted = args.activation_bytes_per_token(0, "none", torch.finfo(dtype).bits // 8, lora)
+    predicted = activation_bytes_per_token(args, 0, "none", torch.finfo(dtype).bits // 8, lora)
     measured = saved_bytes_per_token(args, dtype, lora={"target_modules": targets, "rank": 16})
     assert predicted == pytest.approx(measured, rel=0.05)
 
@@ -122,7 +129,7 @@ def test_compiled_block_activation_bytes_match_what_it_saves(case):
     predicted = compiled_activation_bytes_per_token(args, 0, 2, lora_shape)
     measured = saved_bytes_per_token(args, torch.bfloat16, lora=lora, compile_budget=1.0)
     assert predicted == pytest.approx(measured, rel=0.02)
-    eager = args.activation_bytes_per_token(0, "none", 2, lora_shape)
+    eager = activation_bytes_per_token(args, 0, "none", 2, lora_shape)
     assert measured < 0.95 * eager
     if case == "dense-all-linear":
         bound = compiled_activation_bytes_per_token(args, 0, 2, lora_shape, memory_budget=0.8)
@@ -136,7 +143,7 @@ def test_lora_parameter_count_matches_the_module():
     args = ModelArgs(vocab_size=50, dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=96)
     model = Decoder(args)
     lora = {"target_modules": ["q_proj", "v_proj", "down_proj"], "rank": 8, "alpha": 16}
-    report = apply_lora(model, lora).lora_report
+    report = apply_lora(model, lora)
     assert (
         lora_params(args, LoraShape(8, ("q_proj", "v_proj", "down_proj")))
         == report.trainable_params
@@ -155,3 +162,40 @@ def test_training_flops_follow_the_6n_rule_and_lora_saves_a_third():
     # causal attention over 4096-token documents: 6 * layers * heads * head_dim * (L + 1)
     long = training_flops_per_token(args, doc_len=4096)
     assert long - full == pytest.approx(6 * 32 * 32 * 128 * 4096, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "lora",
+    [
+        {"target_modules": ["all-linear"], "rank": 8},
+        {"target_modules": ["all-linear"], "rank": 8, "rank_pattern": {"o_proj": 4}},
+        {
+            "target_modules": ["q_proj", "v_proj", "experts.down_proj"],
+            "rank": 8,
+            "rank_pattern": {r"re:model\.layers\.1\.self_attn\.q_proj": 32, "experts.down_proj": 2},
+        },
+    ],
+)
+def test_the_planners_lora_shape_counts_what_apply_lora_builds(lora):
+    """One selection for both: ranks by `rank_pattern`, expert banks, defaults."""
+    from tuneforge.config.schema import LoraSection
+    from tuneforge.models.args import MoEArgs
+    from tuneforge.models.decoder import Decoder
+    from tuneforge.peft.selection import lora_shape
+
+    moe = MoEArgs(num_experts=4, top_k=2, expert_ffn_dim=24)
+    args = ModelArgs(
+        vocab_size=50,
+        dim=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_dim=96,
+        moe=moe,
+        family="qwen3_moe",
+        qk_norm=True,
+    )
+    section = LoraSection.model_validate(lora)
+    shape = lora_shape(section, args)
+    report = apply_lora(Decoder(args), section)
+    assert lora_params(args, shape) == report.trainable_params  # nothing else trains

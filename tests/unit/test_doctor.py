@@ -193,7 +193,7 @@ class _Board:
         self.power_limit_w, self.reasons = power_limit_w, reasons
 
     def read(self):
-        from tuneforge.train.gpu_clocks import Sample
+        from tuneforge.hardware.nvml import Sample
 
         return Sample(345.0, 80.0, self.reasons)
 

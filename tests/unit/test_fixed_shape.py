@@ -1,6 +1,8 @@
 """Batches brought to a fixed shape for a captured step: the same tokens, documents, loss and
 gradients as the batch as it came, with padding and empty document slots that change nothing."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -9,13 +11,15 @@ from tuneforge.bench.batches import synthetic_batch
 from tuneforge.config.schema import TrainSection
 from tuneforge.data.fixed_shape import documents_needed, to_fixed_shape
 from tuneforge.data.packing import IGNORE_INDEX, PAD_TOKEN
+from tuneforge.errors import TuneforgeError
 from tuneforge.models.api import load_model
 from tuneforge.models.hf.checkpoint import load_hf_model
+from tuneforge.parallel.captured_step import captured_step_blockers
 from tuneforge.peft.apply import apply_lora
-from tuneforge.train.captured_step import CapturedStep, captured_step_blockers
 from tuneforge.train.loss import chunked_cross_entropy
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
+from tuneforge.train.step import StepRunner
 
 
 def test_a_short_batch_gets_a_padding_document_and_empty_slots():
@@ -80,7 +84,7 @@ def test_a_fixed_shape_batch_trains_as_the_batch_it_came_from():
         if fixed:
             objective.every_row_loss = True
             batch = to_fixed_shape(batch, 256, 16)
-        loss_sum, _ = objective(batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens)
+        loss_sum = objective(batch).loss_sum
         loss_sum.backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         results.append((loss_sum.detach(), grads))
@@ -104,9 +108,7 @@ def test_padding_stays_out_of_the_moe_load_balancing_loss(tmp_path):
             objective.every_row_loss = True
             batch = to_fixed_shape(batch, 64, 8)
         real = None if fixed == "padding counted" else batch.real_tokens
-        loss_sum, aux = objective(
-            batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens, real
-        )
+        loss_sum, aux, _ = objective(dataclasses.replace(batch, real_tokens=real))
         (loss_sum + aux).backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         results.append((loss_sum.detach(), aux.detach(), grads))
@@ -126,8 +128,14 @@ def test_the_captured_step_says_what_stands_in_its_way():
     assert any("not on a CUDA GPU" in b for b in blockers)
     assert any("attention ['sdpa']" in b for b in blockers)
     objective = NextTokenObjective(model)
-    with pytest.raises(ValueError, match=r"train\.cuda_graph: the model is not on a CUDA GPU"):
-        CapturedStep(objective, model, optimizer, train, torch.device("cpu"))
+    with pytest.raises(TuneforgeError, match=r"train\.cuda_graph: the model is not on a CUDA GPU"):
+        StepRunner(
+            objective,
+            model,
+            optimizer,
+            train.model_copy(update={"cuda_graph": True}),
+            torch.device("cpu"),
+        )
 
 
 def test_evaluation_projects_only_the_supervised_rows(monkeypatch):
@@ -147,9 +155,9 @@ def test_evaluation_projects_only_the_supervised_rows(monkeypatch):
     objective = NextTokenObjective(model)
     objective.every_row_loss = True
     batch = synthetic_batch(model.args.vocab_size, 120, False, seed=3)
-    trained, _ = objective(batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens)
+    trained = objective(batch).loss_sum
     objective.eval()
     with torch.no_grad():
-        evaluated, _ = objective(batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens)
+        evaluated = objective(batch).loss_sum
     assert seen == [True, False]
     torch.testing.assert_close(evaluated, trained.detach(), rtol=1e-5, atol=1e-5)

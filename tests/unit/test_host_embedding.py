@@ -3,7 +3,7 @@ import pytest
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
-from tuneforge.train.host_embedding import embedding_to_host
+from tuneforge.parallel.host_embedding import embedding_to_host
 
 
 def tiny(tied: bool) -> Decoder:

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from tests.helpers import packed_batch
 from tuneforge.models.args import ModelArgs, MoEArgs
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 from tuneforge.peft.apply import apply_lora
 from tuneforge.train.objective import NextTokenObjective
 
@@ -34,7 +35,8 @@ def loss_and_adapter_gradients(args, targets, compute_dtype):
         if name.endswith("lora_B"):
             param.data.normal_(0, 0.05, generator=torch.Generator().manual_seed(2))
     tokens = torch.randint(0, args.vocab_size, (48,), generator=torch.Generator().manual_seed(3))
-    loss_sum, _ = NextTokenObjective(model)(tokens, tokens, PackedSequences.from_lengths([20, 28]))
+    batch = packed_batch(tokens, tokens, PackedSequences.from_lengths([20, 28]))
+    loss_sum = NextTokenObjective(model)(batch).loss_sum
     loss_sum.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
     assert all(g.dtype == torch.float32 for g in grads.values())  # fp32 master adapters

@@ -36,7 +36,7 @@ def test_adapter_starts_as_a_no_op_and_only_adapters_train(tmp_path):
     save_tiny_llama(tmp_path)
     model = load_hf_model(tmp_path, "float32", "sdpa")
     before = our_logits(model)
-    report = tuneforge.apply_lora(model, {"target_modules": TARGETS, "rank": 4}).lora_report
+    report = tuneforge.apply_lora(model, {"target_modules": TARGETS, "rank": 4})
     torch.testing.assert_close(our_logits(model), before)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(name.endswith(("lora_A", "lora_B")) for name in trainable)

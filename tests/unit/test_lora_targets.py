@@ -19,7 +19,7 @@ def moe_dir(tmp_path_factory):
 
 def selected(moe_dir, **lora):
     model = load_hf_model(moe_dir, "float32", "sdpa")
-    report = tuneforge.apply_lora(model, {"rank": 2, **lora}).lora_report
+    report = tuneforge.apply_lora(model, {"rank": 2, **lora})
     return {name for names in report.matched.values() for name in names}
 
 
@@ -79,7 +79,7 @@ def test_exclusions_apply_after_selection(moe_dir):
 
 def test_modules_to_save_train_in_full_and_nothing_else_trains(moe_dir):
     model = load_hf_model(moe_dir, "float32", "sdpa")
-    tuneforge.apply_lora(
+    report = tuneforge.apply_lora(
         model, {"target_modules": ["q_proj"], "modules_to_save": ["embed_tokens", "lm_head"]}
     )
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -87,7 +87,7 @@ def test_modules_to_save_train_in_full_and_nothing_else_trains(moe_dir):
     assert all(
         n.endswith(("lora_A", "lora_B")) for n in trainable - {"embed.weight", "lm_head.weight"}
     )
-    assert model.lora_report.saved_modules == ["lm_head", "model.embed_tokens"]
+    assert report.saved_modules == ["lm_head", "model.embed_tokens"]
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_bad_patterns_are_clear_errors(moe_dir, lora, message):
 def test_default_targets_skip_what_an_all_moe_model_lacks(tmp_path):
     save_tiny_model(tmp_path, "qwen3_moe")
     model = load_hf_model(tmp_path, "float32", "sdpa")
-    report = tuneforge.apply_lora(model, {"rank": 2}).lora_report
+    report = tuneforge.apply_lora(model, {"rank": 2})
     assert set(report.matched) == {"q_proj", "k_proj", "v_proj", "o_proj"}
     explicit = load_hf_model(tmp_path, "float32", "sdpa")
     with pytest.raises(LoraTargetError, match=r"\['gate_proj'\] match nothing"):

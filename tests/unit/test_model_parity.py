@@ -7,7 +7,7 @@ import transformers
 from tests.helpers import FAMILIES, save_tiny_model
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import load_hf_model, save_hf_model
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 
 LENGTHS = [7, 19, 1, 12]
 

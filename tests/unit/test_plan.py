@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from tuneforge.config import load_config
+from tuneforge.hardware.gpus import GIB
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.catalog import catalog_shape
 from tuneforge.models.cost import attention_activation_bytes_per_token
 from tuneforge.models.decoder import Decoder
-from tuneforge.plan.memory import GIB, Setup, static_bytes
+from tuneforge.plan.memory import Setup, static_bytes
 from tuneforge.plan.planner import (
     Hardware,
     jobs_needed,
@@ -363,9 +364,9 @@ def test_auto_runs_ddp_where_every_gpu_holds_the_whole_model_and_fsdp_elsewhere(
     where a ZeRO stage is asked for; the trainer decides the same way from its GPU's memory."""
     from types import SimpleNamespace
 
+    from tuneforge.parallel.distributed import Dist
     from tuneforge.plan.strategy import resolve_strategy
     from tuneforge.train import strategy_choice
-    from tuneforge.train.distributed import Dist
 
     small = ["model.name=llama-3.2-1b", "model.dtype=bfloat16", "train.tokens_per_micro_batch=4096",
              "data.max_seq_len=4096"]  # fmt: skip

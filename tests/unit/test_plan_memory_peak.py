@@ -3,14 +3,15 @@
 import pytest
 import torch
 
+from tests.helpers import packed_batch
 from tests.live_memory import LiveMemory
 from tuneforge.models.args import ModelArgs, MoEArgs
 from tuneforge.models.cost import LoraShape
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
+from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora
 from tuneforge.plan.memory import Setup, predict_memory
-from tuneforge.train.block_wrappers import wrap_blocks
 from tuneforge.train.objective import NextTokenObjective
 
 DENSE = ModelArgs(vocab_size=4096, dim=256, num_layers=4, num_heads=8, num_kv_heads=4, ffn_dim=768)
@@ -41,7 +42,7 @@ def measured_peak(args, lora, checkpointing, micro_batches) -> int:
     if lora is not None:
         targets = [*lora.targets, *(f"experts.{name}" for name in lora.experts)]
         apply_lora(model, {"target_modules": targets, "rank": lora.rank}, None, torch.float32)
-    wrap_blocks(model, checkpointing)
+    wrap_blocks(model, BlockWrapping(checkpointing))
     objective = NextTokenObjective(model)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, foreach=False)
@@ -52,7 +53,7 @@ def measured_peak(args, lora, checkpointing, micro_batches) -> int:
 
     def step():
         for _ in range(micro_batches):
-            loss_sum, aux = objective(tokens, tokens, packed)
+            loss_sum, aux, _ = objective(packed_batch(tokens, tokens, packed))
             (loss_sum / TOKENS + 0.001 * aux).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

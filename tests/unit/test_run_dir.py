@@ -4,8 +4,7 @@ and come back if it is not; nothing else in the directory is touched."""
 import pytest
 
 from tuneforge.errors import TuneforgeError
-from tuneforge.train.distributed import Dist
-from tuneforge.train.run_dir import prepare_run_dir, replacing
+from tuneforge.runs.run_dir import prepare_run_dir, replacing
 
 
 def previous_run(run_dir):
@@ -26,10 +25,10 @@ def test_overwrite_removes_the_previous_run_and_keeps_what_is_not_its_own(tmp_pa
     run_dir.mkdir()
     previous_run(run_dir)
     with pytest.raises(TuneforgeError, match="already holds a run"):
-        prepare_run_dir(run_dir, "never", overwrite=False, world=Dist())
-    assert prepare_run_dir(run_dir, "never", overwrite=True, world=Dist()) is None
+        prepare_run_dir(run_dir, "never", overwrite=False)
+    assert prepare_run_dir(run_dir, "never", overwrite=True) is None
     assert names(run_dir) == [".replaced", "notes.md", "slurm-123.out"]
-    with replacing(run_dir, Dist(), replaced=True):
+    with replacing(run_dir, True, replaced=True):
         (run_dir / "config.yaml").write_text("the new run")
     assert names(run_dir) == ["config.yaml", "notes.md", "slurm-123.out"]
     assert (run_dir / "slurm-123.out").read_text() == "the job writing this log is still running"
@@ -52,10 +51,10 @@ def test_a_new_run_that_stops_in_its_setup_gives_the_previous_run_back(tmp_path)
     run_dir.mkdir()
     previous_run(run_dir)
     before = contents(run_dir)
-    prepare_run_dir(run_dir, "never", overwrite=True, world=Dist())
+    prepare_run_dir(run_dir, "never", overwrite=True)
     with (
         pytest.raises(TuneforgeError, match="bad data"),
-        replacing(run_dir, Dist(), replaced=True),
+        replacing(run_dir, True, replaced=True),
     ):
         (run_dir / "checkpoints").mkdir()
         (run_dir / "metrics.jsonl").write_text("the new run")
@@ -73,6 +72,6 @@ def test_a_setup_that_set_nothing_aside_leaves_the_directory_alone(tmp_path):
     (run_dir / ".replaced").mkdir()
     (run_dir / ".replaced" / "config.yaml").write_text("older")
     before = contents(run_dir)
-    with pytest.raises(KeyboardInterrupt), replacing(run_dir, Dist(), replaced=False):
+    with pytest.raises(KeyboardInterrupt), replacing(run_dir, True, replaced=False):
         raise KeyboardInterrupt
     assert contents(run_dir) == before

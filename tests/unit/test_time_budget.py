@@ -8,9 +8,9 @@ import pytest
 
 from tuneforge.config import ConfigError, load_config
 from tuneforge.config.durations import parse_duration
-from tuneforge.train.metrics import Pace
-from tuneforge.train.projection import project
-from tuneforge.train.time_budget import Deadline, find_deadline, time_needed_to_stop
+from tuneforge.runs.pace import Pace
+from tuneforge.runs.projection import project
+from tuneforge.runs.time_budget import Deadline, find_deadline, time_needed_to_stop
 
 DEMO = "examples/demo.yaml"
 
@@ -85,7 +85,7 @@ def test_projection_counts_jobs_and_flags_unreachable_checkpoints():
 
 
 def test_plot_draws_several_runs(tmp_path):
-    from tuneforge.train.plot import plot_runs
+    from tuneforge.runs.plot import plot_runs
 
     for name, scale in (("a", 1.0), ("b", 2.0)):
         run = tmp_path / name

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 
 MEDIAN_DOC_TOKENS = 600
 SIGMA = 0.9

@@ -7,7 +7,7 @@ import statistics
 import threading
 from collections.abc import Callable
 
-from tuneforge.train.gpu_clocks import HELD_DOWN_BY, Sample
+from tuneforge.hardware.nvml import HELD_DOWN_BY, Sample
 
 INTERVAL_S = 0.02
 

@@ -14,16 +14,15 @@ from tuneforge.config.schema import ParallelSection, TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
 from tuneforge.models.api import load_model
-from tuneforge.models.cost import LoraShape
+from tuneforge.models.cost import LoraShape, training_flops_per_token
+from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
+from tuneforge.parallel.distributed import Dist, init_distributed, parallelize, strategy_of
+from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.train.block_wrappers import wrap_blocks
-from tuneforge.train.captured_step import CapturedStep, step_function
-from tuneforge.train.distributed import Dist, init_distributed, parallelize, strategy_of
-from tuneforge.train.host_embedding import embedding_to_host
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
-from tuneforge.train.step import StepResult
+from tuneforge.train.step import StepResult, StepRunner
 
 DISTINCT_BATCHES = 4
 """Packed batches each rank cycles through; their costs differ (attention grows with each
@@ -119,13 +118,15 @@ def run_ours(
         embedding_to_host(model, world.world_size)
     wrap_blocks(
         model,
-        settings.checkpointing,
-        compile=settings.compiled,
-        offload=settings.offload,
-        memory_budget=settings.memory_budget,
-        offload_activations=settings.offload_activations,
-        keep_activations=settings.keep_activations,
-        autotune=settings.autotune,
+        BlockWrapping(
+            checkpointing=settings.checkpointing,
+            compile=settings.compiled,
+            offload=settings.offload,
+            memory_budget=settings.memory_budget,
+            offload_activations=settings.offload_activations,
+            keep_activations=settings.keep_activations,
+            autotune=settings.autotune,
+        ),
     )
     parallel = ParallelSection(
         strategy=strategy_for(settings, world),
@@ -151,7 +152,7 @@ def run_ours(
     steps = whole_cycles(steps, len(batches), accum)
     counter = iter(range(10**9))
     queued: list[StepResult] = []
-    queue_step = step_function(objective, model, optimizer, train, world.device)
+    queue_step = StepRunner(objective, model, optimizer, train, world.device)
 
     def step() -> None:
         """As the trainer's loop: a step's numbers are read once the next step is queued."""
@@ -162,8 +163,9 @@ def run_ours(
         queued.append(result)
 
     result = time_steps(step, warmup, steps, host_profiler) | {"steps": steps}
-    if isinstance(queue_step, CapturedStep):  # replays allocate nothing: the captured step's peak
-        result["peak_alloc_gib"] = max(result["peak_alloc_gib"], queue_step.peak_allocated / 2**30)
+    if queue_step.captured is not None:  # replays allocate nothing: the captured step's peak
+        peak = queue_step.captured.peak_allocated / 2**30
+        result["peak_alloc_gib"] = max(result["peak_alloc_gib"], peak)
     if profile:
         from tuneforge.bench.profile import peak_breakdown, profile_steps
 
@@ -174,7 +176,7 @@ def run_ours(
             result["profile"]["timeline_by_rank"] = timelines
     flops = sum(
         sum(
-            length * model.args.training_flops_per_token(length, lora_shape(workload))
+            length * training_flops_per_token(model.args, length, lora_shape(workload))
             for length in batch.packed.lengths()
         )
         for batch in batches

@@ -11,6 +11,7 @@ from tuneforge.bench.ours import lora_shape
 from tuneforge.bench.timing import time_steps
 from tuneforge.bench.workloads import Workload
 from tuneforge.models.catalog import catalog_shape
+from tuneforge.models.cost import training_flops_per_token
 from tuneforge.models.hf.adapter import adapter_for
 
 LIGER_PATCHES = {
@@ -66,7 +67,7 @@ def _measure(model, workload: Workload, warmup: int, steps: int) -> dict:
 def _result(workload: Workload, system: str, checkpointing: bool, timing: dict) -> dict:
     args = _args(workload)
     lora = lora_shape(workload)
-    flops = workload.tokens * args.training_flops_per_token(workload.tokens, lora)
+    flops = workload.tokens * training_flops_per_token(args, workload.tokens, lora)
     return timing | {
         "system": system,
         "variant": "checkpointing" if checkpointing else "no checkpointing",

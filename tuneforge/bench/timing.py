@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 
 from tuneforge.bench.gpu_clocks import GpuSampler
-from tuneforge.train.gpu_clocks import open_nvml
-from tuneforge.train.hardware import allocator_counts
+from tuneforge.hardware.nvml import open_nvml
+from tuneforge.train.device_watch import allocator_counts
 
 
 def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=None) -> dict:

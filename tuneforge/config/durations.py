@@ -23,3 +23,11 @@ def parse_duration(text: str) -> float:
         days, hours = match.group(1), match.group(2)
         return int(days) * 86400 + int(hours) * 3600
     raise ValueError(f"cannot read {text!r} as a duration: use 90m, 4h, 1d, HH:MM:SS or D-HH:MM:SS")
+
+
+def format_duration(seconds: float) -> str:
+    """`[D-]HH:MM:SS`, as SLURM writes a time limit."""
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text

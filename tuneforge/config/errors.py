@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from tuneforge.errors import TuneforgeError
+
 
 @dataclass(frozen=True)
 class ConfigIssue:
@@ -19,7 +21,7 @@ class ConfigIssue:
         return f"{where}{field}{self.message}{fix}"
 
 
-class ConfigError(Exception):
+class ConfigError(TuneforgeError):
     """One or more configuration problems; `issues` lists them all."""
 
     def __init__(self, issues: list[ConfigIssue], source: str = "") -> None:

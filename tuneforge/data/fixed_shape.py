@@ -9,7 +9,7 @@ import torch
 
 from tuneforge.data.packing import PAD_TOKEN, PackedBatch
 from tuneforge.data.token_store import IGNORE_INDEX
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 
 
 def documents_needed(batch: PackedBatch, tokens: int) -> int:

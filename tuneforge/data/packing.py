@@ -16,7 +16,7 @@ import torch
 from tuneforge.data.bin_packing import STRATEGIES, padded_groups
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
 from tuneforge.data.token_store import IGNORE_INDEX, Example, TokenStore, make_example
-from tuneforge.models.packed import PackedSequences, to_device
+from tuneforge.packed import PackedSequences, to_device
 
 __all__ = ["IGNORE_INDEX", "Example", "PackedBatch", "PackedLoader", "collate", "make_example"]
 

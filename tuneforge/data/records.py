@@ -12,14 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
+from tuneforge.errors import TuneforgeError
+
 SUFFIXES = (".jsonl", ".json", ".parquet", ".npy")
 
 
-class DataError(ValueError):
+class DataError(TuneforgeError):
     """A data file that cannot be used as it is."""
 
 
-class RecordError(ValueError):
+class RecordError(TuneforgeError):
     """One record that cannot be used; the message says which field and why."""
 
 

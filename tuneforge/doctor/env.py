@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from tuneforge.hardware.nvml import Nvml, open_nvml
 from tuneforge.models import flash4
 from tuneforge.models.attention import resolve_backend
-from tuneforge.train.gpu_clocks import Nvml, open_nvml
 
 SMALL_CACHE_GIB = 50.0
 LOWERED_POWER_LIMIT = 0.95

@@ -7,7 +7,7 @@ import re
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from tuneforge.train.projection import duration
+from tuneforge.config.durations import format_duration
 
 RANK = re.compile(r"\[(?:default)?rank\s*(\d+)\]|\brank[ =:]*(\d+)\b", re.IGNORECASE)
 STEP_PATTERNS = (
@@ -184,8 +184,8 @@ def scan_log(text: str, time_limit_s: float | None = None) -> LogReport:
                     "eta_exceeds_limit",
                     1,
                     f"{report.total_steps} steps at {report.step_time_s:.2f} s/step take "
-                    f"{total_s / 3600:.0f} h ({duration(total_s)}), more than the "
-                    f"{duration(time_limit_s)} limit",
+                    f"{total_s / 3600:.0f} h ({format_duration(total_s)}), more than the "
+                    f"{format_duration(time_limit_s)} limit",
                     f"chain about {int(jobs)} jobs with --resume auto (tuneforge slurm), or "
                     "reconfigure: fewer steps, packing, shorter sequences, more GPUs",
                 )

@@ -6,9 +6,10 @@ the error message."""
 from pathlib import Path
 
 from tuneforge.config import load_config
-from tuneforge.plan.memory import GIB
+from tuneforge.hardware.gpus import GIB
 from tuneforge.plan.memory_options import COMPILE_BUDGET
-from tuneforge.plan.planner import Hardware, plan_run
+from tuneforge.plan.plan import Hardware
+from tuneforge.plan.planner import plan_run
 
 REMEDIES = {
     "train.activation_checkpointing=full": "activation checkpointing on every block",

@@ -12,23 +12,19 @@ from tuneforge.export.output import write_atomically
 from tuneforge.export.sources import ExportError, ExportSource
 from tuneforge.models.api import load_model
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.hf.checkpoint import CheckpointError, read_hf_config, save_hf_model
-from tuneforge.peft.adapter_io import AdapterError, load_adapter
+from tuneforge.models.hf.checkpoint import read_hf_config, save_hf_model
+from tuneforge.peft.adapter_io import load_adapter
 from tuneforge.peft.apply import merge_lora
-from tuneforge.peft.targets import LoraTargetError
 
 DEFAULT_SHARD_BYTES = 5 * 2**30
 
 
 def load_merged(source: ExportSource, dtype: str | None = None) -> Decoder:
     """The base with the adapter folded in (in fp32, then cast to the weights' dtype)."""
-    try:
-        model = load_model(source.base, dtype=dtype)
-        if source.adapter is not None:
-            load_adapter(model, source.adapter, dtype=torch.float32)
-            merge_lora(model)
-    except (CheckpointError, AdapterError, LoraTargetError, ValueError) as error:
-        raise ExportError(str(error)) from None
+    model = load_model(source.base, dtype=dtype)
+    if source.adapter is not None:
+        load_adapter(model, source.adapter, dtype=torch.float32)
+        merge_lora(model)
     return model
 
 

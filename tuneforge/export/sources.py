@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuneforge.errors import TuneforgeError
-from tuneforge.train.outputs import ADAPTER_DIR, FINAL_DIR
+from tuneforge.runs.files import ADAPTER_DIR, FINAL_DIR
 
 
 class ExportError(TuneforgeError):

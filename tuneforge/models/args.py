@@ -90,18 +90,3 @@ class ModelArgs:
         )
         embeddings = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
         return blocks + embeddings + self.dim
-
-    def training_flops_per_token(self, doc_len: int, lora=None) -> float:
-        """Forward + backward FLOPs per token over documents of `doc_len` tokens (see `cost`)."""
-        from tuneforge.models.cost import training_flops_per_token
-
-        return training_flops_per_token(self, doc_len, lora)
-
-    def activation_bytes_per_token(
-        self, layer: int, checkpointing: str, dtype_bytes: int = 2, lora=None
-    ) -> float:
-        """Bytes layer `layer` keeps for backward per token, all weights training or with `lora`
-        (a `cost.LoraShape`) on a frozen base (see `cost`)."""
-        from tuneforge.models.cost import activation_bytes_per_token
-
-        return activation_bytes_per_token(self, layer, checkpointing, dtype_bytes, lora)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.models import flash4
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,14 @@ class LoraShape:
     """One adapter per bank shared by all experts, instead of one per expert."""
     fp32_compute: bool = False
     """Adapter matmuls in fp32 (activations cast up) instead of the model's dtype."""
+    ranks: tuple[tuple[int, str, int], ...] = ()
+    """(layer, projection, rank) where a module has another rank than `rank` (`rank_pattern`)."""
+
+    def rank_of(self, layer: int, name: str) -> int:
+        for at, projection, rank in self.ranks:
+            if at == layer and projection == name:
+                return rank
+        return self.rank
 
 
 def linear_shapes(args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
@@ -60,14 +68,14 @@ def layer_lora_params(args: ModelArgs, lora: LoraShape, layer: int, active: bool
     """`lora_params` of one layer."""
     shapes = linear_shapes(args, layer)
     total = sum(
-        lora.rank * (fan_in + fan_out)
+        lora.rank_of(layer, name) * (fan_in + fan_out)
         for name, (fan_in, fan_out) in shapes.items()
         if name in lora.targets
     )
     if args.moe is not None and args.is_sparse_layer(layer) and lora.experts:
         copies = args.moe.top_k if active else 1 if lora.shared_experts else args.moe.num_experts
         total += sum(
-            copies * lora.rank * (fan_in + fan_out)
+            copies * lora.rank_of(layer, name) * (fan_in + fan_out)
             for name, (fan_in, fan_out) in expert_projection_shapes(args).items()
             if name in lora.experts
         )
@@ -152,14 +160,16 @@ def adapter_bytes_per_token(
     copies = compute != dtype_bytes
     shapes = linear_shapes(args, layer)
     adapted = [name for name in shapes if name in lora.targets]
-    size = compute * lora.rank * len(adapted)
+    size = compute * sum(lora.rank_of(layer, name) for name in adapted)
     for group in SHARED_INPUTS:
         readers = [name for name in group if name in adapted]
         if readers:
             size += compute * shapes[readers[0]][0] * (len(readers) if copies else 1)
     if args.moe is not None and args.is_sparse_layer(layer):
         banks = expert_projection_shapes(args)
-        per_copy = sum(compute * lora.rank for name in banks if name in lora.experts)
+        per_copy = sum(
+            compute * lora.rank_of(layer, name) for name in banks if name in lora.experts
+        )
         if "gate_up_proj" in lora.experts:
             per_copy += compute * args.dim
         if "down_proj" in lora.experts:

@@ -15,8 +15,8 @@ from tuneforge.models.attention import BACKENDS
 from tuneforge.models.kv_cache import KVCache, LayerCache
 from tuneforge.models.moe import MoE, load_balancing_loss
 from tuneforge.models.norm import RMSNorm
-from tuneforge.models.packed import PackedSequences, to_device
 from tuneforge.models.rope import RotaryEmbedding, apply_rotary
+from tuneforge.packed import PackedSequences, to_device
 
 
 def project_each(x: torch.Tensor, *linears: nn.Module) -> list[torch.Tensor]:

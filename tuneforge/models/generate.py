@@ -4,7 +4,7 @@ at once, with a key/value cache (prompts are prefilled as one packed batch)."""
 import torch
 
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tuneforge.models.packed import PackedSequences
+from tuneforge.packed import PackedSequences
 
 
 @dataclass

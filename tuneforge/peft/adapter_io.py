@@ -18,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tuneforge.config.schema import LoraSection
+from tuneforge.errors import TuneforgeError
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import gathered
 from tuneforge.peft.apply import apply_lora, full_modules, lora_modules
@@ -30,7 +31,7 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
 
-class AdapterError(ValueError):
+class AdapterError(TuneforgeError):
     """An adapter directory that does not fit the model it is loaded into."""
 
 

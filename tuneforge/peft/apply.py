@@ -9,13 +9,12 @@ import torch
 from torch import nn
 
 from tuneforge.config.schema import LoraSection
-from tuneforge.models.cost import LoraShape
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.expert_lora import ExpertLoRA
 from tuneforge.peft.lora import LoRALinear
-from tuneforge.peft.targets import Candidate, LoraTargetError, candidates, matches, pattern_value
-from tuneforge.peft.targets import select as select_targets
+from tuneforge.peft.selection import selected_targets
+from tuneforge.peft.targets import Candidate, LoraTargetError, matches, pattern_value
 
 
 @dataclass
@@ -31,19 +30,6 @@ class LoraReport:
     @property
     def trainable_share(self) -> float:
         return self.trainable_params / max(self.total_params, 1)
-
-    def shape(self, lora: LoraSection) -> LoraShape:
-        """The cost formulas' view of what was adapted: linears by leaf name, expert banks."""
-        names = {name for names in self.matched.values() for name in names}
-        leaves = {name.rsplit(".", 1)[-1] for name in names if ".experts." not in name}
-        banks = {name.rsplit(".", 1)[-1] for name in names if ".experts." in name}
-        return LoraShape(
-            lora.rank,
-            tuple(sorted(leaves)),
-            tuple(sorted(banks)),
-            lora.share_expert_adapters,
-            lora.compute_dtype == "float32",
-        )
 
     def log(self, logger: logging.Logger) -> None:
         for pattern, names in self.matched.items():
@@ -93,9 +79,9 @@ def apply_lora(
     config: LoraSection | dict[str, Any],
     generator: torch.Generator | None = None,
     dtype: torch.dtype | None = None,
-) -> nn.Module:
+) -> "LoraReport":
     """Adapt what `config` (a LoRA section, or a dict of its fields) selects, freeze everything
-    else except `modules_to_save`, and return the model; what was done is in `model.lora_report`.
+    else except `modules_to_save`, and say what was done.
     Adapters live in `dtype` (default: the base weight's), e.g. fp32 adapters on a bf16 base.
     With `enabled: false` nothing is wrapped and every parameter trains."""
     lora = as_lora_config(config)
@@ -105,22 +91,9 @@ def apply_lora(
     if not lora.enabled:
         for param in model.parameters():
             param.requires_grad_(True)
-        model.lora_report = LoraReport(trainable_params=total, total_params=total)
-        return model
-    found = candidates(model, adapter_for(model.args.family))
-    targets = lora.target_modules
-    if "target_modules" not in lora.model_fields_set:
-        # the default list names dense MLP projections, which an all-MoE model does not have
-        targets = [t for t in targets if any(matches(t, c) for c in found)] or targets
-    selected = select_targets(found, targets, lora.exclude_modules)
+        return LoraReport(trainable_params=total, total_params=total)
+    selected = selected_targets(model, lora)
     chosen = {c for hits in selected.values() for c in hits}
-    for key, patterns in (
-        ("rank_pattern", lora.rank_pattern),
-        ("alpha_pattern", lora.alpha_pattern),
-    ):
-        for pattern in patterns:
-            if not any(matches(pattern, c) for c in chosen):
-                raise LoraTargetError(f"lora.{key} {pattern!r} matches none of the adapted modules")
     saved = full_modules(model, lora.modules_to_save)
     for param in model.parameters():
         param.requires_grad_(False)
@@ -129,14 +102,13 @@ def apply_lora(
     for name in saved:
         for param in model.get_submodule(name).parameters():
             param.requires_grad_(True)
-    model.lora_config = lora
-    model.lora_report = LoraReport(
+    model.lora_config = lora  # what the adapter's saved configuration says
+    return LoraReport(
         matched={p: sorted(c.hf_name for c in hits) for p, hits in selected.items()},
         saved_modules=sorted(saved.values()),
         trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
         total_params=sum(p.numel() for p in model.parameters()),
     )
-    return model
 
 
 def _attach(

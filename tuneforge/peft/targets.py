@@ -14,6 +14,7 @@ from fnmatch import fnmatchcase
 
 from torch import nn
 
+from tuneforge.errors import TuneforgeError
 from tuneforge.models.hf.adapter import StateDictAdapter
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.lora import LoRALinear
@@ -32,7 +33,7 @@ ALIASES = {
 }
 
 
-class LoraTargetError(ValueError):
+class LoraTargetError(TuneforgeError):
     """A LoRA pattern that matches nothing, or selects something LoRA cannot adapt."""
 
 

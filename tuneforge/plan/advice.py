@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuneforge.plan.memory import GIB
+from tuneforge.hardware.gpus import GIB
 from tuneforge.plan.memory_options import COMPILE_BUDGET, MemoryOptions
 from tuneforge.plan.strategy import REPLICATED_SHARE
 
@@ -15,7 +15,7 @@ RANK_WAIT_WORTH_BALANCING = 1.02
 
 if TYPE_CHECKING:
     from tuneforge.config import RunConfig
-    from tuneforge.plan.planner import Hardware, Plan
+    from tuneforge.plan.plan import Hardware, Plan
 
 
 def advise(

@@ -18,17 +18,18 @@ of weights and optimizer states. `other` is the runtime: context, collective buf
 
 from dataclasses import dataclass
 
+from tuneforge.hardware.gpus import GIB
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
     LoraShape,
+    activation_bytes_per_token,
     compiled_activation_bytes_per_token,
     layer_lora_params,
     lora_params,
     working_bytes_per_token,
 )
-from tuneforge.train.block_wrappers import offloaded_blocks, recomputed_blocks
+from tuneforge.plan.policies import offloaded_blocks, recomputed_blocks
 
-GIB = 2**30
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
 COLLECTIVE_BUFFERS_GIB = 0.5
 ALLOCATOR_ROUNDING = 0.05
@@ -154,7 +155,7 @@ def _layer_bytes(setup: Setup, layer: int, checkpointing: str) -> float:
             args, layer, b, setup.lora, setup.compile_memory_budget
         )
     else:
-        kept = args.activation_bytes_per_token(layer, checkpointing, b, setup.lora)
+        kept = activation_bytes_per_token(args, layer, checkpointing, b, setup.lora)
     if checkpointing == "none" and setup.attention == "eager":
         kept += args.num_heads * setup.mean_doc_len * (b + 4)  # scores and softmax per head
     return kept

@@ -4,9 +4,10 @@ GPU)."""
 
 from dataclasses import dataclass, replace
 
-from tuneforge.plan.memory import GIB, Setup, predict_memory
+from tuneforge.hardware.gpus import GIB
+from tuneforge.plan.memory import Setup, predict_memory
+from tuneforge.plan.policies import recomputed_blocks
 from tuneforge.plan.traffic import step_traffic_bytes
-from tuneforge.train.block_wrappers import recomputed_blocks
 
 COMPILE_BUDGET = 0.8
 """The compiled blocks' memory budget the planner proposes before checkpointing: on Llama-3-8B

@@ -5,129 +5,42 @@ real lengths, before any GPU is used."""
 import logging
 import math
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
+from tuneforge.hardware.gpus import GIB, PEAK_TFLOPS
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.catalog import CATALOG, catalog_shape
-from tuneforge.models.cost import LoraShape
+from tuneforge.models.cost import training_flops_per_token
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import read_hf_config
+from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.advice import advise
-from tuneforge.plan.memory import GIB, Memory, Setup, predict_memory
+from tuneforge.plan.memory import Setup, predict_memory
 from tuneforge.plan.memory_options import memory_options, recomputed
+from tuneforge.plan.plan import Hardware, Plan
+from tuneforge.plan.policies import reshard_after_forward
 from tuneforge.plan.rank_wait import rank_waits
 from tuneforge.plan.strategy import resolve_strategy
 from tuneforge.plan.traffic import step_traffic_bytes
 from tuneforge.plan.workload import (
-    Workload,
     epoch_workload,
     lengths_after_policy,
     mean_document_length,
 )
-from tuneforge.train.distributed import reshard_after_forward
-from tuneforge.train.hardware import PEAK_TFLOPS
-from tuneforge.train.metrics import read_metrics
+from tuneforge.runs.files import read_metrics
 
 log = logging.getLogger(__name__)
 
-GPU_MEMORY_GIB = {
-    "H200": 141.0,
-    "H100": 80.0,
-    "A100-40GB": 40.0,
-    "A100": 80.0,
-    "B200": 180.0,
-    "MI355X": 288.0,
-    "MI300X": 192.0,
-    "MI250X": 64.0,
-}
 DEFAULT_MFU = 0.40
 """Share of peak FLOP/s assumed without a measured run (`--calibrate RUN_DIR` replaces it)."""
 LENGTH_ROUNDING = 64
 DENSE_ZERO2_MAX_PARAMS = 13e9
 MOE_ZERO2_MAX_PARAMS = 30e9
-
-
-@dataclass(frozen=True)
-class Hardware:
-    gpus: int = 1
-    nodes: int = 1
-    gpu: str = "H100"
-    memory_gib: float | None = None
-    time_limit_s: float | None = None
-    mfu: float | None = None
-    master_weights: bool = False
-    """Count fp32 master weights and AdamW states, as DeepSpeed's bf16 mixed precision keeps
-    them (tuneforge keeps states in the weights' dtype)."""
-
-    @property
-    def data_parallel(self) -> int:
-        return self.gpus * self.nodes
-
-    @property
-    def gpu_memory_gib(self) -> float:
-        return self.memory_gib or GPU_MEMORY_GIB.get(self.gpu, 80.0)
-
-    @property
-    def platform(self) -> str:
-        return "rocm" if self.gpu.startswith("MI") else "cuda"
-
-
-@dataclass
-class Plan:
-    memory: Memory
-    gpu_memory_gib: float
-    fits: bool
-    zero_stage: int
-    zero_stage_advice: str
-    gradient_checkpointing_needed: bool
-    largest_micro_batch_tokens: int
-    step_time_s: float
-    steps: int
-    eta_h: float
-    jobs_needed: int | None
-    epoch: Workload | None
-    collective_gb_per_step: float = 0.0
-    """Bytes (GB) each GPU sends per optimizer step in its data-parallel collectives."""
-    strategy: str = "single"
-    strategy_reason: str = ""
-    slowest_rank_factor: float = 1.0
-    """A step's time over its mean rank's work (`rank_wait`; 1.0 without the data's lengths)."""
-    balanced_slowest_rank_factor: float = 1.0
-    """The same with `data.balance_ranks`."""
-    suggested_max_seq_len: int | None = None
-    problems: list[str] = field(default_factory=list)
-    advice: list[str] = field(default_factory=list)
-    what_if: list[dict] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {
-            "memory_gib": self.memory.gib(),
-            "gpu_memory_gib": self.gpu_memory_gib,
-            "fits": self.fits,
-            "headroom_gib": self.gpu_memory_gib - self.memory.total / GIB,
-            "zero_stage": self.zero_stage,
-            "zero_stage_advice": self.zero_stage_advice,
-            "gradient_checkpointing_needed": self.gradient_checkpointing_needed,
-            "largest_micro_batch_tokens": self.largest_micro_batch_tokens,
-            "suggested_max_seq_len": self.suggested_max_seq_len,
-            "step_time_s": self.step_time_s,
-            "steps": self.steps,
-            "eta_h": self.eta_h,
-            "jobs_needed": self.jobs_needed,
-            "collective_gb_per_step": self.collective_gb_per_step,
-            "strategy": self.strategy,
-            "strategy_reason": self.strategy_reason,
-            "slowest_rank_factor": self.slowest_rank_factor,
-            "balanced_slowest_rank_factor": self.balanced_slowest_rank_factor,
-            "problems": self.problems,
-            "advice": self.advice,
-            "what_if": self.what_if,
-        }
 
 
 def model_args(config: RunConfig) -> ModelArgs:
@@ -176,7 +89,7 @@ def zero_stage_advice(args: ModelArgs, data_parallel: int) -> tuple[int, str]:
 
 
 def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_len: float) -> Setup:
-    lora = lora_shape_of(config)
+    lora = lora_shape(config.lora, args)
     attention = "eager" if config.model.attention == "eager" else "flash"
     return Setup(
         args=args,
@@ -200,42 +113,6 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         compiled=config.train.compile,
         compile_memory_budget=config.train.compile_memory_budget,
     )
-
-
-def lora_shape_of(config: RunConfig) -> LoraShape | None:
-    lora = config.lora
-    if not lora.enabled:
-        return None
-    return LoraShape(
-        lora.rank,
-        tuple(_lora_leaves(lora.target_modules)),
-        _expert_projections(lora.target_modules),
-        lora.share_expert_adapters,
-        lora.compute_dtype == "float32",
-    )
-
-
-def _expert_projections(targets: list[str]) -> tuple[str, ...]:
-    """Expert-bank projections the LoRA targets select (`gate_up_proj`, `down_proj`)."""
-    from tuneforge.peft.targets import ALIASES, BANK_PROJECTIONS
-
-    names = {name for target in targets for name in ALIASES.get(target, [target])}
-    return tuple(p for p in BANK_PROJECTIONS if any(n.endswith(f"experts.{p}") for n in names))
-
-
-def _lora_leaves(targets: list[str]) -> list[str]:
-    from tuneforge.models.cost import LINEAR_NAMES
-    from tuneforge.peft.targets import ALIASES
-
-    leaves = set()
-    for target in targets:
-        if target == "all-linear":
-            leaves |= set(LINEAR_NAMES)
-        for name in ALIASES.get(target, [target]):
-            leaf = name.rsplit(".", 1)[-1]
-            if leaf in LINEAR_NAMES and "experts" not in name:
-                leaves.add(leaf)
-    return sorted(leaves)
 
 
 def largest_budget(setup: Setup, capacity_gib: float) -> int:
@@ -289,7 +166,7 @@ def plan_run(
             lengths,
             train.tokens_per_micro_batch,
             data.packing,
-            lora_shape_of(config),
+            lora_shape(config.lora, args),
             train.seed,
         )
     setup = setup_of(config, args, hardware, mean_document_length(config.data, raw_lengths))
@@ -312,8 +189,8 @@ def plan_run(
         flops_per_micro_batch = epoch.flops / max(epoch.micro_batches, 1)
         micro_batches_per_epoch = epoch.micro_batches
     else:
-        flops_per_micro_batch = train.tokens_per_micro_batch * args.training_flops_per_token(
-            data.max_seq_len, setup.lora
+        flops_per_micro_batch = train.tokens_per_micro_batch * training_flops_per_token(
+            args, data.max_seq_len, setup.lora
         )
         micro_batches_per_epoch = None
     if setup.checkpointing != "none":  # recomputation: another forward of the checkpointed blocks

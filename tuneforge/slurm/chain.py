@@ -15,10 +15,10 @@ from pathlib import Path
 
 from tuneforge.config import RunConfig
 from tuneforge.config.durations import parse_duration
+from tuneforge.runs.files import JOBS_FILE
 
 SCRIPT = "train.sbatch"
 SUBMIT = "submit.sh"
-JOBS_FILE = "jobs.jsonl"
 DEFAULT_ENV = {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
 LATEST_STEP = (
     '"$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))[\'step\'])" '

@@ -5,8 +5,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneforge.slurm.chain import JOBS_FILE
-from tuneforge.train.metrics import read_metrics
+from tuneforge.runs.files import JOBS_FILE, read_metrics
 
 
 @dataclass

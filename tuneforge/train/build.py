@@ -5,14 +5,13 @@ import logging
 import torch
 
 from tuneforge.config.schema import ModelSection, RunConfig
-from tuneforge.data.records import DataError
 from tuneforge.data.templates import resolve_template
 from tuneforge.data.training_data import TrainingData, load_training_data
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.api import load_model
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.checkpoint import CheckpointError
-from tuneforge.train.distributed import Dist, barrier
+from tuneforge.parallel.distributed import Dist, barrier
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +83,15 @@ def load_data(config: RunConfig, tokenizer, world: Dist) -> TrainingData:
     if world.is_main:
         try:
             data = load()
-        except (DataError, ValueError) as error:
+        except TuneforgeError as error:
             problem = error
     barrier()
     if data is None and problem is None:
         try:
             data = load()
-        except (DataError, ValueError) as error:
+        except TuneforgeError as error:
             problem = error
-    if problem is not None or data is None:
-        raise TuneforgeError(str(problem)) from None
+    if problem is not None:
+        raise problem
+    assert data is not None
     return data

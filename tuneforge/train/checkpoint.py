@@ -33,12 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from tuneforge.errors import TuneforgeError
-from tuneforge.train.distributed import Dist, barrier
+from tuneforge.parallel.distributed import Dist, barrier
+from tuneforge.runs.files import CHECKPOINTS, LATEST, STATE_FILE, WEIGHTS_DIR
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-STATE_FILE = "state.json"
-WEIGHTS_DIR = "dcp"
 OPTIONS = StateDictOptions(ignore_frozen_params=True)
 """Only what trains is saved: adapters (and modules_to_save) for LoRA, everything otherwise."""
 LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
@@ -134,21 +131,6 @@ def save_checkpoint(
             shutil.rmtree(old)
     barrier()
     return final, time.perf_counter() - start
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint: the `latest` pointer, else the highest complete step."""
-    root = run_dir / CHECKPOINTS
-    pointer = root / LATEST
-    if pointer.is_file():
-        try:
-            candidate = root / json.loads(pointer.read_text())["path"]
-        except (json.JSONDecodeError, KeyError):
-            candidate = None
-        if candidate is not None and (candidate / STATE_FILE).is_file():
-            return candidate
-    complete = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file()]
-    return max(complete, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
 def _load_failure(error: CheckpointException) -> str:

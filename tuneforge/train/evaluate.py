@@ -9,6 +9,7 @@ from tuneforge.data.packing import PackedBatch
 from tuneforge.data.records import Conversation
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import generate
+from tuneforge.train.objective import objective_of
 
 
 @dataclass
@@ -32,9 +33,8 @@ def evaluate_loss(
     total, count = 0.0, 0
     for batch in batches:
         batch = batch.to(device)
-        loss_sum, _ = objective(batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens)
-        total += float(loss_sum)
-        count += batch.num_loss_tokens
+        total += float(objective(batch).loss_sum)
+        count += objective_of(objective).units(batch)
     objective.train(was_training)
     return EvalResult(total / max(count, 1), count)
 

@@ -3,7 +3,6 @@
 import logging
 import math
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,48 +15,52 @@ import torch.distributed as dist
 from tuneforge.config import RunConfig, dump_config
 from tuneforge.data.dataset import DatasetStats
 from tuneforge.errors import TuneforgeError
-from tuneforge.models.cost import training_flops_per_token
-from tuneforge.peft.apply import LoraReport, apply_lora
-from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.peft.targets import LoraTargetError
-from tuneforge.train.block_wrappers import refuse_unsupported_offload, wrap_blocks
-from tuneforge.train.build import build_model, load_data, load_tokenizer
-from tuneforge.train.captured_step import step_function
-from tuneforge.train.checkpoint import (
-    LoopState,
-    load_checkpoint,
-    read_loop_state,
-    save_checkpoint,
+from tuneforge.hardware.gpus import peak_tflops
+from tuneforge.parallel.block_wrappers import (
+    BlockWrapping,
+    refuse_unsupported_offload,
+    wrap_blocks,
 )
-from tuneforge.train.distributed import (
+from tuneforge.parallel.distributed import (
     barrier,
     init_distributed,
     parallelize,
     strategy_of,
     unwrap,
 )
-from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
-from tuneforge.train.hardware import DeviceWatch, peak_tflops
-from tuneforge.train.host_embedding import embedding_to_host
-from tuneforge.train.metrics import WARMUP_STEPS, MetricsLog, Pace, step_record
-from tuneforge.train.objective import NextTokenObjective
-from tuneforge.train.optim import build_optimizer, learning_rate
-from tuneforge.train.outputs import save_base, save_final
-from tuneforge.train.projection import project
-from tuneforge.train.run_dir import (
-    CONFIG_FILE,
-    FINISHED_FILE,
-    METRICS_FILE,
-    TENSORBOARD_DIR,
+from tuneforge.parallel.host_embedding import embedding_to_host
+from tuneforge.peft.apply import LoraReport, apply_lora
+from tuneforge.peft.selection import lora_shape
+from tuneforge.peft.stacked_weights import stack_frozen_weights
+from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE, METRICS_FILE, TENSORBOARD_DIR
+from tuneforge.runs.outputs import save_base, save_final
+from tuneforge.runs.pace import WARMUP_STEPS
+from tuneforge.runs.projection import project
+from tuneforge.runs.run_dir import (
     changed_settings,
     memory_settings,
     prepare_run_dir,
     replacing,
 )
-from tuneforge.train.step import HostValues, StepResult
-from tuneforge.train.stopping import STOP_REASONS, agree_on_stop, local_stop_code
+from tuneforge.runs.time_budget import Deadline, StopSignals, find_deadline
+from tuneforge.train.build import build_model, load_data, load_tokenizer
+from tuneforge.train.checkpoint import (
+    LoopState,
+    load_checkpoint,
+    read_loop_state,
+    save_checkpoint,
+)
+from tuneforge.train.device_watch import DeviceWatch
+from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
+from tuneforge.train.metrics import MetricsLog, StepLog
+from tuneforge.train.objective import build_objective
+from tuneforge.train.optim import build_optimizer, learning_rate
+from tuneforge.train.pending import PendingStep
+from tuneforge.train.progress import Progress
+from tuneforge.train.schedule import Schedule
+from tuneforge.train.step import StepRunner
+from tuneforge.train.stopping import StopCheck
 from tuneforge.train.strategy_choice import choose_strategy
-from tuneforge.train.time_budget import StopSignals, find_deadline
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +111,9 @@ class Trainer:
         strategy_of(config.parallel, self.world)  # refuses `single` on several processes early
         replaced = self.overwrite and (self.run_dir / CONFIG_FILE).exists()
         checkpoint = self._prepare_run_dir()
-        with replacing(self.run_dir, self.world, replaced):  # a setup that stops: the old run back
+        with replacing(
+            self.run_dir, self.world.is_main, replaced
+        ):  # a setup that stops: the old run back
             self._build(checkpoint)
 
     def _build(self, checkpoint: Path | None) -> None:
@@ -133,18 +138,9 @@ class Trainer:
         refuse_unsupported_offload(train, self.world.world_size, self.model.args)
         if train.offload_embedding:
             embedding_to_host(self.model, self.world.world_size)
-        wrap_blocks(
-            self.model,
-            train.activation_checkpointing,
-            train.checkpoint_every,
-            train.compile,
-            train.offload_checkpoints,
-            train.compile_memory_budget,
-            train.offload_activations,
-            train.keep_activations,
-        )
+        wrap_blocks(self.model, BlockWrapping.of(train))
         self.objective = parallelize(
-            NextTokenObjective(self.model, train.loss_chunk_tokens, train.compile),
+            build_objective(train, self.model),
             self.model.layers,
             self.strategy,
             config.parallel,
@@ -157,19 +153,14 @@ class Trainer:
         self.metrics = (
             MetricsLog(self.run_dir / METRICS_FILE, tensorboard) if self.world.is_main else None
         )
-        self.step, self.tokens_seen, self.nonfinite_steps, self.elapsed_before = 0, 0, 0, 0.0
+        self.progress = Progress()
         self.resumed_from = 0
         if checkpoint is not None:
             self._resume(checkpoint)
         elif self.world.is_main:
             (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
-        self.peak_tflops = peak_tflops(self.device, config.logging.peak_tflops)
-        try:  # after the resume: a captured step keeps the optimizer's state tensors
-            self.queue_step = step_function(
-                self.objective, self.model, self.optimizer, train, self.device
-            )
-        except ValueError as error:
-            raise TuneforgeError(f"{error}: drop train.cuda_graph") from None
+        # after the resume: a captured step keeps the optimizer's state tensors
+        self.queue_step = StepRunner(self.objective, self.model, self.optimizer, train, self.device)
 
     def _refuse_unsupported(self) -> None:
         precision = self.config.precision
@@ -179,7 +170,9 @@ class Trainer:
             )
 
     def _prepare_run_dir(self) -> Path | None:
-        return prepare_run_dir(self.run_dir, self.resume, self.overwrite, self.world)
+        return prepare_run_dir(
+            self.run_dir, self.resume, self.overwrite, self.world.is_main, barrier
+        )
 
     def _load_data(self) -> DatasetStats:
         data = load_data(self.config, self.tokenizer, self.world)
@@ -196,11 +189,7 @@ class Trainer:
                 save_base(self.run_dir, self.model, self.tokenizer)
             self.base_model = str(base)
         generator = torch.Generator(device=self.device).manual_seed(self.config.train.seed + 1)
-        try:
-            apply_lora(self.model, lora, generator, torch.float32)
-        except LoraTargetError as error:
-            raise TuneforgeError(str(error)) from None
-        report: LoraReport = self.model.lora_report
+        report = apply_lora(self.model, lora, generator, torch.float32)
         report.log(log)
         return report
 
@@ -216,8 +205,12 @@ class Trainer:
             self.loader.load_state_dict(dict(state.loader), state.world_size)
         except ValueError as error:
             raise TuneforgeError(f"resuming {checkpoint}: {error}") from None
-        self.step, self.tokens_seen = state.step, state.tokens_seen
-        self.nonfinite_steps, self.elapsed_before = state.nonfinite_steps, state.elapsed_s
+        self.progress = Progress(
+            step=state.step,
+            tokens_seen=state.tokens_seen,
+            nonfinite_steps=state.nonfinite_steps,
+            elapsed_before=state.elapsed_s,
+        )
         self.resumed_from = state.step
         if self.metrics is not None:
             self.metrics.truncate_after(state.step)
@@ -255,14 +248,15 @@ class Trainer:
         return Evaluation(step, loss, accuracy)
 
     def _loop_state(self, elapsed: float) -> LoopState:
+        progress = self.progress
         return LoopState(
-            step=self.step,
-            tokens_seen=self.tokens_seen,
+            step=progress.step,
+            tokens_seen=progress.tokens_seen,
             loader=self.loader.state_dict(),
             elapsed_s=elapsed,
             world_size=self.world.world_size,
             settings=memory_settings(self.config),
-            nonfinite_steps=self.nonfinite_steps,
+            nonfinite_steps=progress.nonfinite_steps,
         )
 
     def train(
@@ -270,144 +264,98 @@ class Trainer:
         on_step: Callable[[dict[str, Any]], None] | None = None,
         on_eval: Callable[[Evaluation], None] | None = None,
     ) -> TrainSummary:
-        config = self.config
-        train = config.train
+        """Run the steps left; `on_step` gets each step's metrics line, `on_eval` each evaluation."""
+        progress, config = self.progress, self.config
         summary = TrainSummary(
-            self.run_dir, self.step, float("nan"), resumed_from=self.resumed_from
+            self.run_dir, progress.step, float("nan"), resumed_from=self.resumed_from
         )
-        summary.skipped_steps = self.nonfinite_steps
-
-        def evaluate(step: int) -> None:
-            summary.evaluations.append(self.evaluate(step))
-            if on_eval:
-                on_eval(summary.evaluations[-1])
-
-        if self.eval_batches and self.step == 0:
-            evaluate(0)
-        started = time.time()
-        deadline = find_deadline(train.time_limit, started)
+        summary.skipped_steps = progress.nonfinite_steps
+        if self.eval_batches and progress.step == 0:
+            self._evaluate(0, summary, on_eval)
+        step_log = self._step_log()
+        deadline = find_deadline(config.train.time_limit, step_log.started)
         if deadline.at is not None and self.world.is_main:
             log.info("time limit: %s, %.0f s from now", deadline.source, deadline.remaining())
-        pace = Pace()
-        checkpoint_s: float | None = None
-        nonfinite_in_row = 0
-        lora_shape = self.lora_report.shape(self.config.lora) if self.config.lora.enabled else None
-        batches = iter(self.loader)
-        # A step's numbers are read once the next step is queued, so the GPU never waits for
-        # the host between steps; a step that the loop acts on (evaluation, checkpoint, stop,
-        # the last one) is read before anything else is queued. A step's time runs from the
-        # previous step's numbers read (or its own start, when nothing was queued before it)
-        # to its own numbers read: in steady state, the period. On the CPU a step runs as it is
-        # queued, so it is read at once (read later, the last step would seem to take no time).
-        pending: tuple[StepResult, int] | None = None
-        agreed_stop: HostValues | None = None
-        last_read = time.perf_counter()
-        device_watch = DeviceWatch(self.device, self.world.rank, self.step + WARMUP_STEPS)
 
-        def finish(queued: tuple[StepResult, int]) -> None:
-            nonlocal nonfinite_in_row, last_read
-            result, step = queued[0].get(), queued[1]
-            now = time.perf_counter()
-            step_s, last_read = now - last_read, now
-            pace.add(step_s)
-            self.tokens_seen += result["tokens"]
-            if not result["finite"]:
-                self.nonfinite_steps += 1
-                nonfinite_in_row += 1
-                log.warning("step %d: non-finite loss or gradient norm; update skipped", step)
-            else:
-                nonfinite_in_row = 0
-            elapsed = self.elapsed_before + time.time() - started
-            flops = training_flops_per_token(
-                self.model.args, round(result["mean_doc_len"]), lora_shape
-            )
-            record = step_record(
-                step,
-                result,
-                step_s,
-                tflops=result["tokens"] / step_s * flops / self.world.world_size / 1e12,
-                peak_tflops=self.peak_tflops,
-                elapsed_s=elapsed,
-                eta_s=pace.eta_s(self.total_steps - step),
-                checkpoint_s=checkpoint_s,
-                nonfinite_steps=self.nonfinite_steps,
-            ) | device_watch.check(step)
+        def on_read(result: dict[str, Any], step: int, step_s: float) -> None:
+            record = step_log.record(result, step, step_s, progress)
             summary.steps, summary.final_loss = step, result["loss"]
-            summary.skipped_steps = self.nonfinite_steps
-            if self.metrics is not None and (
-                step % config.logging.log_steps == 0 or step == self.total_steps
-            ):
-                self.metrics.write(record)
+            summary.skipped_steps = progress.nonfinite_steps
             if on_step:
                 on_step(record)
 
+        pending, schedule = (
+            PendingStep(on_read),
+            Schedule(config, self.total_steps, bool(self.eval_batches)),
+        )
+        batches = iter(self.loader)
         self.objective.train()
         with StopSignals() as signals:
-            while self.step < self.total_steps:
-                if pending is None:
-                    last_read = time.perf_counter()
-                lr = learning_rate(self.step, self.total_steps, train)
+            stop_check = StopCheck(config, signals, deadline, step_log.pace, self.device)
+            while progress.step < self.total_steps:
+                pending.before_queue()
+                lr = learning_rate(progress.step, self.total_steps, config.train)
                 queued = self.queue_step(batches, lr)
-                self.step += 1
-                if pending is not None:
-                    finish(pending)
-                pending = (queued, self.step)
-                save_steps = config.checkpoint.save_steps
-                periodic = save_steps is not None and self.step % save_steps == 0
-                evaluating = bool(
-                    self.eval_batches
-                    and train.eval_steps
-                    and self.step % train.eval_steps == 0
-                    and self.step < self.total_steps
-                )
-                scheduled = (
-                    periodic
-                    or evaluating
-                    or train.on_nonfinite == "stop"
-                    or self.step in (self.total_steps, config.logging.projection_step)
-                )
-                if scheduled or self.device.type == "cpu":
-                    finish(pending)
-                    pending = None
-                code = local_stop_code(
-                    config, signals, deadline, pace, checkpoint_s, nonfinite_in_row
-                )
-                if dist.is_initialized():  # every rank stops at the same step
-                    code, agreed_stop = agree_on_stop(code, agreed_stop, scheduled, self.device)
-                if code and pending is not None:
-                    finish(pending)
-                    pending = None
-                    if not dist.is_initialized():  # the step just read may add a reason
-                        code = local_stop_code(
-                            config, signals, deadline, pace, checkpoint_s, nonfinite_in_row
-                        )
-                if self.step == config.logging.projection_step and self.world.is_main:
-                    elapsed = self.elapsed_before + time.time() - started
-                    for level, line in project(
-                        self.step, self.total_steps, elapsed, pace, deadline, started, config
-                    ):
-                        log.log(level, line)
-                if evaluating:
-                    evaluate(self.step)
-                stop = STOP_REASONS[code]
-                if self.step < self.total_steps and (periodic or stop in ("time limit", "signal")):
-                    _, seconds = save_checkpoint(
-                        self.run_dir,
-                        self.objective,
-                        self.optimizer,
-                        self._loop_state(self.elapsed_before + time.time() - started),
-                        self.world,
-                        config.checkpoint.keep_last,
-                    )
-                    checkpoint_s = max(checkpoint_s or 0.0, seconds)
-                    log.info("checkpoint of step %d written in %.1f s", self.step, seconds)
-                if stop is not None and self.step < self.total_steps:
+                progress.step += 1
+                plan = schedule.at(progress.step)
+                pending.push(queued, progress.step)
+                if plan.read_now or self.device.type == "cpu":
+                    pending.read()
+                stop = stop_check(plan.read_now, progress, pending.read)
+                if plan.project and self.world.is_main:
+                    self._project(step_log, deadline)
+                if plan.evaluate:
+                    self._evaluate(progress.step, summary, on_eval)
+                if not plan.last and (plan.save or stop in ("time limit", "signal")):
+                    self._save_checkpoint(step_log.elapsed(progress))
+                if stop is not None and not plan.last:
                     summary.stopped = stop
-                    log.warning("stopping at step %d (%s)", self.step, stop)
+                    log.warning("stopping at step %d (%s)", progress.step, stop)
                     return summary
         if self.eval_batches:
-            evaluate(self.total_steps)
+            self._evaluate(self.total_steps, summary, on_eval)
         return summary
+
+    def _step_log(self) -> StepLog:
+        lora = lora_shape(self.config.lora, self.model.args)
+        watch = DeviceWatch(self.device, self.world.rank, self.progress.step + WARMUP_STEPS)
+        peak = peak_tflops(self.device, self.config.logging.peak_tflops)
+        return StepLog(
+            self.config,
+            self.model.args,
+            lora,
+            self.world.world_size,
+            self.total_steps,
+            self.metrics,
+            watch,
+            peak,
+        )
+
+    def _evaluate(
+        self, step: int, summary: TrainSummary, on_eval: Callable[[Evaluation], None] | None
+    ) -> None:
+        summary.evaluations.append(self.evaluate(step))
+        if on_eval:
+            on_eval(summary.evaluations[-1])
+
+    def _project(self, step_log: StepLog, deadline: Deadline) -> None:
+        step, elapsed = self.progress.step, step_log.elapsed(self.progress)
+        for level, line in project(
+            step, self.total_steps, elapsed, step_log.pace, deadline, step_log.started, self.config
+        ):
+            log.log(level, line)
+
+    def _save_checkpoint(self, elapsed: float) -> None:
+        _, seconds = save_checkpoint(
+            self.run_dir,
+            self.objective,
+            self.optimizer,
+            self._loop_state(elapsed),
+            self.world,
+            self.config.checkpoint.keep_last,
+        )
+        self.progress.checkpoint_s = max(self.progress.checkpoint_s or 0.0, seconds)
+        log.info("checkpoint of step %d written in %.1f s", self.progress.step, seconds)
 
     def save(self) -> Path | None:
         """The final weights (or adapter); marks the run finished."""
@@ -417,7 +365,7 @@ class Trainer:
                 self.run_dir, self.model, self.tokenizer, self.base_model, write=self.world.is_main
             )
         if self.world.is_main:
-            (self.run_dir / FINISHED_FILE).write_text(f"{self.step}\n")
+            (self.run_dir / FINISHED_FILE).write_text(f"{self.progress.step}\n")
             if self.metrics is not None:
                 self.metrics.close()
         barrier()

@@ -1,16 +1,20 @@
-"""Metrics as JSON lines (one object per logged step or evaluation) and TensorBoard scalars,
-and the pace of the run: steady-state step time, ETA and projected total time."""
+"""Metrics as JSON lines (one object per logged step or evaluation) and TensorBoard scalars."""
 
 import json
 import logging
-import statistics
+import time
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from tuneforge.config import RunConfig
+from tuneforge.models.args import ModelArgs
+from tuneforge.models.cost import LoraShape, training_flops_per_token
+from tuneforge.runs.files import read_metrics
+from tuneforge.runs.pace import Pace
+from tuneforge.train.device_watch import DeviceWatch
+from tuneforge.train.progress import Progress
 
-WARMUP_STEPS = 3
-"""Steps left out of the steady-state step time (compilation, allocator warm-up)."""
+log = logging.getLogger(__name__)
 
 
 class MetricsLog:
@@ -81,27 +85,57 @@ def step_record(
     }
 
 
-def read_metrics(file: Path) -> list[dict[str, Any]]:
-    with file.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+class StepLog:
+    """Each step's numbers read from the device, counted into the run's progress and written as
+    a metrics line (throughput, MFU, ETA, memory, clocks) every `logging.log_steps` steps."""
 
+    def __init__(
+        self,
+        config: RunConfig,
+        args: ModelArgs,
+        lora: LoraShape | None,
+        world_size: int,
+        total_steps: int,
+        metrics: MetricsLog | None,
+        device_watch: DeviceWatch,
+        peak_tflops: float | None,
+    ) -> None:
+        self.config, self.args, self.lora, self.world_size = config, args, lora, world_size
+        self.total_steps, self.metrics, self.device_watch = total_steps, metrics, device_watch
+        self.peak_tflops = peak_tflops
+        self.pace = Pace()
+        self.started = time.time()
 
-class Pace:
-    """Step times of this job; the steady state is their mean after the first few. Packed
-    batches differ in cost (one holding a long document pays much more attention), so N steps
-    take N times the mean; a median would count only the common, cheaper batches."""
+    def elapsed(self, progress: Progress) -> float:
+        """Seconds the run has taken, earlier jobs included."""
+        return progress.elapsed_before + time.time() - self.started
 
-    def __init__(self) -> None:
-        self.step_times: list[float] = []
-
-    def add(self, seconds: float) -> None:
-        self.step_times.append(seconds)
-
-    @property
-    def steady_step_s(self) -> float | None:
-        settled = self.step_times[WARMUP_STEPS:] or self.step_times
-        return statistics.fmean(settled) if settled else None
-
-    def eta_s(self, remaining_steps: int) -> float | None:
-        step = self.steady_step_s
-        return None if step is None else step * remaining_steps
+    def record(
+        self, result: dict[str, Any], step: int, step_s: float, progress: Progress
+    ) -> dict[str, Any]:
+        self.pace.add(step_s)
+        progress.tokens_seen += result["tokens"]
+        if result["finite"]:
+            progress.nonfinite_in_row = 0
+        else:
+            progress.nonfinite_steps += 1
+            progress.nonfinite_in_row += 1
+            log.warning("step %d: non-finite loss or gradient norm; update skipped", step)
+        flops = training_flops_per_token(self.args, round(result["mean_doc_len"]), self.lora)
+        record = step_record(
+            step,
+            result,
+            step_s,
+            tflops=result["tokens"] / step_s * flops / self.world_size / 1e12,
+            peak_tflops=self.peak_tflops,
+            elapsed_s=self.elapsed(progress),
+            eta_s=self.pace.eta_s(self.total_steps - step),
+            checkpoint_s=progress.checkpoint_s,
+            nonfinite_steps=progress.nonfinite_steps,
+        )
+        record |= result["metrics"] | self.device_watch.check(step)
+        if self.metrics is not None and (
+            step % self.config.logging.log_steps == 0 or step == self.total_steps
+        ):
+            self.metrics.write(record)
+        return record

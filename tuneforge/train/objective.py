@@ -1,22 +1,58 @@
-"""The training forward as one module: decoder, chunked cross-entropy and the MoE load-balancing
-loss, so that DDP and FSDP2 wrap the whole computation (the output layer's weight included)."""
+"""The objective seam: an objective turns a packed batch into a loss and metrics. The step and
+the loop know only this; next-token SFT is one objective, and others (preference pairs,
+distillation) are added beside it without touching them.
+
+An objective is the module that DDP and FSDP2 wrap, so that the whole computation (the output
+layer's weight included) runs inside the wrapper."""
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from tuneforge.config.schema import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.packed import PackedSequences
-from tuneforge.train.distributed import gradient_sync
+from tuneforge.parallel.distributed import gradient_sync, unwrap
 from tuneforge.train.loss import chunked_cross_entropy
 
 
-class NextTokenObjective(nn.Module):
+class ObjectiveOutput(NamedTuple):
+    loss_sum: torch.Tensor
+    """0-d: the sum of the batch's per-unit losses; the step divides by the units of all its
+    micro-batches on every rank."""
+    aux: torch.Tensor
+    """0-d: a regulariser added once per micro-batch (the MoE load-balancing loss, or 0)."""
+    metrics: dict[str, torch.Tensor]
+    """0-d sums over the batch's units, reported per unit with the step's loss."""
+
+
+class Objective(nn.Module):
+    """`objective(batch)` -> `ObjectiveOutput`; `units(batch)` counts what the loss is summed
+    over, on the host (supervised tokens for SFT)."""
+
+    metric_names: tuple[str, ...] = ()
+    """The keys of `ObjectiveOutput.metrics`, in a fixed order for the step's reductions."""
+
+    def __init__(self, model: Decoder) -> None:
+        super().__init__()
+        self.model = model
+
+    def units(self, batch: PackedBatch) -> int:
+        raise NotImplementedError
+
+    def forward(self, batch: PackedBatch) -> ObjectiveOutput:
+        raise NotImplementedError
+
+
+class NextTokenObjective(Objective):
+    """Supervised fine-tuning: cross-entropy of each supervised token (chunked, never holding all
+    fp32 logits at once) plus the MoE load-balancing loss."""
+
     def __init__(
         self, model: Decoder, loss_chunk_tokens: int = 1024, compiled_loss: bool = False
     ) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.loss_chunk_tokens = loss_chunk_tokens
         self.fused_loss = True
         """The loss's gradients made in its forward pass (False: the checkpointed reference)."""
@@ -26,32 +62,40 @@ class NextTokenObjective(nn.Module):
         """Every row projected to the vocabulary, the ignored ones weighted 0 (fixed shapes), in
         training; evaluation, which runs eagerly, projects the supervised rows only."""
 
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        labels: torch.Tensor,
-        packed: PackedSequences,
-        num_loss_tokens: int | None = None,
-        real_tokens: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum of token losses, load-balancing loss or 0); `num_loss_tokens`, the labels that
-        are not ignored, spares the loss a wait for the device to count them; `real_tokens`
-        (on the device) keeps padding at the end out of the load-balancing loss."""
+    def units(self, batch: PackedBatch) -> int:
+        return batch.num_loss_tokens
+
+    def forward(self, batch: PackedBatch) -> ObjectiveOutput:
+        """`batch.num_loss_tokens` spares the loss a wait for the device to count them;
+        `batch.real_tokens` (on the device) keeps padding at the end out of the load-balancing
+        loss."""
         self.model.record_router_logits(True)
-        hidden = self.model.hidden_states(tokens, packed)
+        hidden = self.model.hidden_states(batch.tokens, batch.packed)
         loss_sum, _ = chunked_cross_entropy(
             hidden,
             self.model.lm_head.weight,
-            labels,
+            batch.labels,
             self.loss_chunk_tokens,
             self.fused_loss,
             self.compiled_loss,
-            num_loss_tokens,
+            batch.num_loss_tokens,
             self.every_row_loss and self.training,
         )
-        aux = self.model.aux_loss(real_tokens)
+        aux = self.model.aux_loss(batch.real_tokens)
         self.model.record_router_logits(False)
-        return loss_sum, aux if aux is not None else loss_sum.new_zeros(())
+        return ObjectiveOutput(loss_sum, aux if aux is not None else loss_sum.new_zeros(()), {})
+
+
+def build_objective(train: TrainSection, model: Decoder) -> Objective:
+    """The objective the run trains with."""
+    return NextTokenObjective(model, train.loss_chunk_tokens, train.compile)
+
+
+def objective_of(module: nn.Module) -> Objective:
+    """The objective inside a DDP wrapper (FSDP2 keeps the module itself)."""
+    inner = unwrap(module)
+    assert isinstance(inner, Objective), type(inner)
+    return inner
 
 
 def backward_micro_batches(
@@ -59,20 +103,21 @@ def backward_micro_batches(
     micro_batches: list[PackedBatch],
     scale: float | torch.Tensor,
     aux_weight: float,
+    metric_names: tuple[str, ...] = (),
 ) -> torch.Tensor:
-    """Backward of `scale x (sum of token losses)` over the micro-batches, plus the load-balancing
-    loss weighted by `aux_weight` and averaged over them; gradients are reduced across ranks on
-    the last one only. Returns this rank's sum of token losses, on the device (reading it waits
-    for the GPU: the caller does so once per step)."""
-    total = torch.zeros((), dtype=torch.float64, device=micro_batches[0].labels.device)
+    """Backward of `scale x (sum of unit losses)` over the micro-batches, plus the regulariser
+    weighted by `aux_weight` and averaged over them; gradients are reduced across ranks on the
+    last one only. Returns this rank's [loss sum, *metric sums], float64 on the device (reading
+    it waits for the GPU: the caller does so once per step)."""
+    device = micro_batches[0].labels.device
+    total = torch.zeros(1 + len(metric_names), dtype=torch.float64, device=device)
     for index, batch in enumerate(micro_batches):
         with gradient_sync(objective, index == len(micro_batches) - 1):
-            loss_sum, aux = objective(
-                batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens, batch.real_tokens
-            )
-            loss = loss_sum * scale
+            output = objective(batch)
+            loss = output.loss_sum * scale
             if aux_weight:
-                loss = loss + aux_weight * aux / len(micro_batches)
+                loss = loss + aux_weight * output.aux / len(micro_batches)
             loss.backward()
-        total += loss_sum.detach()
+        sums = [output.loss_sum.detach()] + [output.metrics[name] for name in metric_names]
+        total += torch.stack([value.detach().to(torch.float64) for value in sums])
     return total

@@ -1,23 +1,28 @@
-"""One optimizer step: forward and backward of its micro-batches, the loss normalised by the
-supervised tokens of the whole step on every rank, clipping, and the update unless non-finite —
-queued without waiting for the GPU where the optimizer can skip a non-finite update itself."""
+"""One optimizer step: forward and backward of its micro-batches through the objective, the loss
+normalised by the objective's units (supervised tokens for SFT) of the whole step on every rank,
+clipping, and the update unless non-finite — queued without waiting for the GPU where the
+optimizer can skip a non-finite update itself."""
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch import nn
 
 from tuneforge.config.schema import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.packed import to_device
-from tuneforge.train.objective import backward_micro_batches
+from tuneforge.packed import to_device
+from tuneforge.parallel.captured_step import CapturedStep, skips_on_device
+from tuneforge.train.host_values import HostValues, read_host_values, values_to_host
+from tuneforge.train.objective import backward_micro_batches, objective_of
+
+Units = Callable[[PackedBatch], int]
 
 
 def optimizer_step(
-    objective: nn.Module,
+    objective: torch.nn.Module,
     model: Decoder,
     optimizer: torch.optim.Optimizer,
     batches: Iterator[PackedBatch],
@@ -25,25 +30,25 @@ def optimizer_step(
     lr: float,
     device: torch.device,
 ) -> "StepResult":
-    """Queue one step at learning rate `lr`; its loss, gradient norm and token counts come with
-    `get()` on the result."""
+    """Queue one step at learning rate `lr`; its loss, metrics, gradient norm and token counts
+    come with `get()` on the result."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     embedding = model.embed.weight.device  # the host with train.offload_embedding
     micro_batches = [next(batches).to(device, embedding) for _ in range(train.grad_accum_steps)]
+    inner = objective_of(objective)
     # The sum stays on the device (no wait for the GPU before the forward is queued).
-    token_total = to_device(loss_token_count(micro_batches), device)
+    unit_total = to_device(unit_count(micro_batches, inner.units), device)
     if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(token_total)
+        torch.distributed.all_reduce(unit_total)
     counts = step_counts(micro_batches)
-    values = queue_update(objective, model, optimizer, micro_batches, token_total, train, counts)
-    return StepResult(values_to_host(values), lr, counts)
+    values = queue_update(objective, model, optimizer, micro_batches, unit_total, train, counts)
+    return StepResult(values_to_host(values), lr, counts, inner.metric_names)
 
 
-def loss_token_count(micro_batches: list[PackedBatch]) -> torch.Tensor:
-    """The supervised tokens of this rank's micro-batches, float64 [1] on the host."""
-    local = sum(batch.num_loss_tokens for batch in micro_batches)
-    return torch.tensor([float(local)], dtype=torch.float64)
+def unit_count(micro_batches: list[PackedBatch], units: Units) -> torch.Tensor:
+    """The objective's units in this rank's micro-batches, float64 [1] on the host."""
+    return torch.tensor([float(sum(units(batch) for batch in micro_batches))], dtype=torch.float64)
 
 
 def step_counts(micro_batches: list[PackedBatch]) -> list[float]:
@@ -55,38 +60,42 @@ def step_counts(micro_batches: list[PackedBatch]) -> list[float]:
 
 
 def queue_update(
-    objective: nn.Module,
+    objective: torch.nn.Module,
     model: Decoder,
     optimizer: torch.optim.Optimizer,
     micro_batches: list[PackedBatch],
-    token_total: torch.Tensor,
+    unit_total: torch.Tensor,
     train: TrainSection,
     counts: list[float],
 ) -> torch.Tensor:
     """Forward and backward of the micro-batches, clipping, the update and zeroed gradients;
-    returns [loss sum, (real tokens, documents: summed over ranks), gradient norm, supervised
-    tokens] on the device. Nothing here waits for the GPU where the optimizer skips non-finite
+    returns [loss sum, *metric sums, (real tokens, documents: summed over ranks), gradient norm,
+    units] on the device. Nothing here waits for the GPU where the optimizer skips non-finite
     updates itself, so the whole of it can also be captured as a CUDA graph."""
-    # Normalise by the supervised tokens of the whole step on every rank (`token_total`, summed
-    # over ranks): any split of the same tokens over micro-batches and ranks gives the same
-    # update. DDP and FSDP average gradients over ranks, hence the factor world_size.
+    # Normalise by the units of the whole step on every rank (`unit_total`, summed over ranks):
+    # any split of the same units over micro-batches and ranks gives the same update. DDP and
+    # FSDP average gradients over ranks, hence the factor world_size.
     distributed = torch.distributed.is_initialized()
     world_size = torch.distributed.get_world_size() if distributed else 1
-    scale = (world_size / token_total.clamp(min=1)).float().squeeze(0)
+    scale = (world_size / unit_total.clamp(min=1)).float().squeeze(0)
     moe = model.args.moe
-    local_loss = backward_micro_batches(
-        objective, micro_batches, scale, moe.router_aux_loss_coef if moe is not None else 0.0
+    local_sums = backward_micro_batches(
+        objective,
+        micro_batches,
+        scale,
+        moe.router_aux_loss_coef if moe is not None else 0.0,
+        objective_of(objective).metric_names,
     )
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    totals = local_loss.reshape(1)
+    totals = local_sums
     if distributed:  # the token counts summed over ranks by the same all-reduce as the loss
         totals = torch.cat([totals, torch.tensor(counts, dtype=torch.float64, device=norm.device)])
         torch.distributed.all_reduce(totals)
     norm = norm.detach().reshape(1).to(torch.float64)
-    values = torch.cat([totals, norm, token_total])
+    values = torch.cat([totals, norm, unit_total])
     if skips_on_device(optimizer):
         # The update is skipped by the optimizer's kernel when the loss or the norm is not
         # finite, so nothing waits for the GPU here: the host goes on to queue the next step.
@@ -96,12 +105,6 @@ def queue_update(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return values
-
-
-def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
-    """Fused Adam and AdamW take a `found_inf` flag and skip their update (step count too). Read
-    per group: a resumed optimizer state brings its groups' settings along."""
-    return all(group.get("fused") for group in optimizer.param_groups)
 
 
 def _not_finite(loss_sum: torch.Tensor, norm: torch.Tensor, params: list) -> torch.Tensor:
@@ -114,50 +117,77 @@ def _not_finite(loss_sum: torch.Tensor, norm: torch.Tensor, params: list) -> tor
     return flag
 
 
-HostValues = tuple[torch.Tensor, "torch.cuda.Event | None"]
-
-
-def values_to_host(values: torch.Tensor) -> HostValues:
-    """`values` on their way to host memory, and the event that says they arrived: reading them
-    waits for the GPU only up to this point of its queue."""
-    if values.device.type != "cuda":
-        return values, None
-    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-    host.copy_(values, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    return host, ready
-
-
-def read_host_values(values: HostValues) -> list:
-    host, ready = values
-    if ready is not None:
-        ready.synchronize()
-    return host.tolist()
-
-
 class StepResult:
-    """A queued step's loss, gradient norm and token counts. `get()` waits for the GPU only up to
-    the end of that step's backward (the update may still run), so the trainer reads a step's
-    numbers after queueing the next one: the GPU never idles between steps."""
+    """A queued step's loss, metrics, gradient norm and token counts. `get()` waits for the GPU
+    only up to the end of that step's backward (the update may still run), so the trainer reads
+    a step's numbers after queueing the next one: the GPU never idles between steps."""
 
-    def __init__(self, values: HostValues, lr: float, counts: list[float]) -> None:
+    def __init__(
+        self,
+        values: HostValues,
+        lr: float,
+        counts: list[float],
+        metric_names: tuple[str, ...] = (),
+    ) -> None:
         self._values = values
-        self._lr, self._counts = lr, counts
+        self._lr, self._counts, self._metric_names = lr, counts, metric_names
         self._resolved: dict[str, Any] | None = None
 
     def get(self) -> dict[str, Any]:
         if self._resolved is None:
-            loss_sum, *reduced, grad_norm, step_tokens = read_host_values(self._values)
+            values = read_host_values(self._values)
+            count = len(self._metric_names)
+            loss_sum, metric_sums = values[0], values[1 : 1 + count]
+            *reduced, grad_norm, units = values[1 + count :]
             real, documents = reduced or self._counts
-            loss = loss_sum / max(step_tokens, 1)
+            loss = loss_sum / max(units, 1)
+            metrics = {
+                name: value / max(units, 1)
+                for name, value in zip(self._metric_names, metric_sums, strict=True)
+            }
             self._resolved = {
                 "loss": loss,
                 "lr": self._lr,
                 "grad_norm": grad_norm,
                 "finite": math.isfinite(loss) and math.isfinite(grad_norm),
                 "tokens": int(real),
-                "loss_tokens": int(step_tokens),
+                "loss_tokens": int(units),
                 "mean_doc_len": real / max(documents, 1),
+                "metrics": metrics,
             }
         return self._resolved
+
+
+class StepRunner:
+    """`runner(batches, lr)` queues one optimizer step and returns its `StepResult`: eagerly, or
+    captured once as a CUDA graph and replayed with `train.cuda_graph`."""
+
+    def __init__(
+        self,
+        objective: torch.nn.Module,
+        model: Decoder,
+        optimizer: torch.optim.Optimizer,
+        train: TrainSection,
+        device: torch.device,
+    ) -> None:
+        self.objective, self.model, self.optimizer = objective, model, optimizer
+        self.train, self.device = train, device
+        self.captured: CapturedStep | None = None
+        if train.cuda_graph:
+            update = functools.partial(
+                queue_update, objective, model, optimizer, train=train, counts=[]
+            )
+            inner = objective_of(objective)
+            self.captured = CapturedStep(update, inner.units, model, optimizer, train, device)
+            # fixed shapes: every row is projected to the vocabulary, the ignored ones weighted 0
+            inner.every_row_loss = True
+
+    def __call__(self, batches: Iterator[PackedBatch], lr: float) -> StepResult:
+        if self.captured is None:
+            return optimizer_step(
+                self.objective, self.model, self.optimizer, batches, self.train, lr, self.device
+            )
+        micro_batches = [next(batches) for _ in range(self.train.grad_accum_steps)]
+        values = self.captured(micro_batches, lr)
+        metric_names = objective_of(self.objective).metric_names
+        return StepResult(values_to_host(values), lr, step_counts(micro_batches), metric_names)

@@ -1,17 +1,58 @@
 """When the loop stops before its last step, and how the ranks agree on it without the host
 waiting for the GPU at every step."""
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
 from tuneforge.config import RunConfig
-from tuneforge.models.packed import to_device
-from tuneforge.train.metrics import Pace
-from tuneforge.train.step import HostValues, read_host_values, values_to_host
-from tuneforge.train.time_budget import Deadline, StopSignals, time_needed_to_stop
+from tuneforge.packed import to_device
+from tuneforge.runs.pace import Pace
+from tuneforge.runs.time_budget import Deadline, StopSignals, time_needed_to_stop
+from tuneforge.train.host_values import HostValues, read_host_values, values_to_host
+from tuneforge.train.progress import Progress
 
 STOP_REASONS = {0: None, 1: "time limit", 2: "signal", 3: "non-finite"}
 """What the codes mean; the most urgent reason has the highest code."""
+
+
+class StopCheck:
+    """After each queued step: why the loop stops there, if it does, the same on every rank."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        signals: StopSignals,
+        deadline: Deadline,
+        pace: Pace,
+        device: torch.device,
+    ) -> None:
+        self.config, self.signals, self.deadline, self.pace = config, signals, deadline, pace
+        self.device = device
+        self.agreed: HostValues | None = None
+
+    def __call__(
+        self, now: bool, progress: Progress, read_pending: Callable[[], bool]
+    ) -> str | None:
+        """`now`: this step's numbers were read, so agree on it at once; `read_pending` reads a
+        step still pending (a stop needs its numbers) and says whether there was one."""
+        code = self._local(progress)
+        if dist.is_initialized():  # every rank stops at the same step
+            code, self.agreed = agree_on_stop(code, self.agreed, now, self.device)
+        if code and read_pending() and not dist.is_initialized():
+            code = self._local(progress)  # the step just read may add a reason
+        return STOP_REASONS[code]
+
+    def _local(self, progress: Progress) -> int:
+        return local_stop_code(
+            self.config,
+            self.signals,
+            self.deadline,
+            self.pace,
+            progress.checkpoint_s,
+            progress.nonfinite_in_row,
+        )
 
 
 def local_stop_code(

@@ -8,10 +8,11 @@ import torch
 import torch.distributed as dist
 
 from tuneforge.config import RunConfig
-from tuneforge.plan.memory import GIB
-from tuneforge.plan.planner import Hardware, replicated_memory_gib
+from tuneforge.hardware.gpus import GIB
+from tuneforge.parallel.distributed import Dist, strategy_of
+from tuneforge.plan.plan import Hardware
+from tuneforge.plan.planner import replicated_memory_gib
 from tuneforge.plan.strategy import resolve_strategy
-from tuneforge.train.distributed import Dist, strategy_of
 
 log = logging.getLogger(__name__)
 

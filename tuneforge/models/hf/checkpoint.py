@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from tuneforge.errors import TuneforgeError
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
@@ -22,7 +23,7 @@ LAYER_INDEX = re.compile(r"^layers\.(\d+)\.")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(TuneforgeError):
     """A model directory that cannot be read as a Hugging Face checkpoint."""
 
 

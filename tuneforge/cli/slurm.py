@@ -6,11 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from tuneforge.cli.common import console
 from tuneforge.errors import TuneforgeError
-
-console = Console()
 
 
 def slurm_command(

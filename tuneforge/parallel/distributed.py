@@ -13,6 +13,7 @@ from torch import nn
 
 from tuneforge.config.schema import ParallelSection
 from tuneforge.errors import TuneforgeError
+from tuneforge.plan.policies import reshard_after_forward
 
 CPU = torch.device("cpu")
 
@@ -69,13 +70,6 @@ def strategy_of(parallel: ParallelSection, world: Dist) -> str:
             f"parallel.strategy=single with {world.world_size} processes: use ddp or fsdp (or auto)"
         )
     return parallel.strategy
-
-
-def reshard_after_forward(parallel: ParallelSection) -> bool:
-    """ZeRO-3 (True) unless zero_stage 2 or reshard_after_forward False asks for ZeRO-2."""
-    if parallel.reshard_after_forward is not None:
-        return parallel.reshard_after_forward
-    return parallel.zero_stage != 2
 
 
 def parallelize(

@@ -6,14 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from tuneforge.cli.common import console
 from tuneforge.errors import TuneforgeError
 
 doctor_app = typer.Typer(
     help="Diagnose OOMs, training logs and the environment.", no_args_is_help=True
 )
-console = Console()
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 

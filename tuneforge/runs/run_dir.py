@@ -4,37 +4,22 @@ and the settings a resume may not change silently."""
 import contextlib
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tuneforge.config import RunConfig
 from tuneforge.errors import TuneforgeError
-from tuneforge.slurm.chain import JOBS_FILE
-from tuneforge.train.checkpoint import CHECKPOINTS, STATE_FILE, latest_checkpoint
-from tuneforge.train.distributed import Dist, barrier
-from tuneforge.train.outputs import ADAPTER_DIR, BASE_DIR, FINAL_DIR
+from tuneforge.runs.files import (
+    CONFIG_FILE,
+    RUN_FILES,
+    SET_ASIDE_DIR,
+    STATE_FILE,
+    latest_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-FINISHED_FILE = "finished"
-TENSORBOARD_DIR = "tensorboard"
-RUN_FILES = (
-    CONFIG_FILE,
-    METRICS_FILE,
-    FINISHED_FILE,
-    TENSORBOARD_DIR,
-    CHECKPOINTS,
-    FINAL_DIR,
-    ADAPTER_DIR,
-    BASE_DIR,
-    JOBS_FILE,
-)
-"""What runs write in their directory: all that `--overwrite` removes."""
-SET_ASIDE_DIR = ".replaced"
-"""Where `--overwrite` keeps the previous run until the new one has set itself up."""
 MEMORY_SETTINGS = (
     ("train", "activation_checkpointing"),
     ("train", "checkpoint_every"),
@@ -86,12 +71,12 @@ def set_aside(run_dir: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def replacing(run_dir: Path, world: Dist, replaced: bool) -> Iterator[None]:
+def replacing(run_dir: Path, is_main: bool, replaced: bool) -> Iterator[None]:
     """Around the new run's setup, where `--overwrite` has just set a run aside (`replaced`):
     should the setup stop (bad data, a model that does not load, an interrupt), what it wrote
     goes and the previous run comes back; once it is set up, the previous run is removed."""
     aside = run_dir / SET_ASIDE_DIR
-    if not (replaced and world.is_main):
+    if not (replaced and is_main):
         yield
         return
     try:
@@ -107,10 +92,6 @@ def replacing(run_dir: Path, world: Dist, replaced: bool) -> Iterator[None]:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def is_finished(run_dir: Path) -> bool:
-    return (run_dir / FINISHED_FILE).is_file()
-
-
 def changed_settings(saved: dict[str, Any], config: RunConfig) -> list[str]:
     """`key: old -> new` for every memory-critical setting that differs from the saved run's
     (a setting the saved run did not record yet is not compared)."""
@@ -121,8 +102,15 @@ def changed_settings(saved: dict[str, Any], config: RunConfig) -> list[str]:
     ]
 
 
-def prepare_run_dir(run_dir: Path, resume: str, overwrite: bool, world: Dist) -> Path | None:
-    """The checkpoint to resume from, if any; refuses to touch another run's directory."""
+def prepare_run_dir(
+    run_dir: Path,
+    resume: str,
+    overwrite: bool,
+    is_main: bool = True,
+    barrier: Callable[[], None] = lambda: None,
+) -> Path | None:
+    """The checkpoint to resume from, if any; refuses to touch another run's directory. Every
+    rank calls it; the first one (`is_main`) changes the directory between two `barrier`s."""
     exists = (run_dir / CONFIG_FILE).exists()
     checkpoint = None
     if resume == "auto":
@@ -137,7 +125,7 @@ def prepare_run_dir(run_dir: Path, resume: str, overwrite: bool, world: Dist) ->
             "--overwrite to replace it, or pick another run.name or run.output_dir"
         )
     barrier()
-    if world.is_main:
+    if is_main:
         if exists and overwrite:
             kept = set_aside(run_dir)
             if kept:

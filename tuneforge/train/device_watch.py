@@ -1,4 +1,4 @@
-"""What the device can do and is doing: peak dense bf16 FLOP/s by GPU name (for MFU), memory
+"""What the device is doing: memory
 in use and the allocator's costly events, and the GPU's clock and power; with warnings where
 these show a run slowed."""
 
@@ -8,33 +8,10 @@ from collections.abc import Callable
 
 import torch
 
-from tuneforge.train.gpu_clocks import Nvml, open_nvml
+from tuneforge.hardware.gpus import GIB
+from tuneforge.hardware.nvml import Nvml, open_nvml
 
 log = logging.getLogger(__name__)
-
-PEAK_TFLOPS = {
-    "H200": 989.4,
-    "H100 PCIe": 756.5,
-    "H100": 989.4,
-    "A100": 312.0,
-    "B200": 2250.0,
-    "MI355X": 2516.6,
-    "MI300X": 1307.4,
-    "MI250X": 191.5,  # one GCD, which is what one device is
-}
-GIB = 2**30
-
-
-def peak_tflops(device: torch.device, override: float | None = None) -> float | None:
-    if override is not None:
-        return override
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_TFLOPS.items():  # more specific names come first
-        if key in name:
-            return value
-    return None
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

@@ -12,28 +12,19 @@ kernels compile there, and the optimizer creates its state), then one step is ca
 replayed; every call is a real training step.
 
 Needs one CUDA GPU, fused AdamW (it skips non-finite updates itself) and everything on the GPU
-(no offloading to host memory); `captured_step_blockers` says what stands in the way."""
+(no offloading to host memory); `captured_step_blockers` says what stands in the way. The step
+itself (`update`) comes from the recipe: this module only captures and replays it."""
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from tuneforge.config.schema import TrainSection
 from tuneforge.data.fixed_shape import documents_needed, to_fixed_shape
 from tuneforge.data.packing import PackedBatch
+from tuneforge.errors import TuneforgeError
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.packed import to_device
-from tuneforge.train.step import (
-    StepResult,
-    loss_token_count,
-    optimizer_step,
-    queue_update,
-    skips_on_device,
-    step_counts,
-    values_to_host,
-)
 
 log = logging.getLogger(__name__)
 
@@ -42,23 +33,17 @@ EAGER_STEPS = 2
 MIN_DOCUMENT_SLOTS = 8
 CAPTURABLE_ATTENTION = ("flash4", "varlen")
 
+Update = Callable[[list[PackedBatch], torch.Tensor], torch.Tensor]
+"""(micro-batches on the device, the step's count of loss units [1] on the device) -> the
+step's numbers on the device, queueing forward, backward and the update without a host wait."""
+Units = Callable[[PackedBatch], int]
+"""What the step's loss is normalised by, counted on the host for one micro-batch."""
 
-def step_function(
-    objective: nn.Module,
-    model: Decoder,
-    optimizer: torch.optim.Optimizer,
-    train: TrainSection,
-    device: torch.device,
-) -> Callable[[Iterator[PackedBatch], float], StepResult]:
-    """(batches, learning rate) -> the queued step: captured as a CUDA graph with
-    `train.cuda_graph` (ValueError where it cannot be), else eager."""
-    if train.cuda_graph:
-        return CapturedStep(objective, model, optimizer, train, device)
 
-    def eager_step(batches: Iterator[PackedBatch], lr: float) -> StepResult:
-        return optimizer_step(objective, model, optimizer, batches, train, lr, device)
-
-    return eager_step
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Fused Adam and AdamW take a `found_inf` flag and skip their update (step count too). Read
+    per group: a resumed optimizer state brings its groups' settings along."""
+    return all(group.get("fused") for group in optimizer.param_groups)
 
 
 def captured_step_blockers(
@@ -84,12 +69,13 @@ def captured_step_blockers(
 
 
 class CapturedStep:
-    """`step(batches, lr)` queues one step as `train.step.optimizer_step` does and returns the
-    same `StepResult`."""
+    """`step(micro_batches, lr)` queues `update` for them at learning rate `lr` and returns its
+    numbers on the device: eagerly for the first steps of each shape, then as a graph replay."""
 
     def __init__(
         self,
-        objective: nn.Module,
+        update: Update,
+        units: Units,
         model: Decoder,
         optimizer: torch.optim.Optimizer,
         train: TrainSection,
@@ -97,13 +83,15 @@ class CapturedStep:
     ) -> None:
         blockers = captured_step_blockers(model, optimizer, train)
         if blockers:
-            raise ValueError("train.cuda_graph: " + "; ".join(blockers))
-        self.objective, self.model, self.optimizer = objective, model, optimizer
+            raise TuneforgeError(
+                "train.cuda_graph: " + "; ".join(blockers) + ": drop train.cuda_graph"
+            )
+        self.update, self.units = update, units
+        self.model, self.optimizer = model, optimizer
         self.train, self.device = train, device
-        objective.every_row_loss = True
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         """The learning rate the captured update kernel reads on the device."""
-        self.token_total = torch.zeros(1, dtype=torch.float64, device=device)
+        self.unit_total = torch.zeros(1, dtype=torch.float64, device=device)
         self.side_stream = torch.cuda.Stream(device)
         self.slots = 0
         self.inputs: list[PackedBatch] | None = None
@@ -113,25 +101,22 @@ class CapturedStep:
         self.peak_allocated = 0
         """Bytes allocated at the captured step's peak (replays allocate nothing)."""
 
-    def __call__(self, batches: Iterator[PackedBatch], lr: float) -> StepResult:
-        micro_batches = [next(batches) for _ in range(self.train.grad_accum_steps)]
+    def __call__(self, micro_batches: list[PackedBatch], lr: float) -> torch.Tensor:
         tokens = self.train.tokens_per_micro_batch
         needed = max(documents_needed(batch, tokens) for batch in micro_batches)
         if needed > self.slots:
             self._start_over(max(MIN_DOCUMENT_SLOTS, 1 << (needed - 1).bit_length()))
-        counts = step_counts(micro_batches)
         for group in self.optimizer.param_groups:  # for the eager steps and the state dict
             group["lr"] = lr
         self._load([to_fixed_shape(batch, tokens, self.slots) for batch in micro_batches], lr)
         if self.eager_steps_left:
             self.eager_steps_left -= 1
-            values = self._run_eagerly()
-        else:
-            if self.graph is None:
-                self._capture()
-            self.graph.replay()
-            values = self.values
-        return StepResult(values_to_host(values), lr, counts)
+            return self._run_eagerly()
+        if self.graph is None:
+            self._capture()
+        assert self.graph is not None and self.values is not None
+        self.graph.replay()
+        return self.values
 
     def _start_over(self, slots: int) -> None:
         if self.graph is not None:
@@ -141,7 +126,7 @@ class CapturedStep:
 
     def _load(self, micro_batches: list[PackedBatch], lr: float) -> None:
         self.lr.fill_(lr)
-        self.token_total.copy_(to_device(loss_token_count(micro_batches), self.device))
+        self.unit_total.fill_(float(sum(self.units(batch) for batch in micro_batches)))
         if self.inputs is None:
             self.inputs = [batch.to(self.device) for batch in micro_batches]
             return
@@ -156,15 +141,8 @@ class CapturedStep:
                 target.copy_(source.pin_memory(), non_blocking=True)
 
     def _update(self) -> torch.Tensor:
-        return queue_update(
-            self.objective,
-            self.model,
-            self.optimizer,
-            self.inputs,
-            self.token_total,
-            self.train,
-            counts=[],
-        )
+        assert self.inputs is not None
+        return self.update(self.inputs, self.unit_total)
 
     def _run_eagerly(self) -> torch.Tensor:
         # on a side stream, as torch.cuda.graph's warm-up asks

@@ -11,12 +11,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from tuneforge.cli.common import console
 from tuneforge.errors import TuneforgeError
-
-console = Console()
 
 
 def bench_command(
@@ -88,7 +86,7 @@ def bench_command(
         summarise,
     )
     from tuneforge.bench.workloads import WORKLOADS, Variant
-    from tuneforge.train.hardware import PEAK_TFLOPS
+    from tuneforge.hardware.gpus import PEAK_TFLOPS, peak_tflops_of
 
     for name in variant or []:
         Variant.parse(name)  # a bad option stops here, before any GPU time is spent
@@ -112,7 +110,7 @@ def bench_command(
 
         selected = [replace(w, variants=tuple(variant)) for w in selected]
     device_name = torch.cuda.get_device_name()
-    peak = next((v for k, v in PEAK_TFLOPS.items() if k in device_name), PEAK_TFLOPS["H100"])
+    peak = peak_tflops_of(device_name) or PEAK_TFLOPS["H100"]
     record = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "gpu": device_name,

@@ -5,18 +5,11 @@ import logging
 import math
 
 from tuneforge.config import RunConfig
-from tuneforge.config.durations import parse_duration
-from tuneforge.train.metrics import Pace
-from tuneforge.train.time_budget import Deadline
+from tuneforge.config.durations import format_duration, parse_duration
+from tuneforge.runs.pace import Pace
+from tuneforge.runs.time_budget import Deadline
 
 MANY_JOBS = 20
-
-
-def duration(seconds: float) -> str:
-    seconds = int(seconds)
-    days, rest = divmod(seconds, 86400)
-    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
 
 
 def project(
@@ -37,8 +30,8 @@ def project(
     lines = [
         (
             logging.INFO,
-            f"projected: {duration(elapsed + remaining_steps * step_s)} for {total_steps} steps "
-            f"({step_s:.2f} s/step), {duration(remaining_steps * step_s)} to go",
+            f"projected: {format_duration(elapsed + remaining_steps * step_s)} for {total_steps} steps "
+            f"({step_s:.2f} s/step), {format_duration(remaining_steps * step_s)} to go",
         )
     ]
     margin = config.checkpoint.exit_margin_s
@@ -47,7 +40,7 @@ def project(
     if left is not None and deadline.at is not None:
         steps_here = max(0, int((left - margin) / step_s))
         if steps_here >= remaining_steps:
-            lines.append((logging.INFO, f"finishes within this job ({duration(left)} left)"))
+            lines.append((logging.INFO, f"finishes within this job ({format_duration(left)} left)"))
         else:
             job_s = (
                 parse_duration(config.train.time_limit)
@@ -70,8 +63,8 @@ def project(
             lines.append(
                 (
                     logging.WARNING,
-                    f"checkpoint.save_steps={save_steps} is {duration(save_steps * step_s)} of "
-                    f"training but this job has {duration(left)} left: no periodic checkpoint will "
+                    f"checkpoint.save_steps={save_steps} is {format_duration(save_steps * step_s)} of "
+                    f"training but this job has {format_duration(left)} left: no periodic checkpoint will "
                     "be written in it (the save before the time limit still will)",
                 )
             )
@@ -80,7 +73,7 @@ def project(
             (
                 logging.WARNING if save_steps * step_s > 3600 else logging.INFO,
                 f"no time limit known (train.time_limit, SLURM): checkpoint.save_steps={save_steps} "
-                f"means {duration(save_steps * step_s)} between checkpoints",
+                f"means {format_duration(save_steps * step_s)} between checkpoints",
             )
         )
     return lines

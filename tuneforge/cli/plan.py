@@ -5,18 +5,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from tuneforge.cli.common import console
 from tuneforge.errors import TuneforgeError
-
-console = Console()
 
 
 def _raw_lengths(config_file: Path, overrides: list[str]) -> list[int] | None:
     """Tokenised lengths of the training data (through the cache), or None when unavailable."""
     from tuneforge.config import load_config
-    from tuneforge.data.records import DataError
     from tuneforge.data.training_data import load_training_data
     from tuneforge.train.build import load_tokenizer
 
@@ -26,7 +23,7 @@ def _raw_lengths(config_file: Path, overrides: list[str]) -> list[int] | None:
         data = load_training_data(
             config.data, tokenizer, config.train.tokens_per_micro_batch, config.train.seed
         )
-    except (TuneforgeError, DataError, ValueError) as error:
+    except TuneforgeError as error:
         console.print(
             f"[yellow]data not used ({error}); documents assumed max_seq_len long[/yellow]"
         )
@@ -64,7 +61,9 @@ def plan_command(
 ) -> None:
     """Predict per-GPU memory, step time, ETA and jobs needed, before launching."""
     from tuneforge.config.durations import parse_duration
-    from tuneforge.plan.planner import GPU_MEMORY_GIB, Hardware, measured_mfu, plan_config
+    from tuneforge.hardware.gpus import GPU_MEMORY_GIB
+    from tuneforge.plan.plan import Hardware
+    from tuneforge.plan.planner import measured_mfu, plan_config
 
     if gpu not in GPU_MEMORY_GIB and gpu_mem is None:
         raise TuneforgeError(

@@ -4,10 +4,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+
+from tuneforge.cli.common import console
 
 export_app = typer.Typer(help="Merge adapters and write GGUF files.", no_args_is_help=True)
-console = Console()
 
 SourceArg = Annotated[
     Path | None,

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from tuneforge.errors import TuneforgeError
-from tuneforge.train.metrics import read_metrics
+from tuneforge.runs.files import read_metrics
 
 PANELS = (
     ("loss", "training loss"),

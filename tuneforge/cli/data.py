@@ -5,15 +5,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tuneforge.cli.common import console
 from tuneforge.config import load_config
 from tuneforge.errors import TuneforgeError
 
 data_app = typer.Typer(help="Inspect and preview training data.", no_args_is_help=True)
-console = Console()
 
 
 def _from_config(config_file: Path, overrides: list[str]):
@@ -39,20 +38,16 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Records, lengths, supervision, packing efficiency and advice for a dataset."""
-    from tuneforge.data.records import DataError
     from tuneforge.data.report import inspect_data
 
-    try:
-        if config is not None:
-            run_config, tok = _from_config(config, overrides or [])
-            report = inspect_data(run_config.data, tok, run_config.train.tokens_per_micro_batch)
-        elif data is not None:
-            section = _data_section(data, format, max_seq_len)
-            report = inspect_data(section, _tokenizer(tokenizer), tokens_per_micro_batch)
-        else:
-            raise TuneforgeError("give a configuration, or --data FILE --format NAME")
-    except DataError as error:
-        raise TuneforgeError(str(error)) from None
+    if config is not None:
+        run_config, tok = _from_config(config, overrides or [])
+        report = inspect_data(run_config.data, tok, run_config.train.tokens_per_micro_batch)
+    elif data is not None:
+        section = _data_section(data, format, max_seq_len)
+        report = inspect_data(section, _tokenizer(tokenizer), tokens_per_micro_batch)
+    else:
+        raise TuneforgeError("give a configuration, or --data FILE --format NAME")
     if as_json:
         console.print(
             json.dumps(report.as_dict(), indent=2), markup=False, highlight=False, soft_wrap=True
@@ -116,14 +111,10 @@ def preview(
 ) -> None:
     """Rendered records with the tokens that carry loss highlighted (green, between ⟦ ⟧)."""
     from tuneforge.data.reading import read_source
-    from tuneforge.data.records import DataError
     from tuneforge.data.report import preview_segments
 
     run_config, tok = _from_config(config, overrides or [])
-    try:
-        conversations, _ = read_source(run_config.data.train[0], run_config.data.on_bad_record)
-    except DataError as error:
-        raise TuneforgeError(str(error)) from None
+    conversations, _ = read_source(run_config.data.train[0], run_config.data.on_bad_record)
     for conversation in conversations[:num]:
         console.rule(conversation.origin)
         text = Text()

@@ -23,8 +23,8 @@ from dataclasses import dataclass, fields, is_dataclass
 import torch
 from torch import nn
 
-from tuneforge.train.offload import HostCopy, OffloadChain
-from tuneforge.train.staging_slots import aligned
+from tuneforge.parallel.offload import HostCopy, OffloadChain
+from tuneforge.parallel.staging_slots import aligned
 
 MIN_OFFLOAD_BYTES = 2**20
 

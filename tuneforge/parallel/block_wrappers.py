@@ -7,6 +7,7 @@ checkpoints, stay unchanged."""
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -15,73 +16,56 @@ from tuneforge.config.schema import TrainSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
-from tuneforge.train.activation_offload import offloaded_activations
-from tuneforge.train.offload import OffloadChain, offloaded_checkpoint
+from tuneforge.parallel.activation_offload import offloaded_activations
+from tuneforge.parallel.offload import OffloadChain, offloaded_checkpoint
+from tuneforge.plan.policies import offloaded_blocks, recomputed_blocks
 
 
-def checkpointed_blocks(num_layers: int, mode: str, every: int = 2) -> list[int]:
-    """Indexes of the blocks whose activations are recomputed: all (`full`), blocks k, 2k, ...
-    counted from 1 (`selective`), or none."""
-    if mode == "full":
-        return list(range(num_layers))
-    if mode == "selective":
-        return [index for index in range(num_layers) if (index + 1) % every == 0]
-    return []
-
-
-def offloaded_blocks(num_layers: int, count: int) -> list[int]:
-    """Indexes of `count` blocks spread evenly over the model, whose activations wait in host
-    memory (each in the middle of its share of the blocks)."""
-    count = min(count, num_layers)
-    return sorted({int((k + 0.5) * num_layers / count) for k in range(count)})
-
-
-def recomputed_blocks(
-    num_layers: int,
-    mode: str,
-    every: int = 2,
-    offload_activations: int = 0,
-    keep_activations: int = 0,
-) -> set[int]:
-    """The blocks run again in backward: those checkpointing picks, less the
-    `offload_activations` blocks whose activations wait in host memory and the last
-    `keep_activations` of the rest, which keep theirs on the GPU (the last ones: backward frees
-    them first)."""
-    on_host = set(offloaded_blocks(num_layers, offload_activations))
-    chosen = [
-        index for index in checkpointed_blocks(num_layers, mode, every) if index not in on_host
-    ]
-    return set(chosen[: max(0, len(chosen) - keep_activations)])
-
-
-def wrap_blocks(
-    model: Decoder,
-    checkpointing: str = "none",
-    every: int = 2,
-    compile: bool = False,
-    offload: bool = False,
-    memory_budget: float = 1.0,
-    offload_activations: int = 0,
-    keep_activations: int = 0,
-    autotune: bool = False,
-) -> None:
-    """Compile each block's forward (`compile`; the compiled graph keeps at most
+@dataclass(frozen=True)
+class BlockWrapping:
+    """How each block is wrapped: compiled (`compile`; the compiled graph keeps at most
     `memory_budget` of what it could keep for backward; with `autotune` its matrix products
-    are timed against Inductor's Triton templates); keep the saved activations of
-    `offload_activations` blocks in pinned host memory; checkpoint the chosen blocks among the
-    others around it but the last `keep_activations`, keeping their inputs in pinned host
-    memory with `offload`."""
-    layers = len(model.layers)
+    are timed against Inductor's Triton templates); the saved activations of
+    `offload_activations` blocks kept in pinned host memory; the blocks `checkpointing` picks
+    (every `every`-th for `selective`) among the others recomputed but the last
+    `keep_activations`, their inputs kept in pinned host memory with `offload`."""
+
+    checkpointing: str = "none"
+    every: int = 2
+    compile: bool = False
+    offload: bool = False
+    memory_budget: float = 1.0
+    offload_activations: int = 0
+    keep_activations: int = 0
+    autotune: bool = False
+
+    @classmethod
+    def of(cls, train: TrainSection) -> "BlockWrapping":
+        return cls(
+            checkpointing=train.activation_checkpointing,
+            every=train.checkpoint_every,
+            compile=train.compile,
+            offload=train.offload_checkpoints,
+            memory_budget=train.compile_memory_budget,
+            offload_activations=train.offload_activations,
+            keep_activations=train.keep_activations,
+        )
+
+
+def wrap_blocks(model: Decoder, wrapping: BlockWrapping) -> None:
+    layers, w = len(model.layers), wrapping
     recomputed = recomputed_blocks(
-        layers, checkpointing, every, offload_activations, keep_activations
+        layers, w.checkpointing, w.every, w.offload_activations, w.keep_activations
     )
-    offloaded = set(offloaded_blocks(layers, offload_activations))
+    offloaded = set(offloaded_blocks(layers, w.offload_activations))
     chain = OffloadChain()
     for index, layer in enumerate(model.layers):
-        forward = compiled(layer.forward, memory_budget, autotune) if compile else layer.forward
+        forward = layer.forward
+        if w.compile:
+            forward = compiled(forward, w.memory_budget, w.autotune)
         if index in offloaded:
             forward = offloaded_activations(forward, layer, chain)
-        elif index in recomputed and offload:
+        elif index in recomputed and w.offload:
             params = [p for p in layer.parameters() if p.requires_grad]
             forward = offloaded_checkpoint(forward, params, chain)
         elif index in recomputed:

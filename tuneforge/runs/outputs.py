@@ -6,10 +6,7 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.checkpoint import save_hf_model
 from tuneforge.peft.adapter_io import save_adapter
 from tuneforge.peft.apply import lora_modules
-
-FINAL_DIR = "final"
-ADAPTER_DIR = "adapter"
-BASE_DIR = "base"
+from tuneforge.runs.files import ADAPTER_DIR, BASE_DIR, FINAL_DIR
 
 
 def save_final(

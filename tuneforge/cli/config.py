@@ -1,0 +1,67 @@
+"""`tuneforge config` and `tuneforge models`: configurations and the catalog of shapes."""
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tuneforge.cli.common import ConfigArg, OverridesArg, console
+from tuneforge.config import dump_config, load_config
+
+config_app = typer.Typer(help="Inspect and check configurations.", no_args_is_help=True)
+
+
+@config_app.command("show")
+def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Print the resolved configuration (presets merged, overrides and defaults applied)."""
+    console.print(
+        dump_config(load_config(config, overrides or [])), end="", markup=False, highlight=False
+    )
+
+
+@config_app.command("validate")
+def config_validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Check a configuration; every problem is listed at once (exit code 2 if any)."""
+    load_config(config, overrides or [])
+    console.print(f"[green]ok[/green]: {config} is valid")
+
+
+@config_app.command("fields")
+def config_fields(
+    markdown: Annotated[
+        bool, typer.Option(help="Print the Markdown reference (docs/config.md).")
+    ] = False,
+) -> None:
+    """List every configuration field with its type, default and help."""
+    from tuneforge.config.help import field_rows, fields_markdown
+
+    if markdown:
+        console.print(fields_markdown(), end="", markup=False, highlight=False, soft_wrap=True)
+        return
+    table = Table("field", "type", "default", "help")
+    for row in field_rows():
+        table.add_row(*row)
+    console.print(table)
+
+
+def models() -> None:
+    """List the catalog shapes (usable as model.name, e.g. for random-init proxies)."""
+    from tuneforge.models.catalog import CATALOG
+
+    table = Table(
+        "name", "family", "layers", "dim", "heads (kv)", "ffn", "experts", "params", "active"
+    )
+    for name, args in CATALOG.items():
+        experts = f"{args.moe.top_k} of {args.moe.num_experts}" if args.moe else "-"
+        table.add_row(
+            name,
+            args.family,
+            str(args.num_layers),
+            str(args.dim),
+            f"{args.num_heads} ({args.num_kv_heads})",
+            str(args.moe.expert_ffn_dim if args.moe else args.ffn_dim),
+            experts,
+            f"{args.num_params() / 1e9:.2f} B",
+            f"{args.num_params(active=True) / 1e9:.2f} B",
+        )
+    console.print(table)

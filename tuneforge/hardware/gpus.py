@@ -1,0 +1,47 @@
+"""What GPUs are: their memory and peak dense bf16 FLOP/s by name, and the byte units the rest of
+tuneforge counts in. A leaf: it imports nothing of ours."""
+
+import torch
+
+GIB = 2**30
+
+PEAK_TFLOPS = {
+    "H200": 989.4,
+    "H100 PCIe": 756.5,
+    "H100": 989.4,
+    "A100": 312.0,
+    "B200": 2250.0,
+    "MI355X": 2516.6,
+    "MI300X": 1307.4,
+    "MI250X": 191.5,  # one GCD, which is what one device is
+}
+"""Dense bf16 TFLOP/s; more specific names come first (they are matched as substrings)."""
+
+GPU_MEMORY_GIB = {
+    "H200": 141.0,
+    "H100": 80.0,
+    "A100-40GB": 40.0,
+    "A100": 80.0,
+    "B200": 180.0,
+    "MI355X": 288.0,
+    "MI300X": 192.0,
+    "MI250X": 64.0,
+}
+
+
+def peak_tflops_of(name: str) -> float | None:
+    """The peak of the first table entry whose name `name` contains."""
+    return next((value for key, value in PEAK_TFLOPS.items() if key in name), None)
+
+
+def peak_tflops(device: torch.device, override: float | None = None) -> float | None:
+    if override is not None:
+        return override
+    if device.type != "cuda":
+        return None
+    return peak_tflops_of(torch.cuda.get_device_name(device))
+
+
+def platform_of(gpu: str) -> str:
+    """`rocm` for AMD Instinct names, else `cuda`."""
+    return "rocm" if gpu.startswith("MI") else "cuda"

@@ -1,0 +1,85 @@
+"""What a plan is: the machine it is made for, and what it predicts and advises."""
+
+from dataclasses import dataclass, field
+
+from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB, platform_of
+from tuneforge.plan.memory import Memory
+from tuneforge.plan.workload import Workload
+
+
+@dataclass(frozen=True)
+class Hardware:
+    gpus: int = 1
+    nodes: int = 1
+    gpu: str = "H100"
+    memory_gib: float | None = None
+    time_limit_s: float | None = None
+    mfu: float | None = None
+    master_weights: bool = False
+    """Count fp32 master weights and AdamW states, as DeepSpeed's bf16 mixed precision keeps
+    them (tuneforge keeps states in the weights' dtype)."""
+
+    @property
+    def data_parallel(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def gpu_memory_gib(self) -> float:
+        return self.memory_gib or GPU_MEMORY_GIB.get(self.gpu, 80.0)
+
+    @property
+    def platform(self) -> str:
+        return platform_of(self.gpu)
+
+
+@dataclass
+class Plan:
+    memory: Memory
+    gpu_memory_gib: float
+    fits: bool
+    zero_stage: int
+    zero_stage_advice: str
+    gradient_checkpointing_needed: bool
+    largest_micro_batch_tokens: int
+    step_time_s: float
+    steps: int
+    eta_h: float
+    jobs_needed: int | None
+    epoch: Workload | None
+    collective_gb_per_step: float = 0.0
+    """Bytes (GB) each GPU sends per optimizer step in its data-parallel collectives."""
+    strategy: str = "single"
+    strategy_reason: str = ""
+    slowest_rank_factor: float = 1.0
+    """A step's time over its mean rank's work (`rank_wait`; 1.0 without the data's lengths)."""
+    balanced_slowest_rank_factor: float = 1.0
+    """The same with `data.balance_ranks`."""
+    suggested_max_seq_len: int | None = None
+    problems: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    what_if: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "memory_gib": self.memory.gib(),
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "fits": self.fits,
+            "headroom_gib": self.gpu_memory_gib - self.memory.total / GIB,
+            "zero_stage": self.zero_stage,
+            "zero_stage_advice": self.zero_stage_advice,
+            "gradient_checkpointing_needed": self.gradient_checkpointing_needed,
+            "largest_micro_batch_tokens": self.largest_micro_batch_tokens,
+            "suggested_max_seq_len": self.suggested_max_seq_len,
+            "step_time_s": self.step_time_s,
+            "steps": self.steps,
+            "eta_h": self.eta_h,
+            "jobs_needed": self.jobs_needed,
+            "collective_gb_per_step": self.collective_gb_per_step,
+            "strategy": self.strategy,
+            "strategy_reason": self.strategy_reason,
+            "slowest_rank_factor": self.slowest_rank_factor,
+            "balanced_slowest_rank_factor": self.balanced_slowest_rank_factor,
+            "problems": self.problems,
+            "advice": self.advice,
+            "what_if": self.what_if,
+        }
