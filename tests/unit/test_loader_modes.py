@@ -14,7 +14,7 @@ from tuneforge.data.dataset import build_examples
 from tuneforge.data.packing import IGNORE_INDEX, PAD_TOKEN, PackedLoader, make_example
 from tuneforge.data.parallel import tokenize_all
 from tuneforge.data.reading import read_conversations
-from tuneforge.data.records import Conversation
+from tuneforge.data.records import Conversation, DataError
 
 
 @pytest.fixture(scope="module")
@@ -164,5 +164,5 @@ def test_balanced_ranks_get_similar_attention_work_and_every_bin_once():
     reference = iter(PackedLoader(examples, 400, 7, rank=1, world_size=2, balance=True))
     expected = [next(reference).tokens.tolist() for _ in range(8)]
     assert [*taken, next(iter(resumed)).tokens.tolist()] == expected[:6]
-    with pytest.raises(ValueError, match="balance_ranks"):
+    with pytest.raises(DataError, match="balance_ranks"):
         PackedLoader(examples, 400, 7, rank=1, world_size=2).load_state_dict(loader.state_dict())

@@ -71,9 +71,9 @@ def plan_command(
         )
     try:
         limit = parse_duration(time_limit) if time_limit else None
-        mfu = measured_mfu(calibrate) if calibrate is not None else None
     except ValueError as error:
-        raise TuneforgeError(str(error)) from None
+        raise TuneforgeError(f"--time-limit: {error}") from None
+    mfu = measured_mfu(calibrate) if calibrate is not None else None
     hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit, mfu, master_weights)
     lengths = None if no_data else _raw_lengths(config, overrides or [])
     plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])

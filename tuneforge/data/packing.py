@@ -15,6 +15,7 @@ import torch
 
 from tuneforge.data.bin_packing import STRATEGIES, padded_groups
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
+from tuneforge.data.records import DataError
 from tuneforge.data.token_store import IGNORE_INDEX, Example, TokenStore, make_example
 from tuneforge.packed import PackedSequences, to_device
 
@@ -147,7 +148,10 @@ class PackedLoader:
         self.epoch = 0
         self.position = 0
         if len(self.bins) < world_size:
-            raise ValueError(f"{len(self.bins)} micro-batches cannot feed {world_size} ranks")
+            raise DataError(
+                f"{len(self.bins)} micro-batches cannot feed {world_size} ranks: "
+                "use more data, or fewer data.tokens_per_micro_batch"
+            )
 
     def __len__(self) -> int:
         """Micro-batches per epoch for this rank."""
@@ -198,12 +202,12 @@ class PackedLoader:
             position = state["position"] * saved_world_size // self.world_size
             state = state | {"position": position, "balance": int(self.balance)}
         if state["seed"] != self.seed:
-            raise ValueError(
+            raise DataError(
                 f"loader state was saved with seed {state['seed']}, this loader has {self.seed}"
             )
         if bool(state.get("balance", 0)) != self.balance:  # saved before it existed: off
             saved = "on" if state.get("balance") else "off"
-            raise ValueError(
+            raise DataError(
                 f"the loader's state was saved with data.balance_ranks {saved}: the epoch's "
                 "order differs with it; resume with the same setting"
             )

@@ -5,10 +5,17 @@ from pathlib import Path
 
 import torch
 
+from tuneforge.models.args import ModelArgs
 from tuneforge.models.attention import resolve_backend
 from tuneforge.models.catalog import CATALOG, catalog_shape
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.hf.checkpoint import DTYPES, load_hf_model, read_hf_config, save_hf_model
+from tuneforge.models.hf.checkpoint import (
+    DTYPES,
+    args_from_dir,
+    load_hf_model,
+    read_hf_config,
+    save_hf_model,
+)
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -49,7 +56,7 @@ def load_model(
         model = load_hf_model(path, dtype_name or _known(checkpoint_dtype), backend, num_layers)
         model.source_dir = path
     elif str(path_or_shape) in CATALOG:
-        args = catalog_shape(str(path_or_shape)).with_layers(num_layers)
+        args = model_args(path_or_shape, num_layers)
         with torch.device("meta"):
             model = Decoder(args, backend)
         model.to(DTYPES[dtype_name or "bfloat16"]).to_empty(device=target)
@@ -64,6 +71,14 @@ def load_model(
         resolve_backend(attention, target, model.embed.weight.dtype, model.args.head_dim)
     )
     return model.to(target)
+
+
+def model_args(path_or_shape: str | Path, num_layers: int | None = None) -> ModelArgs:
+    """The shape of a local Hugging Face model directory or of a catalog shape, with its first
+    `num_layers` layers only if given."""
+    if Path(path_or_shape).is_dir():
+        return args_from_dir(Path(path_or_shape), num_layers)
+    return catalog_shape(str(path_or_shape)).with_layers(num_layers)
 
 
 def save_model(model: Decoder, out_dir: str | Path, dtype: str | torch.dtype | None = None) -> Path:

@@ -12,12 +12,11 @@ import numpy as np
 
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
+from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB, PEAK_TFLOPS
+from tuneforge.models.api import model_args
 from tuneforge.models.args import ModelArgs
-from tuneforge.models.catalog import CATALOG, catalog_shape
 from tuneforge.models.cost import training_flops_per_token
-from tuneforge.models.hf.adapter import adapter_for
-from tuneforge.models.hf.checkpoint import read_hf_config
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.advice import advise
 from tuneforge.plan.memory import Setup, predict_memory
@@ -43,15 +42,11 @@ DENSE_ZERO2_MAX_PARAMS = 13e9
 MOE_ZERO2_MAX_PARAMS = 30e9
 
 
-def model_args(config: RunConfig) -> ModelArgs:
+def run_model_args(config: RunConfig) -> ModelArgs:
     section = config.model
-    if section.path is not None:
-        hf = read_hf_config(section.path)
-        args = adapter_for(hf["model_type"]).args_from_config(hf)
-    else:
-        assert section.name is not None and section.name in CATALOG
-        args = catalog_shape(section.name)
-    return args.with_layers(section.num_layers)
+    source = section.path if section.path is not None else section.name
+    assert source is not None  # guaranteed by the config rules
+    return model_args(source, section.num_layers)
 
 
 def fsdp_stage_of(config: RunConfig, hardware: Hardware) -> int:
@@ -69,7 +64,7 @@ def replicated_memory_gib(
     """Per-GPU GiB of the run with the whole model on every GPU (DDP), for the records'
     tokenised lengths as `plan_run` predicts it (documents as long as `data.max_seq_len`
     without them)."""
-    args = model_args(config)
+    args = run_model_args(config)
     setup = setup_of(config, args, hardware, mean_document_length(config.data, raw_lengths))
     return predict_memory(replace(setup, zero_stage=0)).total / GIB
 
@@ -135,7 +130,7 @@ def measured_mfu(run_dir: Path) -> float:
     file = run_dir / "metrics.jsonl"
     records = [r for r in read_metrics(file) if r.get("mfu")] if file.is_file() else []
     if not records:
-        raise ValueError(f"{file} has no MFU figures (a GPU run of tuneforge writes them)")
+        raise TuneforgeError(f"{file} has no MFU figures (a GPU run of tuneforge writes them)")
     steady = records[len(records) // 4 :] or records
     # weighted by each step's time: the useful FLOPs over the time they took (packed batches
     # differ in cost; a median of the steps' MFU would count the common batches only)
@@ -154,7 +149,7 @@ def plan_run(
     hardware: Hardware,
     raw_lengths: list[int] | None = None,
 ) -> Plan:
-    args = model_args(config)
+    args = run_model_args(config)
     data, train = config.data, config.train
     epoch = None
     if raw_lengths:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from tuneforge.config import RunConfig, dump_config
 from tuneforge.data.dataset import DatasetStats
+from tuneforge.data.records import DataError
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import peak_tflops
 from tuneforge.parallel.block_wrappers import (
@@ -203,8 +204,8 @@ class Trainer:
         state = load_checkpoint(checkpoint, self.objective, self.optimizer, self.world)
         try:
             self.loader.load_state_dict(dict(state.loader), state.world_size)
-        except ValueError as error:
-            raise TuneforgeError(f"resuming {checkpoint}: {error}") from None
+        except DataError as error:
+            raise DataError(f"resuming {checkpoint}: {error}") from None
         self.progress = Progress(
             step=state.step,
             tokens_seen=state.tokens_seen,

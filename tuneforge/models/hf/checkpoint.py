@@ -41,12 +41,14 @@ def read_hf_config(model_dir: Path) -> dict[str, Any]:
         ) from None
 
 
-def model_args_from_dir(model_dir: Path) -> ModelArgs:
+def args_from_dir(model_dir: Path, num_layers: int | None = None) -> ModelArgs:
+    """The shape of the model in a Hugging Face directory (its `config.json`)."""
     config = read_hf_config(model_dir)
-    model_type = config.get("model_type")
-    if model_type is None:
-        raise CheckpointError(f"{model_dir / 'config.json'} has no model_type")
-    return adapter_for(model_type).args_from_config(config)
+    try:
+        adapter = adapter_for(config.get("model_type", ""))
+    except ValueError as error:
+        raise CheckpointError(f"{model_dir / 'config.json'}: {error}") from None
+    return adapter.args_from_config(config).with_layers(num_layers)
 
 
 def safetensors_files(model_dir: Path) -> list[Path]:
@@ -68,12 +70,8 @@ def load_hf_model(
     model_dir: Path, dtype: str = "bfloat16", attention: str = "sdpa", num_layers: int | None = None
 ) -> Decoder:
     """Build our decoder from a HF directory, streaming tensors one at a time (no 2x host peak)."""
-    config = read_hf_config(model_dir)
-    try:
-        adapter = adapter_for(config.get("model_type", ""))
-    except ValueError as error:
-        raise CheckpointError(f"{model_dir / 'config.json'}: {error}") from None
-    args = adapter.args_from_config(config).with_layers(num_layers)
+    args = args_from_dir(model_dir, num_layers)
+    adapter = adapter_for(args.family)
     with torch.device("meta"):
         model = Decoder(args, attention)
     model.to_empty(device="cpu")
