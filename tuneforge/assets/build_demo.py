@@ -86,7 +86,7 @@ def make_records(seed: int = SEED) -> tuple[list[dict], list[dict]]:
         if prompt not in seen:
             seen.add(prompt)
             evaluation.append(_record(prompt, answer))
-    train = []
+    train: list[dict] = []
     while len(train) < NUM_TRAIN:
         prompt, answer = rng.choice(TASKS)(rng)
         if prompt not in seen:

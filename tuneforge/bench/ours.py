@@ -190,6 +190,6 @@ def run_ours(
         "gpus": world.world_size,
         "documents_per_step": documents * accum,
         "padding_share": 0.0,
-        "attention": model.layers[0].attn.backend,
+        "attention": model.attention_backend,
         "is_main": world.is_main,
     }

@@ -12,7 +12,7 @@ def ratios(results: list[dict]) -> list[tuple[float | None, float | None]]:
     for result in results:
         if "error" not in result and result["system"] != "tuneforge":
             peers.setdefault(_place(result), []).append(result)
-    rows = []
+    rows: list[tuple[float | None, float | None]] = []
     for result in results:
         runs = peers.get(_place(result), [])
         if "error" in result or result["system"] != "tuneforge" or not runs:

@@ -34,11 +34,11 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)] if cuda else []
     host_marks = []
     nvml, why_not = open_nvml()
-    sampler = GpuSampler(nvml.read) if nvml else contextlib.nullcontext()
+    sampler = GpuSampler(nvml.read) if nvml else None
     if host_profiler is not None:
         host_profiler.enable()
     start = time.perf_counter()
-    with sampler:
+    with sampler if sampler is not None else contextlib.nullcontext():
         for index in range(steps):
             host_marks.append(time.perf_counter())
             if cuda:
@@ -68,7 +68,7 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
         },
         "gpu_clocks": (
             sampler.summary(nvml.max_sm_clock_mhz, nvml.power_limit_w)
-            if nvml
+            if nvml and sampler is not None
             else {"unavailable": why_not}
         ),
     }

@@ -8,7 +8,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -111,7 +111,7 @@ def bench_command(
         selected = [replace(w, variants=tuple(variant)) for w in selected]
     device_name = torch.cuda.get_device_name()
     peak = peak_tflops_of(device_name) or PEAK_TFLOPS["H100"]
-    record = {
+    record: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "gpu": device_name,
         "gpus": gpus,

@@ -13,15 +13,14 @@ def parse_duration(text: str) -> float:
         return float(match.group(1)) * UNITS[match.group(2) or "s"]
     match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
     if match and ":" in value:
-        days, first, second, third = match.groups()
+        day_text, first, second, third = match.groups()
         parts = [int(first), int(second or 0), int(third or 0)]
         if third is None:  # MM:SS, as SLURM reads two fields
             parts = [0, parts[0], parts[1]]
         hours, minutes, seconds = parts
-        return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+        return int(day_text or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
     if match and "-" in value:  # D-HH
-        days, hours = match.group(1), match.group(2)
-        return int(days) * 86400 + int(hours) * 3600
+        return int(match.group(1)) * 86400 + int(match.group(2)) * 3600
     raise ValueError(f"cannot read {text!r} as a duration: use 90m, 4h, 1d, HH:MM:SS or D-HH:MM:SS")
 
 

@@ -37,8 +37,9 @@ def field_rows(
     rows = []
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
-        section = section_type(field.annotation)
-        if section is field.annotation:
+        annotation = field.annotation
+        section = section_type(annotation)
+        if annotation is section and section is not None:
             rows += field_rows(section, path + ".")
             continue
         type_name = type_label(field.annotation)

@@ -1,6 +1,7 @@
 """Turn pydantic's validation errors into issues that name the field, the place and the fix."""
 
 import difflib
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -30,7 +31,7 @@ BOUND_WORDS = {
 
 
 def describe_validation_error(
-    detail: dict[str, Any], path: KeyPath, section: type[BaseModel], source_map: SourceMap
+    detail: Mapping[str, Any], path: KeyPath, section: type[BaseModel], source_map: SourceMap
 ) -> ConfigIssue:
     """One pydantic error dict as a ConfigIssue with field path, location, message and fix."""
     kind = detail["type"]

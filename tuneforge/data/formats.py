@@ -4,6 +4,7 @@ reply; the rejected one is kept for preference training). `field_map` renames fi
 (our name -> the name in the file)."""
 
 from collections.abc import Callable
+from typing import Any
 
 from tuneforge.data.records import Conversation, RecordError
 
@@ -77,14 +78,14 @@ def check_turns(messages: list[dict[str, str]]) -> None:
 
 
 def _openai(record: dict, field_map: dict[str, str], origin: str) -> Conversation:
-    messages = _field(record, "messages", field_map)
-    if not isinstance(messages, list):
+    raw = _field(record, "messages", field_map)
+    if not isinstance(raw, list):
         raise RecordError(
             f'field "{field_map.get("messages", "messages")}" must be a list of messages'
         )
-    messages = [
+    messages: list[Any] = [
         {"role": m.get("role"), "content": m.get("content")} if isinstance(m, dict) else m
-        for m in messages
+        for m in raw
     ]
     check_turns(messages)
     return Conversation(messages, origin)
@@ -96,7 +97,9 @@ def _alpaca(record: dict, field_map: dict[str, str], origin: str) -> Conversatio
     output = _text(record, "output", field_map)
     system = _text(record, "system", field_map, required=False)
     prompt = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
-    messages = [{"role": "system", "content": system}] if system and system.strip() else []
+    messages: list[Any] = (
+        [{"role": "system", "content": system}] if system and system.strip() else []
+    )
     messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
     return Conversation(messages, origin)
 
@@ -130,7 +133,7 @@ def _sharegpt(record: dict, field_map: dict[str, str], origin: str) -> Conversat
         raise RecordError(
             f'field "{field_map.get("conversations", "conversations")}" must be a list of turns'
         )
-    messages = []
+    messages: list[Any] = []
     for index, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise RecordError(f"conversations[{index}] is not an object")
@@ -147,7 +150,7 @@ def _sharegpt(record: dict, field_map: dict[str, str], origin: str) -> Conversat
     return Conversation(messages, origin)
 
 
-def _prompt_messages(value: object, key: str) -> list[dict[str, str]]:
+def _prompt_messages(value: object, key: str) -> list[Any]:
     if isinstance(value, str):
         if not value.strip():
             raise RecordError(f'field "{key}" is empty')

@@ -3,12 +3,16 @@ source that is secretly the training file."""
 
 import hashlib
 import random
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
-from tuneforge.data.records import Conversation, DataError, expand_paths
+from tuneforge.data.records import DataError, expand_paths
+
+T = TypeVar("T")
 
 
-def split_off(conversations: list[Conversation], fraction: float, seed: int) -> tuple[list, list]:
+def split_off(conversations: Sequence[T], fraction: float, seed: int) -> tuple[list[T], list[T]]:
     """(train, held-out): a seeded random `fraction` of the records, at least one, never all."""
     count = min(len(conversations) - 1, max(1, round(len(conversations) * fraction)))
     if count < 1:

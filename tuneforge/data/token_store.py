@@ -4,6 +4,7 @@ The arrays may be memory-mapped from the cache, so a store of millions of docume
 once and only the documents a micro-batch needs are read.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ class TokenStore:
         self.lengths = np.diff(offsets).tolist()
 
     @classmethod
-    def from_examples(cls, examples: "list[Example] | TokenStore") -> "TokenStore":
+    def from_examples(cls, examples: "Sequence[Example] | TokenStore") -> "TokenStore":
         if isinstance(examples, TokenStore):
             return examples
         offsets = np.zeros(len(examples) + 1, dtype=np.int64)

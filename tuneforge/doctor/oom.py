@@ -74,16 +74,12 @@ def parse_oom(text: str) -> OomReport:
     )
     # pre-2023 format: "14.75 GiB reserved in total by PyTorch"
     report.reserved_gib = _find(rf"{SIZE} reserved in total by PyTorch", message)
-    if report.reserved_gib is None and None not in (
-        report.allocated_gib,
-        report.reserved_unallocated_gib,
-    ):
-        report.reserved_gib = report.allocated_gib + report.reserved_unallocated_gib
-    if report.reserved_unallocated_gib is None and None not in (
-        report.reserved_gib,
-        report.allocated_gib,
-    ):
-        report.reserved_unallocated_gib = max(0.0, report.reserved_gib - report.allocated_gib)
+    allocated, unallocated = report.allocated_gib, report.reserved_unallocated_gib
+    if report.reserved_gib is None and allocated is not None and unallocated is not None:
+        report.reserved_gib = allocated + unallocated
+    reserved = report.reserved_gib
+    if unallocated is None and reserved is not None and allocated is not None:
+        report.reserved_unallocated_gib = max(0.0, reserved - allocated)
     report.this_process_gib = _find(rf"this process has {SIZE} memory in use", message)
     processes = [
         gib(m.group(1), m.group(2))

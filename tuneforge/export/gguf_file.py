@@ -11,9 +11,13 @@ template.
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import gguf
 
 from tuneforge.export.generation import end_of_turn_id
 from tuneforge.export.merge import load_merged, load_tokenizer
@@ -113,7 +117,7 @@ def add_architecture(writer, args: ModelArgs, name: str, kind: str) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def vocabulary(tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
+def vocabulary(tokenizer, vocab_size: int) -> tuple[list[str], list["gguf.TokenType"]]:
     """Tokens by id and their GGUF types, as llama.cpp's converter lists a BPE vocabulary."""
     import gguf
 

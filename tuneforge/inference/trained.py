@@ -1,6 +1,7 @@
 """Load what a finished run saved, ready for generation: full weights, or base + adapter."""
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -12,7 +13,7 @@ from tuneforge.peft.adapter_io import load_adapter, read_adapter_config
 from tuneforge.runs.files import ADAPTER_DIR, CONFIG_FILE, FINAL_DIR
 
 
-def load_trained(run_dir: Path, device: torch.device) -> tuple[Decoder, object]:
+def load_trained(run_dir: Path, device: torch.device) -> tuple[Decoder, Any]:
     """The trained model of `run_dir` and its tokenizer."""
     from transformers import AutoTokenizer
 

@@ -11,6 +11,7 @@ import inspect
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,11 +61,13 @@ def varlen_attention(
 ) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
-    kwargs = {"window_size": (-1, 0)}
+    kwargs: dict[str, Any] = {"window_size": (-1, 0)}
     if k.shape[1] != q.shape[1] and "enable_gqa" in _varlen_parameters():
         kwargs["enable_gqa"] = True
     cu = packed.cu_seqlens
-    return varlen_attn(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen, **kwargs)
+    out = varlen_attn(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen, **kwargs)
+    assert isinstance(out, torch.Tensor)  # no auxiliary outputs were asked for
+    return out
 
 
 def _varlen_parameters() -> set[str]:

@@ -246,8 +246,12 @@ def working_bytes_per_token(
     fp32_adapters = lora is not None and lora.fp32_compute
     if args.moe is not None and args.is_sparse_layer(layer):
         moe = args.moe
-        if fp32_adapters and lora.experts:
+        if lora is not None and fp32_adapters and lora.experts:
             return moe.top_k * (8 + 2 * dtype_bytes) * args.dim
         return moe.top_k * (2 * args.dim + moe.expert_ffn_dim) * dtype_bytes
-    adapted = fp32_adapters and any(name in lora.targets for name in ("gate_proj", "up_proj"))
+    adapted = (
+        lora is not None
+        and fp32_adapters
+        and any(name in lora.targets for name in ("gate_proj", "up_proj"))
+    )
     return args.ffn_dim * ((2 * dtype_bytes + 4) if adapted else 3 * dtype_bytes)

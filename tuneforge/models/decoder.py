@@ -5,6 +5,7 @@ Inputs are packed: a flat stream of tokens [T] with `PackedSequences` describing
 """
 
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -123,9 +124,19 @@ class Decoder(nn.Module):
         if self.args.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
+    @property
+    def blocks(self) -> list[Block]:
+        """`layers`, typed."""
+        return [cast(Block, layer) for layer in self.layers]
+
+    @property
+    def attention_backend(self) -> str:
+        """The attention backend that runs (`models.attention`), the same in every block."""
+        return self.blocks[0].attn.backend
+
     def set_attention_backend(self, backend: str) -> None:
-        for layer in self.layers:
-            layer.attn.backend = backend
+        for block in self.blocks:
+            block.attn.backend = backend
 
     def hidden_states(
         self, tokens: torch.Tensor, packed: PackedSequences, cache: KVCache | None = None
@@ -198,7 +209,7 @@ class Decoder(nn.Module):
         if not moes or any(moe.last_router_logits is None for moe in moes):
             return None
         assert self.args.moe is not None
-        logits = [moe.last_router_logits for moe in moes]
+        logits = [moe.last_router_logits for moe in moes if moe.last_router_logits is not None]
         moe = self.args.moe
         return load_balancing_loss(logits, moe.num_experts, moe.top_k, real_tokens)
 

@@ -6,6 +6,8 @@ its up rows, as transformers holds them: one GEMM makes both) and `down_proj` [E
 sorted by expert; `loop` is the per-expert reference.
 """
 
+from typing import Protocol, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -77,6 +79,14 @@ class _Combine(torch.autograd.Function):
         return grad_of_row * weight_of_row, grad_weights, None, None, None
 
 
+class BankAdapter(Protocol):
+    """What an expert bank asks of an adapter on one of its projections (LoRA's `ExpertLoRA`)."""
+
+    def single(self, x: torch.Tensor, expert: int) -> torch.Tensor: ...
+
+    def grouped(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor: ...
+
+
 class ExpertBank(nn.Module):
     def __init__(
         self, num_experts: int, dim: int, ffn_dim: int, implementation: str = "grouped"
@@ -112,14 +122,17 @@ class ExpertBank(nn.Module):
             h = x[token]
             gate_up = h @ self.gate_up_proj[expert].t()
             if "gate_up_proj" in self.adapters:
-                gate_up = gate_up + self.adapters["gate_up_proj"].single(h, expert)
+                gate_up = gate_up + self._adapter("gate_up_proj").single(h, expert)
             gate, up = gate_up.chunk(2, -1)
             act = F.silu(gate) * up
             y = act @ self.down_proj[expert].t()
             if "down_proj" in self.adapters:
-                y = y + self.adapters["down_proj"].single(act, expert)
+                y = y + self._adapter("down_proj").single(act, expert)
             out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
         return out
+
+    def _adapter(self, projection: str) -> "BankAdapter":
+        return cast(BankAdapter, self.adapters[projection])
 
     def _forward_grouped(
         self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
@@ -134,12 +147,12 @@ class ExpertBank(nn.Module):
         h = _Dispatch.apply(x, token_of_row, inverse, top_k)
         gate_up = grouped_linear(h, self.gate_up_proj, offsets)
         if "gate_up_proj" in self.adapters:
-            gate_up = gate_up + self.adapters["gate_up_proj"].grouped(h, offsets)
+            gate_up = gate_up + self._adapter("gate_up_proj").grouped(h, offsets)
         gate, up = gate_up.chunk(2, -1)
         act = F.silu(gate) * up
         y = grouped_linear(act, self.down_proj, offsets)
         if "down_proj" in self.adapters:
-            y = y + self.adapters["down_proj"].grouped(act, offsets)
+            y = y + self._adapter("down_proj").grouped(act, offsets)
         return _Combine.apply(y.to(x.dtype), weights, token_of_row, inverse, order)
 
 

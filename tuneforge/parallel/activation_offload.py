@@ -62,7 +62,8 @@ class SavedOnHost:
         if key not in self.copies:
             self.live[key] = storage
             self.copies[key] = HostCopy(_bytes_of(storage, tensor.device))
-        return _OnHost(key, tensor.dtype, tensor.size(), tensor.stride(), tensor.storage_offset())
+        offset = int(tensor.storage_offset())
+        return _OnHost(key, tensor.dtype, tensor.size(), tensor.stride(), offset)
 
     def unpack(self, packed: torch.Tensor | _OnHost) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
@@ -90,7 +91,8 @@ class SavedOnHost:
             return
         self.fetched = True
         device = next(iter(self.copies.values())).device if self.copies else None
-        slot = self.chain.take_slot(self, self.nbytes, device) if self.chain and device else None
+        chain = self.chain
+        slot = chain.take_slot(self, self.nbytes, device) if chain and device else None
         start = 0
         for copy in self.copies.values():
             if slot is None:
@@ -99,7 +101,8 @@ class SavedOnHost:
             into, after = slot
             copy.copy_back(into[start : start + copy.nbytes], after)
             start += aligned(copy.nbytes)
-            self.chain.slots.copied(self, copy.arrived)
+            assert chain is not None and copy.arrived is not None  # a slot came from the chain
+            chain.slots.copied(self, copy.arrived)
 
     def release(self) -> None:
         self.restored.clear()

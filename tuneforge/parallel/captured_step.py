@@ -59,7 +59,7 @@ def captured_step_blockers(
         blockers.append("the optimizer is not fused AdamW")
     if train.offload_checkpoints or train.offload_activations:
         blockers.append("offloading to host memory (offload_checkpoints, offload_activations)")
-    backends = {layer.attn.backend for layer in model.layers}
+    backends = {block.attn.backend for block in model.blocks}
     if not backends <= set(CAPTURABLE_ATTENTION):
         blockers.append(
             f"attention {sorted(backends)} reads document lengths on the host; "
@@ -131,6 +131,7 @@ class CapturedStep:
             self.inputs = [batch.to(self.device) for batch in micro_batches]
             return
         for static, batch in zip(self.inputs, micro_batches, strict=True):
+            assert static.real_tokens is not None and batch.real_tokens is not None  # fixed shape
             for target, source in (
                 (static.tokens, batch.tokens),
                 (static.labels, batch.labels),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from tuneforge.config.schema import ParallelSection
 from tuneforge.errors import TuneforgeError
@@ -116,7 +117,7 @@ def gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
         with module.no_sync():
             yield
         return
-    if hasattr(module, "set_requires_gradient_sync"):
+    if isinstance(module, FSDPModule):
         module.set_requires_gradient_sync(enabled)
         if module in _GATHERED_AFTER_FORWARD:
             module.set_reshard_after_backward(enabled)

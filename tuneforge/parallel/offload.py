@@ -50,7 +50,10 @@ class HostCopy:
     host does not). Pushed on an `OffloadChain`, it comes back into the chain's staging slots."""
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        self.device, self.sent, self.arrived, self.back = tensor.device, None, None, None
+        self.device = tensor.device
+        self.sent: torch.cuda.Event | None = None
+        self.arrived: torch.cuda.Event | None = None
+        self.back: torch.Tensor | None = None
         self.chain: OffloadChain | None = None
         self.owns_back = False
         if tensor.device.type != "cuda":
@@ -77,10 +80,11 @@ class HostCopy:
     def prefetch(self) -> None:
         if self.back is not None:
             return
-        slot = self.chain.take_slot(self, self.nbytes, self.device) if self.chain else None
+        chain = self.chain
+        slot = chain.take_slot(self, self.nbytes, self.device) if chain else None
         self.copy_back(*(slot or (None, None)))
-        if slot is not None:
-            self.chain.slots.copied(self, self.arrived)
+        if chain is not None and slot is not None and self.arrived is not None:
+            chain.slots.copied(self, self.arrived)
 
     def copy_back(self, into: torch.Tensor | None, after: torch.cuda.Event | None) -> None:
         """Start the copy back into `into` (bytes on the device; the copy waits for `after`),
@@ -94,17 +98,18 @@ class HostCopy:
             stream.wait_event(after)
         with torch.cuda.stream(stream):
             if into is None:
-                self.back = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
+                back = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
             else:
-                self.back = into.view(self.host.dtype).view(self.host.shape)
+                back = into.view(self.host.dtype).view(self.host.shape)
             self.owns_back = into is None
-            self.back.copy_(self.host, non_blocking=True)
-            self.arrived = torch.cuda.Event()
+            back.copy_(self.host, non_blocking=True)
+            self.back, self.arrived = back, torch.cuda.Event()
             self.arrived.record(stream)
 
     def restore(self) -> torch.Tensor:
         self.prefetch()
         back, self.back = self.back, None
+        assert back is not None  # prefetch made it
         if self.arrived is not None:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(self.arrived)

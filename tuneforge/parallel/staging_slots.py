@@ -69,9 +69,10 @@ class StagingSlots:
         self.turn = 0
 
     def _drop(self, index: int) -> None:
-        if self.buffers[index] is not None and self.last_copy[index] is not None:
+        buffer, copy = self.buffers[index], self.last_copy[index]
+        if buffer is not None and copy is not None:
             # a copy whose block never read it (an interrupted backward) must end first
-            torch.cuda.current_stream(self.buffers[index].device).wait_event(self.last_copy[index])
+            torch.cuda.current_stream(buffer.device).wait_event(copy)
         self.buffers[index] = self.reusable_after[index] = self.last_copy[index] = None
 
     def _index_of(self, holder: object) -> int | None:

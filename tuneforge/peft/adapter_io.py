@@ -19,9 +19,10 @@ from safetensors.torch import save_file
 
 from tuneforge.config.schema import LoraSection
 from tuneforge.errors import TuneforgeError
+from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import gathered
-from tuneforge.peft.apply import apply_lora, full_modules, lora_modules
+from tuneforge.peft.apply import applied_lora, apply_lora, full_modules, lora_modules
 from tuneforge.peft.expert_lora import ExpertLoRA
 from tuneforge.peft.lora import LoRALinear
 from tuneforge.peft.targets import BANK_PROJECTIONS, candidates
@@ -38,7 +39,7 @@ class AdapterError(TuneforgeError):
 Adapter = LoRALinear | ExpertLoRA
 
 
-def adapter_keys(model: torch.nn.Module) -> dict[str, Adapter]:
+def adapter_keys(model: Decoder) -> dict[str, Adapter]:
     """PEFT key stem (without `.lora_A.weight`) of every adapter on the model."""
     family = adapter_for(model.args.family)
     stems: dict[str, Adapter] = {}
@@ -85,7 +86,7 @@ def from_peft(adapter: Adapter, kind: str, tensor: torch.Tensor) -> torch.Tensor
     return tensor
 
 
-def _target_names(stems: dict[str, Adapter], model: torch.nn.Module) -> tuple[list, list]:
+def _target_names(stems: dict[str, Adapter], model: Decoder) -> tuple[list, list]:
     """(target_modules, target_parameters) as PEFT matches them: leaf names when every module
     with that leaf is adapted, full names otherwise."""
     family = adapter_for(model.args.family)
@@ -123,22 +124,20 @@ def _patterns(stems: dict[str, Adapter], attribute: str, default: float) -> dict
     return found
 
 
-def save_adapter(
-    model: torch.nn.Module, out_dir: Path, base_model: str = "", write: bool = True
-) -> None:
+def save_adapter(model: Decoder, out_dir: Path, base_model: str = "", write: bool = True) -> None:
     """Write the model's adapters (and `modules_to_save`) in the PEFT layout. Under FSDP every
     rank calls it (to gather the shards) and one writes (`write`)."""
     stems = adapter_keys(model)
     if not stems:
         raise AdapterError("the model has no LoRA modules to save")
-    lora: LoraSection = getattr(model, "lora_config", LoraSection())
+    lora = applied_lora(model)
     tensors = {}
     for stem, adapter in stems.items():
         for kind in ("A", "B"):
             tensors[f"{stem}.lora_{kind}.weight"] = to_peft(adapter, kind).cpu().contiguous()
     saved = full_modules(model, lora.modules_to_save)
     for name, hf_name in saved.items():
-        weight = gathered(model.get_submodule(name).weight.detach())
+        weight = gathered(_weight_of(model, name).detach())
         tensors[f"{PEFT_PREFIX}{hf_name}.weight"] = weight.cpu().contiguous()
     if not write:
         return
@@ -199,7 +198,7 @@ def lora_config_of(adapter_config: dict) -> LoraSection:
     if adapter_config.get("use_dora"):
         raise AdapterError("DoRA adapters are not supported")
 
-    def suffix_regex(patterns: dict) -> dict:
+    def suffix_regex(patterns: dict | None) -> dict:
         # PEFT matches these keys as regexes ending a module name
         return {rf"re:(.*\.)?({key})": value for key, value in (patterns or {}).items()}
 
@@ -217,7 +216,7 @@ def lora_config_of(adapter_config: dict) -> LoraSection:
 
 
 def load_adapter(
-    model: torch.nn.Module, adapter_dir: Path, dtype: torch.dtype | None = None
+    model: Decoder, adapter_dir: Path, dtype: torch.dtype | None = None
 ) -> torch.nn.Module:
     """Put the adapter in `adapter_dir` on `model` (creating its LoRA modules from the adapter's
     config unless the model already carries matching ones) and load its weights."""
@@ -229,13 +228,13 @@ def load_adapter(
     return model
 
 
-def load_adapter_weights(model: torch.nn.Module, adapter_dir: Path) -> None:
+def load_adapter_weights(model: Decoder, adapter_dir: Path) -> None:
     """Copy adapter tensors into a model that already carries LoRA modules of the same shape."""
     adapter_dir = Path(adapter_dir)
     stems = adapter_keys(model)
-    lora: LoraSection = getattr(model, "lora_config", LoraSection())
+    lora = applied_lora(model)
     full = {
-        f"{PEFT_PREFIX}{hf}.weight": model.get_submodule(name).weight
+        f"{PEFT_PREFIX}{hf}.weight": _weight_of(model, name)
         for name, hf in full_modules(model, lora.modules_to_save).items()
     }
     seen = set()
@@ -266,3 +265,9 @@ def load_adapter_weights(model: torch.nn.Module, adapter_dir: Path) -> None:
     missing = [key for key in expected if key not in seen]
     if missing:
         raise AdapterError(f"{file}: no weights for {', '.join(missing[:3])}")
+
+
+def _weight_of(model: Decoder, name: str) -> torch.Tensor:
+    weight = model.get_submodule(name).weight
+    assert isinstance(weight, torch.Tensor)
+    return weight

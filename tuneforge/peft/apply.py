@@ -2,13 +2,15 @@
 again by merging."""
 
 import logging
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from tuneforge.config.schema import LoraSection
+from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.expert_lora import ExpertLoRA
@@ -46,11 +48,19 @@ class LoraReport:
         )
 
 
+_APPLIED: "weakref.WeakKeyDictionary[nn.Module, LoraSection]" = weakref.WeakKeyDictionary()
+
+
+def applied_lora(model: nn.Module) -> LoraSection:
+    """The configuration `apply_lora` put on `model` (the defaults where none was)."""
+    return _APPLIED.get(model, LoraSection())
+
+
 def as_lora_config(config: LoraSection | dict[str, Any]) -> LoraSection:
     return config if isinstance(config, LoraSection) else LoraSection.model_validate(config)
 
 
-def full_modules(model: nn.Module, patterns: list[str]) -> dict[str, str]:
+def full_modules(model: Decoder, patterns: list[str]) -> dict[str, str]:
     """{our module name: HF name} of the modules `lora.modules_to_save` selects."""
     family = adapter_for(model.args.family)
     named = {}
@@ -75,7 +85,7 @@ def full_modules(model: nn.Module, patterns: list[str]) -> dict[str, str]:
 
 
 def apply_lora(
-    model: nn.Module,
+    model: Decoder,
     config: LoraSection | dict[str, Any],
     generator: torch.Generator | None = None,
     dtype: torch.dtype | None = None,
@@ -102,7 +112,7 @@ def apply_lora(
     for name in saved:
         for param in model.get_submodule(name).parameters():
             param.requires_grad_(True)
-    model.lora_config = lora  # what the adapter's saved configuration says
+    _APPLIED[model] = lora  # what the adapter's saved configuration says
     return LoraReport(
         matched={p: sorted(c.hf_name for c in hits) for p, hits in selected.items()},
         saved_modules=sorted(saved.values()),
@@ -112,7 +122,7 @@ def apply_lora(
 
 
 def _attach(
-    model: nn.Module,
+    model: Decoder,
     candidate: Candidate,
     lora: LoraSection,
     generator: torch.Generator | None,
@@ -120,7 +130,7 @@ def _attach(
 ) -> None:
     rank = pattern_value(lora.rank_pattern, candidate, lora.rank)
     alpha = pattern_value(lora.alpha_pattern, candidate, lora.alpha)
-    options = {
+    options: dict[str, Any] = {
         "dropout_position": lora.dropout_position,
         "use_rslora": lora.use_rslora,
         "init": lora.init,
@@ -128,6 +138,7 @@ def _attach(
     }
     module = model.get_submodule(candidate.module)
     if candidate.projection is None:
+        assert isinstance(module, nn.Linear)
         adapter = LoRALinear(module, rank, alpha, lora.dropout, dtype, **options)
         adapter.reset_lora_parameters(generator)
         parent_name, _, leaf = candidate.module.rpartition(".")
@@ -177,7 +188,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
             setattr(model.get_submodule(parent_name) if parent_name else model, leaf, module.base)
             continue
         bank_name, _, projection = name.rpartition(".adapters.")
-        bank = model.get_submodule(bank_name)
+        bank = cast(ExpertBank, model.get_submodule(bank_name))
         _add_in_fp32(getattr(bank, projection), module.delta_weight())
         del bank.adapters[projection]
     return model

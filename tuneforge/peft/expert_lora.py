@@ -37,9 +37,12 @@ class ExpertLoRA(nn.Module):
         self.init = init
         self.scaling = lora_scaling(rank, alpha, use_rslora)
         count = 1 if shared else num_experts
-        factory = {"device": device, "dtype": dtype}
-        self.lora_A = nn.Parameter(torch.empty(count, rank, in_features, **factory))
-        self.lora_B = nn.Parameter(torch.zeros(count, out_features, rank, **factory))
+        self.lora_A = nn.Parameter(
+            torch.empty(count, rank, in_features, device=device, dtype=dtype)
+        )
+        self.lora_B = nn.Parameter(
+            torch.zeros(count, out_features, rank, device=device, dtype=dtype)
+        )
         self.dropout = AdapterDropout(dropout, dropout_position)
         self.reset_lora_parameters()
 

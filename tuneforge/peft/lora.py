@@ -77,7 +77,7 @@ class LoRALinear(nn.Module):
         compute_dtype: str = "model",
     ) -> None:
         super().__init__()
-        self.base = base
+        self.base: nn.Linear = base
         self.compute_dtype = compute_dtype
         self.fused = True
         """Run `FusedLoRALinear` where it applies (False: the plain reference expression)."""
@@ -86,9 +86,9 @@ class LoRALinear(nn.Module):
         self.use_rslora = use_rslora
         self.init = init
         self.scaling = lora_scaling(rank, alpha, use_rslora)
-        factory = {"device": base.weight.device, "dtype": dtype or base.weight.dtype}
-        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **factory))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **factory))
+        device, dtype = base.weight.device, dtype or base.weight.dtype
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=device, dtype=dtype))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=device, dtype=dtype))
         self.dropout = AdapterDropout(dropout, dropout_position)
         self.stacked_weight: torch.Tensor | None = None
         self.stacked_bias: torch.Tensor | None = None
@@ -136,30 +136,33 @@ class LoRALinear(nn.Module):
         """Each of `linears` applied to `x`; where all are adapters running fused, as one
         `SharedInputLoRA` (their adapters read `x` once), or `StackedSharedInputLoRA` where
         their frozen weights are stacked (the first linear holds the stacked tensor)."""
-        if len(linears) < 2 or not all(
-            isinstance(linear, LoRALinear) and linear.runs_fused(x) for linear in linears
+        adapters = [linear for linear in linears if isinstance(linear, LoRALinear)]
+        if (
+            len(linears) < 2
+            or len(adapters) < len(linears)
+            or not all(adapter.runs_fused(x) for adapter in adapters)
         ):
             return [linear(x) for linear in linears]
         rows = as_rows(x)
-        stacked = linears[0].stacked_weight
+        stacked = adapters[0].stacked_weight
         if stacked is not None:
             y = StackedSharedInputLoRA.apply(
                 rows,
-                tuple(linear.scaling for linear in linears),
+                tuple(adapter.scaling for adapter in adapters),
                 stacked,
-                linears[0].stacked_bias,
-                *(linear.lora_A for linear in linears),
-                *(linear.lora_B for linear in linears),
+                adapters[0].stacked_bias,
+                *(adapter.lora_A for adapter in adapters),
+                *(adapter.lora_B for adapter in adapters),
             )
-            outputs = y.split([linear.base.out_features for linear in linears], dim=1)
+            outputs = y.split([adapter.base.out_features for adapter in adapters], dim=1)
             return [shaped_like(x, y) for y in outputs]
         outputs = SharedInputLoRA.apply(
             rows,
-            tuple(linear.scaling for linear in linears),
-            *(linear.base.weight for linear in linears),
-            *(linear.base.bias for linear in linears),
-            *(linear.lora_A for linear in linears),
-            *(linear.lora_B for linear in linears),
+            tuple(adapter.scaling for adapter in adapters),
+            *(adapter.base.weight for adapter in adapters),
+            *(adapter.base.bias for adapter in adapters),
+            *(adapter.lora_A for adapter in adapters),
+            *(adapter.lora_B for adapter in adapters),
         )
         return [shaped_like(x, y) for y in outputs]
 

@@ -4,7 +4,6 @@ for `apply_lora` and for the planner, which sees the model only as its shape."""
 import re
 
 import torch
-from torch import nn
 
 from tuneforge.config.schema import LoraSection
 from tuneforge.models.args import ModelArgs
@@ -17,7 +16,7 @@ from tuneforge.peft.targets import select as select_targets
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def selected_targets(model: nn.Module, lora: LoraSection) -> dict[str, list[Candidate]]:
+def selected_targets(model: Decoder, lora: LoraSection) -> dict[str, list[Candidate]]:
     """{target pattern: the modules it adapts}; refuses patterns that select nothing."""
     found = candidates(model, adapter_for(model.args.family))
     targets = lora.target_modules

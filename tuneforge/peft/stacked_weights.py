@@ -22,8 +22,9 @@ def stack_frozen_weights(model: nn.Module) -> int:
     for module in model.modules():
         for names in GROUPS:
             linears = [getattr(module, name, None) for name in names]
-            if _stackable(linears):
-                _stack(linears)
+            adapters = [linear for linear in linears if isinstance(linear, LoRALinear)]
+            if len(adapters) == len(linears) and _stackable(adapters):
+                _stack(adapters)
                 stacked += 1
     return stacked
 

@@ -13,7 +13,7 @@ from tuneforge.plan.workload import Workload
 def rank_waits(epoch: Workload, config: RunConfig, data_parallel: int) -> tuple[float, float]:
     """The step's time over its mean rank's work for the epoch's micro-batches dealt as
     configured, and dealt with `data.balance_ranks`."""
-    return tuple(
+    configured, balanced = (
         slowest_rank_factor(
             epoch.micro_batch_flops,
             epoch.micro_batch_attention,
@@ -24,6 +24,7 @@ def rank_waits(epoch: Workload, config: RunConfig, data_parallel: int) -> tuple[
         )
         for balance in (config.data.balance_ranks, True)
     )
+    return configured, balanced
 
 
 def slowest_rank_factor(

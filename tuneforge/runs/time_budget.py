@@ -5,6 +5,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from tuneforge.config.durations import parse_duration
 
@@ -48,7 +49,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopSignals":
         for number in self.SIGNALS:

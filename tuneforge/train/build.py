@@ -56,7 +56,7 @@ def build_model(section: ModelSection, device: torch.device, seed: int) -> Decod
         )
     except (CheckpointError, ValueError, FileNotFoundError) as error:
         raise TuneforgeError(f"model: {error}") from None
-    backend = model.layers[0].attn.backend
+    backend = model.attention_backend
     log.info("attention backend: %s", backend)
     if backend == "eager":
         log.warning(

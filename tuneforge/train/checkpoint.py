@@ -58,7 +58,8 @@ class LoopState:
 
 def rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)
     state = {
         "python": [version, list(internal), gauss],
         "numpy": [kind, keys.tolist(), position, has_gauss, cached],
@@ -167,8 +168,8 @@ def load_checkpoint(
     set_state_dict(
         model,
         optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
+        model_state_dict=model_state,
+        optim_state_dict=optimizer_state,
         options=LOAD_OPTIONS,
     )
     rng_file = checkpoint / f"rng_rank{world.rank}.json"

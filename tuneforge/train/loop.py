@@ -27,7 +27,6 @@ from tuneforge.parallel.distributed import (
     init_distributed,
     parallelize,
     strategy_of,
-    unwrap,
 )
 from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import LoraReport, apply_lora
@@ -234,7 +233,7 @@ class Trainer:
         samples = self.config.eval.num_samples
         if samples and self.eval_conversations and self.strategy != "fsdp":
             accuracy = exact_match(
-                unwrap(self.objective).model,
+                self.model,
                 self.tokenizer,
                 self.eval_conversations[:samples],
                 self.config.eval.max_new_tokens,

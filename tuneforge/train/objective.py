@@ -37,6 +37,10 @@ class Objective(nn.Module):
     def __init__(self, model: Decoder) -> None:
         super().__init__()
         self.model = model
+        self.every_row_loss = False
+        """Training batches have fixed shapes (a captured step): every row is projected to the
+        vocabulary, the ignored ones weighted 0, so that no shape depends on the labels;
+        evaluation, which runs eagerly, projects the supervised rows only."""
 
     def units(self, batch: PackedBatch) -> int:
         raise NotImplementedError
@@ -58,9 +62,6 @@ class NextTokenObjective(Objective):
         """The loss's gradients made in its forward pass (False: the checkpointed reference)."""
         self.compiled_loss = compiled_loss
         """Each chunk's softmax and gradient as one compiled function (with the fused loss)."""
-        self.every_row_loss = False
-        """Every row projected to the vocabulary, the ignored ones weighted 0 (fixed shapes), in
-        training; evaluation, which runs eagerly, projects the supervised rows only."""
 
     def units(self, batch: PackedBatch) -> int:
         return batch.num_loss_tokens

@@ -11,7 +11,8 @@ from tuneforge.config.schema import TrainSection
 def build_optimizer(
     model: nn.Module, train: TrainSection, device: torch.device
 ) -> torch.optim.AdamW:
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             # Norm weights and biases are vectors: weight decay would only pull them to zero.

@@ -99,7 +99,7 @@ def queue_update(
     if skips_on_device(optimizer):
         # The update is skipped by the optimizer's kernel when the loss or the norm is not
         # finite, so nothing waits for the GPU here: the host goes on to queue the next step.
-        optimizer.found_inf = _not_finite(totals[0], norm[0], params)
+        setattr(optimizer, "found_inf", _not_finite(totals[0], norm[0], params))  # noqa: B010
         optimizer.step()
     elif all(math.isfinite(value) for value in values.tolist()):
         optimizer.step()
