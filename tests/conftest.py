@@ -5,12 +5,24 @@ import os
 # ranks), so every process they start asks MKL for reproducible results.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
+from pathlib import Path
+
 import pytest
 import torch
 
+TESTS = Path(__file__).parent
+
 
 def pytest_collection_modifyitems(config, items):
+    """Tests under gpu/ are `gpu` (skipped without CUDA); tests under integration/ are `slow`
+    (end-to-end runs in subprocesses), as are the unit tests marked so (compilation, child
+    processes): `pytest -m "not slow"` is the quick loop."""
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
+        folder = Path(str(item.fspath)).relative_to(TESTS).parts[0]
+        if folder == "gpu":
+            item.add_marker(pytest.mark.gpu)
+        if folder == "integration":
+            item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)

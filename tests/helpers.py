@@ -5,6 +5,10 @@ from pathlib import Path
 import torch
 import transformers
 
+from tuneforge.models.args import ModelArgs
+from tuneforge.models.decoder import Decoder
+from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
+
 COMMON = dict(
     vocab_size=128,
     hidden_size=64,
@@ -75,3 +79,40 @@ def packed_batch(tokens, labels, packed):
     from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
 
     return PackedBatch(tokens, labels, packed, int((labels != IGNORE_INDEX).sum()))
+
+
+def tiny_decoder(tied: bool) -> Decoder:
+    args = ModelArgs(
+        vocab_size=64, dim=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_dim=48,
+        tie_embeddings=tied,
+    )  # fmt: skip
+    return Decoder(args, "sdpa")
+
+
+def lora_gradients(checkpointing="none", dropout=0.0, **wrap):
+    """Gradients of a tiny LoRA model (the first block's input needs no gradient: the
+    embedding is frozen) after one backward, and the loss."""
+    from tuneforge.peft.apply import apply_lora
+
+    args = ModelArgs(vocab_size=64, dim=32, num_layers=3, num_heads=4, num_kv_heads=2, ffn_dim=48)
+    torch.manual_seed(0)
+    model = Decoder(args, "sdpa")
+    model.init_weights(0.02, torch.Generator().manual_seed(0))
+    lora = {"target_modules": ["all-linear"], "rank": 4, "alpha": 8, "dropout": dropout}
+    apply_lora(model, lora, torch.Generator().manual_seed(1), torch.float32)
+    for module in model.modules():  # a non-zero B, so every adapter gets a gradient
+        if hasattr(module, "lora_B"):
+            torch.nn.init.normal_(
+                module.lora_B, std=0.1, generator=torch.Generator().manual_seed(3)
+            )
+    wrap_blocks(model, BlockWrapping(checkpointing, **wrap))
+    torch.manual_seed(5)  # the dropout masks
+    loss = gradients_and_loss(model)
+    return loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def gradients_and_loss(model):
+    tokens = torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(2))
+    loss = model(tokens, cu_seqlens=torch.tensor([0, 10, 30])).logsumexp(-1).mean()
+    loss.backward()
+    return loss.item()

@@ -14,8 +14,6 @@ from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import StepRunner
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-
 TOKENS = 2048
 
 

@@ -10,7 +10,6 @@ from tuneforge.models.attention import resolve_backend, sdpa_attention, varlen_a
 from tuneforge.models.moe import MoE
 from tuneforge.packed import PackedSequences
 
-pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
 
 

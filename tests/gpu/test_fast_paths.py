@@ -14,8 +14,6 @@ from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.train.loss import chunked_cross_entropy
 from tuneforge.train.objective import NextTokenObjective
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_fused_cross_entropy_matches_the_checkpointed_path_on_the_gpu(compiled):

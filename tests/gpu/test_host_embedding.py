@@ -1,10 +1,7 @@
-import pytest
 import torch
 
-from tests.unit.test_host_embedding import tiny
+from tests.helpers import tiny_decoder as tiny
 from tuneforge.parallel.host_embedding import embedding_to_host
-
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
 def test_an_embedding_on_the_host_gives_the_same_step_on_the_gpu():

@@ -2,28 +2,10 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tuneforge", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def assert_clean_failure(result: subprocess.CompletedProcess, *expected: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    for text in expected:
-        assert text in result.stderr, result.stderr
+from tests.cli_runs import assert_clean_failure, run_cli
 
 
 def test_missing_config_file(tmp_path):

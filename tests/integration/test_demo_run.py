@@ -16,8 +16,6 @@ from tuneforge.train.loop import Trainer
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "demo.yaml"
 
-pytestmark = pytest.mark.integration
-
 
 def short_demo(run_dir: Path, *overrides: str):
     return load_config(

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_resume import DEMO, MODES, finish, losses, overrides, wait_for_step
+from tests.cli_runs import DEMO, MODES, finish, losses, overrides, wait_for_step
 
-pytestmark = pytest.mark.integration
 STEPS = 8
 
 

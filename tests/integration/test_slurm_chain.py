@@ -24,8 +24,6 @@ JOB_TRAINING_LIMIT = "25s"
 TRAINING_SECONDS_PER_JOB = 20
 """What is left of that after the stop margin."""
 
-pytestmark = pytest.mark.integration
-
 
 def slurm_ready() -> str | None:
     if shutil.which("sbatch") is None:

@@ -3,7 +3,7 @@ import functools
 import pytest
 import torch
 
-from tests.helpers import packed_batch, save_tiny_llama
+from tests.helpers import lora_gradients, packed_batch, save_tiny_llama
 from tuneforge.models.hf.checkpoint import load_hf_model
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.plan.policies import checkpointed_blocks, recomputed_blocks
@@ -93,37 +93,6 @@ def test_checkpointed_moe_blocks_keep_nothing_after_backward():
         results.append({name: p.grad for name, p in model.named_parameters()})
     for name, expected in results[0].items():
         torch.testing.assert_close(results[1][name], expected, msg=name)
-
-
-def lora_gradients(checkpointing="none", dropout=0.0, **wrap):
-    """Gradients of a tiny LoRA model (the first block's input needs no gradient: the
-    embedding is frozen) after one backward, and the loss."""
-    from tuneforge.models.args import ModelArgs
-    from tuneforge.models.decoder import Decoder
-    from tuneforge.peft.apply import apply_lora
-
-    args = ModelArgs(vocab_size=64, dim=32, num_layers=3, num_heads=4, num_kv_heads=2, ffn_dim=48)
-    torch.manual_seed(0)
-    model = Decoder(args, "sdpa")
-    model.init_weights(0.02, torch.Generator().manual_seed(0))
-    lora = {"target_modules": ["all-linear"], "rank": 4, "alpha": 8, "dropout": dropout}
-    apply_lora(model, lora, torch.Generator().manual_seed(1), torch.float32)
-    for module in model.modules():  # a non-zero B, so every adapter gets a gradient
-        if hasattr(module, "lora_B"):
-            torch.nn.init.normal_(
-                module.lora_B, std=0.1, generator=torch.Generator().manual_seed(3)
-            )
-    wrap_blocks(model, BlockWrapping(checkpointing, **wrap))
-    torch.manual_seed(5)  # the dropout masks
-    loss = gradients_and_loss(model)
-    return loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
-def gradients_and_loss(model):
-    tokens = torch.randint(0, 64, (30,), generator=torch.Generator().manual_seed(2))
-    loss = model(tokens, cu_seqlens=torch.tensor([0, 10, 30])).logsumexp(-1).mean()
-    loss.backward()
-    return loss.item()
 
 
 @pytest.mark.parametrize("checkpointing", ["full", "selective"])
@@ -239,6 +208,7 @@ def test_autotune_asks_inductor_to_time_the_matrix_products(tmp_path, monkeypatc
     assert calls == [{"options": expected}] * len(model.layers)
 
 
+@pytest.mark.slow
 def test_checkpointed_blocks_run_compiled():
     """The checkpoint wraps the compiled forward: compiling around `checkpoint` would silently
     run the blocks eagerly."""

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tests.unit.test_activation_checkpointing import lora_gradients
+from tests.helpers import lora_gradients
 from tuneforge.parallel import activation_offload
 from tuneforge.parallel.activation_offload import SavedOnHost, offloaded_activations
 from tuneforge.parallel.offload import OffloadChain

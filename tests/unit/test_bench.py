@@ -130,6 +130,7 @@ def test_rounds_compare_within_a_round_and_give_each_run_its_spread():
     }
 
 
+@pytest.mark.slow
 def test_tuneforge_and_hf_peft_runners_measure_the_same_step_on_a_cpu():
     """The runners end to end on a tiny shape (the benchmark itself needs a GPU): both report
     the step's tokens and FLOPs from the same cost formulas, and times."""
@@ -151,6 +152,7 @@ def test_tuneforge_and_hf_peft_runners_measure_the_same_step_on_a_cpu():
     assert ours["documents_per_step"] >= 1
 
 
+@pytest.mark.slow
 def test_one_gpu_standing_in_for_two_trains_on_both_ranks_batches_a_step_of_micro_batches():
     """The one-GPU baseline of a two-GPU workload cycles through both ranks' batches (the work
     they share), in whole cycles of micro-batches; with samedata every rank has rank 0's; with
@@ -231,7 +233,7 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
 
 
 def test_bench_refuses_a_bad_variant_before_looking_for_a_gpu():
-    from tests.integration.test_cli_errors import assert_clean_failure, run_cli
+    from tests.cli_runs import assert_clean_failure, run_cli
 
     result = run_cli("bench", "--variant", "compiled+offlaod")
     assert_clean_failure(result, "unknown option 'offlaod'")

@@ -115,6 +115,7 @@ COMPILED_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(COMPILED_CASES))
 def test_compiled_block_activation_bytes_match_what_it_saves(case):
     """A bf16 block compiled as the trainer compiles it: the formula against the tensors its

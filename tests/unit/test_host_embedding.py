@@ -1,17 +1,8 @@
 import pytest
 
+from tests.helpers import tiny_decoder as tiny
 from tuneforge.errors import TuneforgeError
-from tuneforge.models.args import ModelArgs
-from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.host_embedding import embedding_to_host
-
-
-def tiny(tied: bool) -> Decoder:
-    args = ModelArgs(
-        vocab_size=64, dim=32, num_layers=1, num_heads=4, num_kv_heads=2, ffn_dim=48,
-        tie_embeddings=tied,
-    )  # fmt: skip
-    return Decoder(args, "sdpa")
 
 
 def test_only_a_frozen_untied_embedding_of_one_process_goes_to_the_host():

@@ -119,7 +119,7 @@ def test_no_module_imports_itself_back():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def test_the_rules_can_fail(tmp_path, monkeypatch):
+def test_the_rules_can_fail():
     """A planner module that imports the trainer is caught."""
     bad = PACKAGE / "plan" / "_rule_probe.py"
     bad.write_text("from tuneforge.train.loop import Trainer\n")
@@ -132,3 +132,16 @@ def test_the_rules_can_fail(tmp_path, monkeypatch):
             raise AssertionError("a plan -> train import went unnoticed")
     finally:
         bad.unlink()
+
+
+def test_test_modules_share_helpers_not_each_other():
+    """Shared test code lives in tests/helpers.py, tests/cli_runs.py and fixtures; a test module
+    imported by another would run its tests twice and tie unrelated files together."""
+    tests = Path(__file__).resolve().parents[1]
+    offending = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if module and module.rpartition(".")[2].startswith("test_"):
+                offending.append(f"{path.relative_to(tests)}:{node.lineno}: {module}")
+    assert not offending, "test modules importing test modules:\n" + "\n".join(offending)

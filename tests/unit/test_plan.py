@@ -413,6 +413,7 @@ def test_auto_runs_ddp_where_every_gpu_holds_the_whole_model_and_fsdp_elsewhere(
     assert strategy_choice.choose_strategy(eager, gpu, short) == "ddp"
 
 
+@pytest.mark.slow
 def test_a_step_waits_for_its_slowest_rank_as_the_loader_deals_the_epoch():
     """Long-tailed documents on eight ranks: the planner's wait factor equals the one counted
     from the loaders' own epoch orders; balancing lowers it; the step time grows by it, and the

@@ -65,6 +65,7 @@ def measured_peak(args, lora, checkpointing, micro_batches) -> int:
     return memory.peak
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_planned_peak_matches_a_real_step(case):
     args, lora, checkpointing, micro_batches = CASES[case]

@@ -149,7 +149,7 @@ class TrainSection(Section):
     tokens_per_micro_batch: int = Field(4096, ge=8)
     """Token budget of one packed micro-batch (its flat length); must be >= data.max_seq_len."""
     loss_chunk_tokens: int = Field(1024, ge=64)
-    """Tokens per chunk of the loss: one chunk's logits exist at a time (tokens x vocabulary x 6 bytes in a bf16 model: 0.73 GiB at 1024 tokens and 128k words)."""
+    """Tokens per chunk of the loss: one chunk's logits exist at a time (tokens x vocabulary x 6 bytes in a bf16 model)."""
     grad_accum_steps: int = Field(1, ge=1)
     """Micro-batches per optimizer step."""
     lr: float = Field(2e-4, gt=0)
@@ -178,11 +178,11 @@ class TrainSection(Section):
     """With activation checkpointing, keep each checkpointed block's input in pinned host memory
     instead of on the GPU (one process; no MoE router aux loss)."""
     offload_activations: int = Field(0, ge=0)
-    """Blocks, spread evenly, whose saved activations go to pinned host memory in the forward and come back for their backward, instead of staying on the GPU or being recomputed (one process). Each costs its activations' round trip over PCIe (Llama-3-8B, 4,096 tokens: ~0.4 GiB per block, ~8 ms each way), overlapped with compute: with checkpointing, blocks save their recomputation for one block's activations more at the peak (they come back into two staging buffers, in turn)."""
+    """Blocks, spread evenly, whose saved activations go to pinned host memory in the forward and come back for their backward, instead of staying on the GPU or being recomputed (one process). Each costs its activations' round trip over PCIe, overlapped with compute: with checkpointing, blocks save their recomputation for one block's activations more at the peak (they come back into two staging buffers, in turn)."""
     keep_activations: int = Field(0, ge=0)
-    """With activation checkpointing: the last N of the blocks it would recompute keep their activations on the GPU instead (fills the memory checkpointing leaves: Llama-3-8B LoRA, compiled at budget 0.8, 4,096 tokens: ~0.35 GiB per block, each saving one block's recomputation). `tuneforge plan` predicts the memory."""
+    """With activation checkpointing: the last N of the blocks it would recompute keep their activations on the GPU instead (fills the memory checkpointing leaves; each such block saves one block's recomputation). `tuneforge plan` predicts the memory."""
     offload_embedding: bool = False
-    """Keep the frozen input embedding in pinned host memory: each micro-batch's rows are gathered there and copied to the GPU (Llama-3-8B: 1 GiB of weights off the GPU, 32 MiB copied per 4,096 tokens). Needs a frozen, untied embedding (a LoRA run) and one process."""
+    """Keep the frozen input embedding in pinned host memory: each micro-batch's rows are gathered there and copied to the GPU ([tokens, dim] per micro-batch instead of [vocabulary, dim] on the GPU). Needs a frozen, untied embedding (a LoRA run) and one process."""
     compile: bool = False
     """Compile each block with torch.compile, and the loss's softmax and gradient per chunk."""
     compile_memory_budget: float = Field(1.0, gt=0, le=1)
@@ -260,7 +260,7 @@ class ParallelSection(Section):
     reduce_dtype: Literal["float32", "model"] = "float32"
     """FSDP2 gradient reduction: in float32 (exact sums of bf16 gradients) or in the model's dtype (half the traffic)."""
     nccl_max_channels: int | None = Field(None, ge=1)
-    """NCCL's channels per collective (sets NCCL_MAX_NCHANNELS before the process group starts; null: NCCL's own choice). Each channel's kernel takes an SM from the compute it overlaps: on two NVLink H200s, 8 channels still move ~120 MB in under 1 ms and FSDP2 on a 1B model scaled 82.7% instead of 69.4%."""
+    """NCCL's channels per collective (sets NCCL_MAX_NCHANNELS before the process group starts; null: NCCL's own choice). Each channel's kernel takes an SM from the compute it overlaps; over NVLink a few channels still move a block's weights in well under a millisecond (docs/training.md)."""
 
 
 class RunConfig(Section):

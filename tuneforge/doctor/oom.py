@@ -142,8 +142,7 @@ def diagnose(text: str, torch_version: str | None = None) -> OomReport:
         report.actions += [
             "memory pressure: the tensors themselves do not fit",
             "with train.compile, first train.compile_memory_budget: 0.8: the compiled blocks make "
-            "their cheapest activations again in backward (about 1% slower; Llama-3-8B LoRA at "
-            "4,096 tokens kept 28.2 instead of 33.7 GiB)",
+            "their cheapest activations again in backward (a little slower, much less memory)",
             "make sure activation checkpointing is on (train.activation_checkpointing: full, or "
             "selective with a smaller checkpoint_every)",
             "lower data.max_seq_len (to the p99 of your data: `tuneforge data inspect`) or "

@@ -214,7 +214,7 @@ def compiled_activation_bytes_per_token(
     backward, and o_proj's input, which is the attention output itself rather than a copy
     (checked against saved-tensor hooks on compiled blocks in the tests). Below `memory_budget`
     1, torch's `activation_memory_budget` keeps at most the block input plus that share of the
-    rest: an upper estimate (measured 8-20% under it). Adapters computing in fp32 are not
+    rest: an upper estimate. Adapters computing in fp32 are not
     modelled: the eager bytes."""
     eager = activation_bytes_per_token(args, layer, "none", dtype_bytes, lora)
     if lora is not None and lora.fp32_compute:

@@ -125,7 +125,7 @@ class OffloadChain:
     `in_flight_blocks` of the largest block's bytes of its limit, the host waits for the copies
     older than that, so that the memory they read is free before more is asked for, instead of
     the allocator finding no room and freeing its whole cache (a wait for the GPU and hundreds
-    of `cudaMalloc`/`cudaFree` per step, measured). Elsewhere the forward runs ahead of them."""
+    of `cudaMalloc`/`cudaFree` per step). Elsewhere the forward runs ahead of them."""
 
     def __init__(self, in_flight_blocks: float = 2.0) -> None:
         self.pending: list[weakref.ref] = []

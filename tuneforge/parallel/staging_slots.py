@@ -3,13 +3,13 @@
 Without them each copy back allocates its GPU memory on the copy stream, and the caching
 allocator keeps a pool per stream: what the copies leave cached after backward cannot serve the
 compute stream's forward, so a run held to a memory limit frees its whole cache and retries (a
-wait for the GPU and hundreds of `cudaMalloc`/`cudaFree` per step, measured).
+wait for the GPU and hundreds of `cudaMalloc`/`cudaFree` per step).
 
 The buffers belong to the compute stream. Block i comes back into the slot that block i+2
 used; the copy waits, on the GPU, for the event recorded when block i+2's backward was queued,
 and the compute stream waits for the copy before it reads. The slots live from backward's first
 copy to its last block and are then given back to the compute stream's pool for the next
-forward (kept from one backward to the next instead, the run measured 1–3% slower).
+forward (kept from one backward to the next instead, the run was slower).
 """
 
 import torch

@@ -4,8 +4,8 @@ same way. No full-width update tensor is written, then added, and backward needs
 the rank-r x·Aᵀ.
 
 The two GEMMs form one custom operator, opaque to torch.compile: an out-of-place addmm copies
-its full-width input into a new output first (eager and compiled: 445 device copies, 10 ms, per
-Llama-3-8B step), and an in-place one on an intermediate is functionalised into the same copy.
+its full-width input into a new output first (one device copy per adapted linear and
+step), and an in-place one on an intermediate is functionalised into the same copy.
 
 Used by `LoRALinear` when the base is frozen, there is no dropout and the adapter computes in
 the activations' dtype; `LoRALinear`'s plain expression is the reference path it is tested

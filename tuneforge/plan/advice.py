@@ -78,8 +78,7 @@ def advise(
             f"every GPU can hold the whole model: {options.replicated:.1f} GiB with "
             "parallel.strategy: ddp, which sends "
             f"{options.replicated_traffic_gb:.2f} GB per GPU and step (gradients only) against "
-            f"FSDP's {plan.collective_gb_per_step:.2f} GB (weights gathered, gradients reduced); "
-            "a 1B full fine-tune on two H200s ran 1.23x faster with DDP (bench/RESULTS.md)"
+            f"FSDP's {plan.collective_gb_per_step:.2f} GB (weights gathered, gradients reduced)"
         )
     elif hardware.data_parallel > 1 and plan.zero_stage not in (0, stage):
         plan.advice.append(f"the report's choice here is {plan.zero_stage_advice}")

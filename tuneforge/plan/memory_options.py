@@ -10,8 +10,8 @@ from tuneforge.plan.policies import recomputed_blocks
 from tuneforge.plan.traffic import step_traffic_bytes
 
 COMPILE_BUDGET = 0.8
-"""The compiled blocks' memory budget the planner proposes before checkpointing: on Llama-3-8B
-LoRA at 4,096 tokens it kept 28.2 instead of 33.7 GiB for ~1% of speed (bench/RESULTS.md)."""
+"""The compiled blocks' memory budget the planner proposes before checkpointing: the blocks then
+make their cheapest activations again in backward, for little speed (bench/RESULTS.md)."""
 
 KEPT_BLOCKS_SHARE = 0.9
 """Blocks that keep their activations are proposed up to this share of the GPU: near its limit

@@ -1,7 +1,7 @@
 """What `parallel.strategy: auto` runs on several processes: DDP where every GPU can hold the
 whole model with room to spare, FSDP2 otherwise. DDP sends only the trainable gradients each
-step (LoRA's adapters: a few MB), where FSDP2 also gathers every weight, frozen ones included; on
-two H200s a 1B full fine-tune scaled 81% with DDP and 60–66% with FSDP2 (bench/RESULTS.md)."""
+step (LoRA's adapters: a few MB), where FSDP2 also gathers every weight, frozen ones included
+(bench/RESULTS.md compares their scaling)."""
 
 from tuneforge.config.schema import ParallelSection
 
