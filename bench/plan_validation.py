@@ -246,7 +246,7 @@ def predict(measured_file: Path) -> None:
         config = load_config(DEMO, overrides)
         lengths = load_training_data(
             config.data, load_tokenizer(config), config.train.tokens_per_micro_batch, 0
-        ).stats.raw_lengths
+        ).stats.records
         plan = plan_run(config, Hardware(gpus=gpus, gpu="H200"), lengths)
         # max_memory_allocated sees tensors only: compare the planner's peak of allocated
         # tensors (its total adds the CUDA context, collective buffers and allocator rounding)

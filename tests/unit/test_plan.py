@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tuneforge.config import load_config
+from tuneforge.data.length_policy import RecordLengths
 from tuneforge.hardware.gpus import GIB
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.catalog import catalog_shape
@@ -23,7 +24,7 @@ from tuneforge.plan.planner import (
     plan_run,
     replicated_memory_gib,
 )
-from tuneforge.plan.workload import epoch_workload, lengths_after_policy
+from tuneforge.plan.workload import epoch_workload
 
 DEMO = "examples/demo.yaml"
 LLAMA3_8B_LORA = [
@@ -112,7 +113,7 @@ def test_halving_max_seq_len_without_packing_is_far_from_4x():
     for packing in ("none", "ffd"):
         work = {
             limit: epoch_workload(
-                args, lengths_after_policy(raw, limit, "truncate", False), 8192, packing, None
+                args, RecordLengths(raw).documents(limit, "truncate", False), 8192, packing, None
             )
             for limit in (8192, 4096)
         }
@@ -136,7 +137,9 @@ def test_what_if_and_save_steps_against_a_time_limit(tmp_path):
         "train.max_steps=6060",
         "checkpoint.save_steps=5000",
     ]
-    plan = plan_config(DEMO, overrides, hardware, heavy_tailed_lengths(), ["data.packing=none"])
+    plan = plan_config(
+        DEMO, overrides, hardware, RecordLengths(heavy_tailed_lengths()), ["data.packing=none"]
+    )
     assert any("save_steps=5000 exceeds" in problem for problem in plan.problems)
     assert plan.jobs_needed is not None and plan.jobs_needed > 1
     (item,) = plan.what_if
@@ -400,7 +403,7 @@ def test_auto_runs_ddp_where_every_gpu_holds_the_whole_model_and_fsdp_elsewhere(
 
     # eager attention holds each document's scores: the data's own lengths decide, as in the plan
     eager = load_config(DEMO, [*small, "model.attention=eager"])
-    short = [300, 450, 200] * 50
+    short = RecordLengths([300, 450, 200] * 50)
     hardware = Hardware(gpus=2, gpu="H100")
     plan = plan_run(eager, hardware, short)
     assert plan.strategy == "ddp"
@@ -453,8 +456,8 @@ def test_a_step_waits_for_its_slowest_rank_as_the_loader_deals_the_epoch():
     config = load_config(DEMO, ["model.name=llama-3.2-1b", "model.dtype=bfloat16",
                                 "data.max_seq_len=8192", "train.tokens_per_micro_batch=8192",
                                 "train.grad_accum_steps=2", "train.seed=3"])  # fmt: skip
-    one = plan_run(config, Hardware(gpus=1, gpu="H200"), lengths)
-    eight = plan_run(config, Hardware(gpus=8, gpu="H200"), lengths)
+    one = plan_run(config, Hardware(gpus=1, gpu="H200"), RecordLengths(lengths))
+    eight = plan_run(config, Hardware(gpus=8, gpu="H200"), RecordLengths(lengths))
     assert one.slowest_rank_factor == 1.0
     assert eight.step_time_s == pytest.approx(one.step_time_s * eight.slowest_rank_factor)
     assert eight.balanced_slowest_rank_factor < eight.slowest_rank_factor

@@ -2,7 +2,7 @@
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -10,9 +10,12 @@ from rich.table import Table
 from tuneforge.cli.common import console
 from tuneforge.errors import TuneforgeError
 
+if TYPE_CHECKING:
+    from tuneforge.data.length_policy import RecordLengths
 
-def _raw_lengths(config_file: Path, overrides: list[str]) -> list[int] | None:
-    """Tokenised lengths of the training data (through the cache), or None when unavailable."""
+
+def _records(config_file: Path, overrides: list[str]) -> "RecordLengths | None":
+    """The training records' lengths and targets (through the cache), or None when unavailable."""
     from tuneforge.config import load_config
     from tuneforge.data.training_data import load_training_data
     from tuneforge.train.build import load_tokenizer
@@ -28,7 +31,7 @@ def _raw_lengths(config_file: Path, overrides: list[str]) -> list[int] | None:
             f"[yellow]data not used ({error}); documents assumed max_seq_len long[/yellow]"
         )
         return None
-    return data.stats.raw_lengths
+    return data.stats.records
 
 
 def plan_command(
@@ -75,7 +78,7 @@ def plan_command(
         raise TuneforgeError(f"--time-limit: {error}") from None
     mfu = measured_mfu(calibrate) if calibrate is not None else None
     hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit, mfu, master_weights)
-    lengths = None if no_data else _raw_lengths(config, overrides or [])
+    lengths = None if no_data else _records(config, overrides or [])
     plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
     if as_json:
         console.print(

@@ -25,7 +25,7 @@ from tuneforge.data.token_store import TokenStore
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -69,7 +69,7 @@ def load_cached(directory: Path) -> tuple[TokenStore, DatasetStats] | None:
         np.load(directory / "loss_mask.npy", mmap_mode="r"),
         np.load(directory / "offsets.npy"),
     )
-    return store, DatasetStats(**meta["stats"])
+    return store, DatasetStats.from_dict(meta["stats"])
 
 
 def save_cached(directory: Path, store: TokenStore, stats: DatasetStats) -> None:

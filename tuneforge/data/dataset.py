@@ -2,8 +2,10 @@
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from tuneforge.config.schema import DataSection
+from tuneforge.data.length_policy import RecordLengths, has_targets, pieces, target_spans
 from tuneforge.data.parallel import tokenize_all, worker_count
 from tuneforge.data.records import Conversation, DataError
 from tuneforge.data.token_store import IGNORE_INDEX, Example, make_example
@@ -22,20 +24,28 @@ class DatasetStats:
     num_tokens: int = 0
     num_loss_tokens: int = 0
     dropped_examples: list[str] = field(default_factory=list)
-    raw_lengths: list[int] = field(default_factory=list)
-    """Tokenised length of every record before truncation or dropping."""
+    records: RecordLengths = field(default_factory=lambda: RecordLengths([], []))
+    """Tokenised length of every record before truncation or dropping, and where its supervised
+    labels are: what the planner applies the length policy to."""
 
-
-def split_example(example: Example, piece_length: int) -> list[Example]:
-    """Consecutive pieces of at most `piece_length` tokens. Each keeps its labels, so the last
-    token of a piece still predicts the first token of the next one."""
-    return [
-        Example(
-            example.input_ids[start : start + piece_length],
-            example.labels[start : start + piece_length],
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "DatasetStats":
+        """Back from `dataclasses.asdict` (the cache's meta.json)."""
+        records = values.get("records", {})
+        spans = records.get("spans")
+        found = RecordLengths(
+            records.get("lengths", []), None if spans is None else [tuple(s) for s in spans]
         )
-        for start in range(0, len(example.input_ids), piece_length)
-    ]
+        return cls(**(values | {"records": found}))
+
+    @property
+    def raw_lengths(self) -> list[int]:
+        return self.records.lengths
+
+    @property
+    def target_spans(self) -> list[tuple[int, ...]]:
+        assert self.records.spans is not None
+        return self.records.spans
 
 
 def build_examples(
@@ -58,44 +68,40 @@ def build_examples(
     for conversation, tokenized in zip(conversations, tokenized_all, strict=True):
         stats.num_records += 1
         ids, mask = tokenized.input_ids, tokenized.loss_mask
-        stats.raw_lengths.append(len(ids))
-        if len(ids) > max_seq_len and split_long:
-            pieces = [
-                piece
-                for piece in split_example(make_example(ids, mask), max_seq_len)
-                if any(label != IGNORE_INDEX for label in piece.labels)
-            ]
-            stats.num_split += 1
-            if not pieces:
-                stats.num_without_targets += 1
-                continue
-            stats.num_tokens += sum(len(piece.input_ids) for piece in pieces)
-            stats.num_loss_tokens += sum(
-                label != IGNORE_INDEX for piece in pieces for label in piece.labels
+        spans = target_spans(mask)
+        stats.records.lengths.append(len(ids))
+        stats.target_spans.append(spans)
+        too_long = len(ids) > max_seq_len
+        if too_long and not split_long and on_too_long == "error":
+            raise DataError(
+                f"{conversation.origin}: {len(ids)} tokens exceed data.max_seq_len={max_seq_len}; "
+                "raise it, or set data.on_too_long to truncate or drop"
             )
-            examples += pieces
-            continue
-        if len(ids) > max_seq_len:
-            if on_too_long == "error":
-                raise DataError(
-                    f"{conversation.origin}: {len(ids)} tokens exceed data.max_seq_len={max_seq_len}; "
-                    "raise it, or set data.on_too_long to truncate or drop"
-                )
-            if on_too_long == "drop":
+        bounds = pieces(len(ids), max_seq_len, on_too_long, split_long)
+        truncated = too_long and not split_long
+        if too_long:
+            if split_long:
+                stats.num_split += 1
+            elif bounds:
+                stats.num_truncated += 1
+            else:
                 stats.num_dropped_too_long += 1
                 continue
-            ids, mask = ids[:max_seq_len], mask[:max_seq_len]
-            stats.num_truncated += 1
-        example = make_example(ids, mask)
-        num_targets = sum(mask[1:])
-        if num_targets == 0:
+        kept = [piece for piece in bounds if has_targets(piece, spans, truncated)]
+        if not kept:
             stats.num_without_targets += 1
             if len(stats.dropped_examples) < 5:
                 stats.dropped_examples.append(conversation.origin)
             continue
-        stats.num_tokens += len(ids)
-        stats.num_loss_tokens += num_targets
-        examples.append(example)
+        whole = make_example(ids, mask)
+        for start, end in kept:
+            labels = whole.labels[start:end]
+            if truncated:  # the token the last position predicts is cut off
+                labels = [*labels[:-1], IGNORE_INDEX]
+            example = Example(whole.input_ids[start:end], labels)
+            stats.num_tokens += len(example.input_ids)
+            stats.num_loss_tokens += sum(label != IGNORE_INDEX for label in example.labels)
+            examples.append(example)
     if not examples:
         raise DataError(
             f"no trainable examples among {stats.num_records} records: "

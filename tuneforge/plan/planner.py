@@ -12,6 +12,7 @@ import numpy as np
 
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
+from tuneforge.data.length_policy import RecordLengths
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB, PEAK_TFLOPS
 from tuneforge.models.api import model_args
@@ -27,8 +28,8 @@ from tuneforge.plan.rank_wait import rank_waits
 from tuneforge.plan.strategy import resolve_strategy
 from tuneforge.plan.traffic import step_traffic_bytes
 from tuneforge.plan.workload import (
+    documents_of,
     epoch_workload,
-    lengths_after_policy,
     mean_document_length,
 )
 from tuneforge.runs.files import read_metrics
@@ -59,13 +60,13 @@ def fsdp_stage_of(config: RunConfig, hardware: Hardware) -> int:
 
 
 def replicated_memory_gib(
-    config: RunConfig, hardware: Hardware, raw_lengths: list[int] | None = None
+    config: RunConfig, hardware: Hardware, records: RecordLengths | None = None
 ) -> float:
     """Per-GPU GiB of the run with the whole model on every GPU (DDP), for the records'
     tokenised lengths as `plan_run` predicts it (documents as long as `data.max_seq_len`
     without them)."""
     args = run_model_args(config)
-    setup = setup_of(config, args, hardware, mean_document_length(config.data, raw_lengths))
+    setup = setup_of(config, args, hardware, mean_document_length(config.data, records))
     return predict_memory(replace(setup, zero_stage=0)).total / GIB
 
 
@@ -147,15 +148,13 @@ def jobs_needed(eta_s: float, time_limit_s: float, margin_s: float) -> int:
 def plan_run(
     config: RunConfig,
     hardware: Hardware,
-    raw_lengths: list[int] | None = None,
+    records: RecordLengths | None = None,
 ) -> Plan:
     args = run_model_args(config)
     data, train = config.data, config.train
     epoch = None
-    if raw_lengths:
-        lengths = lengths_after_policy(
-            raw_lengths, data.max_seq_len, data.on_too_long, data.split_long
-        )
+    if records is not None and records.lengths:
+        lengths = documents_of(data, records)
         epoch = epoch_workload(
             args,
             lengths,
@@ -164,7 +163,7 @@ def plan_run(
             lora_shape(config.lora, args),
             train.seed,
         )
-    setup = setup_of(config, args, hardware, mean_document_length(config.data, raw_lengths))
+    setup = setup_of(config, args, hardware, mean_document_length(config.data, records))
     capacity = hardware.gpu_memory_gib
     replicated = predict_memory(replace(setup, zero_stage=0)).total / GIB
     strategy, strategy_reason = resolve_strategy(
@@ -223,8 +222,8 @@ def plan_run(
         slowest_rank_factor=waits[0],
         balanced_slowest_rank_factor=waits[1],
     )
-    if raw_lengths:
-        p99 = float(np.percentile(raw_lengths, 99))
+    if records is not None and records.lengths:
+        p99 = float(np.percentile(records.lengths, 99))
         plan.suggested_max_seq_len = max(
             LENGTH_ROUNDING, math.ceil(p99 / LENGTH_ROUNDING) * LENGTH_ROUNDING
         )
@@ -249,13 +248,13 @@ def plan_config(
     config_file: Path,
     overrides: list[str],
     hardware: Hardware,
-    raw_lengths: list[int] | None,
+    records: RecordLengths | None,
     what_if: list[str],
 ) -> Plan:
     """The plan of a configuration, and of each `what_if` change relative to it."""
-    base = plan_run(load_config(config_file, overrides), hardware, raw_lengths)
+    base = plan_run(load_config(config_file, overrides), hardware, records)
     for change in what_if:
-        changed = plan_run(load_config(config_file, [*overrides, change]), hardware, raw_lengths)
+        changed = plan_run(load_config(config_file, [*overrides, change]), hardware, records)
         old = base.epoch.flops if base.epoch and changed.epoch else base.step_time_s
         new = changed.epoch.flops if base.epoch and changed.epoch else changed.step_time_s
         base.what_if.append(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from tuneforge.config.schema import DataSection
 from tuneforge.data.bin_packing import STRATEGIES, padded_groups
+from tuneforge.data.length_policy import RecordLengths
 from tuneforge.data.rank_balance import attention_cost
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
@@ -33,29 +34,17 @@ class Workload:
     """Each micro-batch's attention work as the loader deals by it (`rank_balance`)."""
 
 
-def lengths_after_policy(
-    raw: list[int], max_seq_len: int, on_too_long: str, split_long: bool
-) -> list[int]:
-    """Document lengths the loader sees once the length policy is applied."""
-    kept = []
-    for length in raw:
-        if length <= max_seq_len:
-            kept.append(length)
-        elif split_long:
-            kept += [max_seq_len] * (length // max_seq_len)
-            if length % max_seq_len:
-                kept.append(length % max_seq_len)
-        elif on_too_long == "truncate":
-            kept.append(max_seq_len)
-    return kept
+def documents_of(data: DataSection, records: RecordLengths) -> list[int]:
+    """The lengths of the documents the loader deals: the data's length policy applied."""
+    return records.documents(data.max_seq_len, data.on_too_long, data.split_long)
 
 
-def mean_document_length(data: DataSection, raw_lengths: list[int] | None) -> float:
-    """The mean length of the documents the loader deals (the length policy applied to the
-    records' tokenised lengths); `data.max_seq_len` without them."""
-    if not raw_lengths:
+def mean_document_length(data: DataSection, records: RecordLengths | None) -> float:
+    """The mean length of the documents the loader deals; `data.max_seq_len` without the
+    records' lengths."""
+    if records is None or not records.lengths:
         return float(data.max_seq_len)
-    lengths = lengths_after_policy(raw_lengths, data.max_seq_len, data.on_too_long, data.split_long)
+    lengths = documents_of(data, records)
     return sum(lengths) / max(len(lengths), 1)
 
 

@@ -125,7 +125,7 @@ class Trainer:
         np.random.seed(seed)
         self.tokenizer = load_tokenizer(config)
         self.train_stats = self._load_data()
-        self.strategy = choose_strategy(config, self.world, self.train_stats.raw_lengths)
+        self.strategy = choose_strategy(config, self.world, self.train_stats.records)
         self.model = build_model(config.model, self.device, seed)
         if len(self.tokenizer) > self.model.args.vocab_size:
             raise TuneforgeError(

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from tuneforge.config import RunConfig
+from tuneforge.data.length_policy import RecordLengths
 from tuneforge.hardware.gpus import GIB
 from tuneforge.parallel.distributed import Dist, strategy_of
 from tuneforge.plan.plan import Hardware
@@ -17,8 +18,8 @@ from tuneforge.plan.strategy import resolve_strategy
 log = logging.getLogger(__name__)
 
 
-def choose_strategy(config: RunConfig, world: Dist, raw_lengths: list[int] | None = None) -> str:
-    """`raw_lengths`: the records' tokenised lengths (the data's statistics), as `tuneforge plan`
+def choose_strategy(config: RunConfig, world: Dist, records: RecordLengths | None = None) -> str:
+    """`records`: the records' tokenised lengths (the data's statistics), as `tuneforge plan`
     reads them, so both predict the same memory."""
     configured = strategy_of(config.parallel, world)  # refuses `single` on several processes
     if config.parallel.strategy != "auto" or world.world_size == 1:
@@ -30,7 +31,7 @@ def choose_strategy(config: RunConfig, world: Dist, raw_lengths: list[int] | Non
     hardware = Hardware(
         gpus=world.world_size, gpu="MI300X" if torch.version.hip else "H100", memory_gib=gpu_gib
     )
-    replicated = replicated_memory_gib(config, hardware, raw_lengths)
+    replicated = replicated_memory_gib(config, hardware, records)
     decision = list(resolve_strategy(config.parallel, world.world_size, replicated, gpu_gib))
     if dist.is_initialized():  # one choice for all, were the GPUs of different sizes
         dist.broadcast_object_list(decision, src=0)
