@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tuneforge.runs.files import read_metrics
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "demo.yaml"
 STEPS = 12
 MODES = {

@@ -106,7 +106,7 @@ def test_resume_refuses_changed_memory_settings_unless_forced(tmp_path):
         trainer.setup()
     forced = Trainer(config, resume="auto", force=True)
     forced.setup()
-    assert forced.step == 3
+    assert forced.progress.step == 3
 
 
 def test_a_run_directory_is_not_reused_without_resume_or_overwrite(tmp_path):
@@ -128,8 +128,9 @@ def test_non_finite_steps_follow_the_policy(tmp_path, policy):
 
     def poisoned(*args):
         calls["n"] += 1
-        loss_sum, aux = forward(*args)
-        return (loss_sum * float("nan"), aux) if calls["n"] in (5, 6) else (loss_sum, aux)
+        output = forward(*args)
+        poison = calls["n"] in (5, 6)
+        return output._replace(loss_sum=output.loss_sum * float("nan")) if poison else output
 
     trainer.objective.forward = poisoned  # step 3's two micro-batches
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -19,8 +19,8 @@ CPU = torch.device("cpu")
 
 def poisoned(forward):
     def forward_with_nan_loss(*args):
-        loss_sum, aux = forward(*args)
-        return loss_sum * math.nan, aux
+        output = forward(*args)
+        return output._replace(loss_sum=output.loss_sum * math.nan)
 
     return forward_with_nan_loss
 
