@@ -5,6 +5,8 @@ import json
 import sys
 import traceback
 
+from tuneforge.hardware.gpus import GIB
+
 RESULT_PREFIX = "TUNEFORGE_BENCH_RESULT "
 
 
@@ -38,7 +40,7 @@ def enforce_memory_cap(cap_gib: float) -> None:
     import torch
 
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * 2**30 / total))
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
 
 
 if __name__ == "__main__":

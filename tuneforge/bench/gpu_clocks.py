@@ -1,4 +1,4 @@
-"""The GPU's SM clock, power draw and reasons for holding the clock down (`train/gpu_clocks.py`)
+"""The GPU's SM clock, power draw and reasons for holding the clock down (`hardware/nvml.py`)
 sampled on a thread over the timed steps. A kernel-bound step that runs slower back to back than
 its kernels did one by one under the profiler is explained here: the clock falls where the
 board reaches its power limit."""

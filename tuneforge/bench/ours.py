@@ -13,6 +13,7 @@ from tuneforge.bench.workloads import Variant, Workload
 from tuneforge.config.schema import ParallelSection, TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
+from tuneforge.hardware.gpus import GIB
 from tuneforge.models.api import load_model
 from tuneforge.models.cost import LoraShape, training_flops_per_token
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
@@ -164,7 +165,7 @@ def run_ours(
 
     result = time_steps(step, warmup, steps, host_profiler) | {"steps": steps}
     if queue_step.captured is not None:  # replays allocate nothing: the captured step's peak
-        peak = queue_step.captured.peak_allocated / 2**30
+        peak = queue_step.captured.peak_allocated / GIB
         result["peak_alloc_gib"] = max(result["peak_alloc_gib"], peak)
     if profile:
         from tuneforge.bench.profile import peak_breakdown, profile_steps

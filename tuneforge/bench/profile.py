@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from tuneforge.hardware.gpus import GIB
+
 
 def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> dict:
     from torch.profiler import ProfilerActivity, profile
@@ -168,9 +170,9 @@ def peak_breakdown(step: Callable[[], None], top: int = 12) -> dict:
         sites[site] = sites.get(site, 0) + size
     ranked = sorted(sites.items(), key=lambda item: -item[1])[:top]
     return {
-        "allocated_before_gib": before / 2**30,
-        "step_peak_above_before_gib": peak / 2**30,
-        "live_at_peak": [{"site": site, "gib": round(size / 2**30, 3)} for site, size in ranked],
+        "allocated_before_gib": before / GIB,
+        "step_peak_above_before_gib": peak / GIB,
+        "live_at_peak": [{"site": site, "gib": round(size / GIB, 3)} for site, size in ranked],
         "cache": cache_breakdown(snapshot, copy_stream_names()),
     }
 
@@ -185,8 +187,8 @@ def cache_breakdown(snapshot: dict, stream_names: dict[int, str]) -> dict:
         stream = segment["stream"]
         name = stream_names.get(stream, "compute" if stream == 0 else f"stream {stream:#x}")
         entry = by_stream.setdefault(name, {"reserved_gib": 0.0, "allocated_gib": 0.0})
-        entry["reserved_gib"] += segment["total_size"] / 2**30
-        entry["allocated_gib"] += segment["allocated_size"] / 2**30
+        entry["reserved_gib"] += segment["total_size"] / GIB
+        entry["allocated_gib"] += segment["allocated_size"] / GIB
     for entry in by_stream.values():
         entry["cached_free_gib"] = entry["reserved_gib"] - entry["allocated_gib"]
         for key in entry:
@@ -200,7 +202,7 @@ def cache_breakdown(snapshot: dict, stream_names: dict[int, str]) -> dict:
             most = max(most, waiting)
         elif event["action"] == "free_completed" and event["addr"] in awaiting:
             waiting -= awaiting.pop(event["addr"])
-    return {"by_stream": by_stream, "awaiting_free_peak_gib": round(most / 2**30, 3)}
+    return {"by_stream": by_stream, "awaiting_free_peak_gib": round(most / GIB, 3)}
 
 
 def _allocation_site(frames: list[dict]) -> str:

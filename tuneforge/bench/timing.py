@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from tuneforge.bench.gpu_clocks import GpuSampler
+from tuneforge.hardware.gpus import GIB
 from tuneforge.hardware.nvml import open_nvml
 from tuneforge.train.device_watch import allocator_counts
 
@@ -60,8 +61,8 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
         "ms_per_step_median": 1e3 * statistics.median(durations),
         "ms_per_step_all": [round(1e3 * d, 2) for d in durations],
         "ms_per_step_wall": 1e3 * wall / steps,
-        "peak_alloc_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
-        "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0,
+        "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else 0.0,
         "allocator_per_step": {
             name: (count - counts_before[name]) / steps
             for name, count in allocator_counts().items()

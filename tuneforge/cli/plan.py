@@ -64,7 +64,7 @@ def plan_command(
 ) -> None:
     """Predict per-GPU memory, step time, ETA and jobs needed, before launching."""
     from tuneforge.config.durations import parse_duration
-    from tuneforge.hardware.gpus import GPU_MEMORY_GIB
+    from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB
     from tuneforge.plan.plan import Hardware
     from tuneforge.plan.planner import measured_mfu, plan_config
 
@@ -94,7 +94,7 @@ def plan_command(
     verdict = "fits" if plan.fits else "does NOT fit"
     sharding = f"; {plan.zero_stage_advice}" if plan.strategy == "fsdp" else ""
     console.print(
-        f"{verdict}: {plan.gpu_memory_gib - plan.memory.total / 2**30:+.1f} GiB headroom{sharding}"
+        f"{verdict}: {plan.gpu_memory_gib - plan.memory.total / GIB:+.1f} GiB headroom{sharding}"
     )
     console.print(
         f"step {plan.step_time_s:.2f} s (MFU {hardware.mfu or 0.4:.0%}{' measured' if mfu else ' assumed'}), "

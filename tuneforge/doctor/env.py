@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from tuneforge.hardware.gpus import GIB
 from tuneforge.hardware.nvml import Nvml, open_nvml
 from tuneforge.models import flash4
 from tuneforge.models.attention import resolve_backend
@@ -75,7 +76,7 @@ def inspect_environment() -> EnvReport:
         gpu = {
             "index": index,
             "name": properties.name,
-            "memory_gib": properties.total_memory / 2**30,
+            "memory_gib": properties.total_memory / GIB,
         }
         nvml, _ = open_nvml(torch.device("cuda", index))
         if nvml is not None:
@@ -116,7 +117,7 @@ def inspect_environment() -> EnvReport:
     report.hf_home = str(home)
     existing = next((p for p in (home, *home.parents) if p.exists()), None)
     if existing is not None:
-        report.hf_home_free_gib = shutil.disk_usage(existing).free / 2**30
+        report.hf_home_free_gib = shutil.disk_usage(existing).free / GIB
         if report.hf_home_free_gib < SMALL_CACHE_GIB:
             report.warnings.append(
                 f"HF_HOME ({home}) has {report.hf_home_free_gib:.0f} GiB free: point it at scratch "

@@ -28,7 +28,7 @@ NAN = re.compile(
     re.IGNORECASE,
 )
 SLOWDOWN = re.compile(
-    r"clock held down by (?:thermal|hardware slowdown)"  # ours (train/hardware.py)
+    r"clock held down by (?:thermal|hardware slowdown)"  # ours (train/device_watch.py)
     r"|(?:HW|SW Thermal|HW Thermal|HW Power Brake) Slowdown\s*:\s*Active",  # nvidia-smi -q
     re.IGNORECASE,
 )

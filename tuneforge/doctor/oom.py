@@ -7,17 +7,19 @@ shard more), or memory held by other processes."""
 import re
 from dataclasses import asdict, dataclass, field
 
+from tuneforge.hardware.gpus import GIB
+
 FRAGMENTATION_GIB = 2.0
 OTHER_PROCESSES_GIB = 1.0
 UNITS = {
-    "b": 1 / 2**30,
-    "bytes": 1 / 2**30,
+    "b": 1 / GIB,
+    "bytes": 1 / GIB,
     "kib": 1 / 2**20,
     "mib": 1 / 2**10,
     "gib": 1.0,
-    "kb": 1e3 / 2**30,
-    "mb": 1e6 / 2**30,
-    "gb": 1e9 / 2**30,
+    "kb": 1e3 / GIB,
+    "mb": 1e6 / GIB,
+    "gb": 1e9 / GIB,
     "tib": 1024.0,
 }
 SIZE = r"([\d.]+)\s*(bytes|b|kib|mib|gib|tib|kb|mb|gb)"

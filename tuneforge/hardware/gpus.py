@@ -1,7 +1,11 @@
 """What GPUs are: their memory and peak dense bf16 FLOP/s by name, and the byte units the rest of
-tuneforge counts in. A leaf: it imports nothing of ours."""
+tuneforge counts in. A leaf: it imports nothing of ours, and torch only when a device is asked
+about (text tools such as the OOM doctor stay quick to start)."""
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 GIB = 2**30
 
@@ -34,11 +38,13 @@ def peak_tflops_of(name: str) -> float | None:
     return next((value for key, value in PEAK_TFLOPS.items() if key in name), None)
 
 
-def peak_tflops(device: torch.device, override: float | None = None) -> float | None:
+def peak_tflops(device: "torch.device", override: float | None = None) -> float | None:
     if override is not None:
         return override
     if device.type != "cuda":
         return None
+    import torch
+
     return peak_tflops_of(torch.cuda.get_device_name(device))
 
 

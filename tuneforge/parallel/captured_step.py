@@ -24,6 +24,7 @@ from tuneforge.config.schema import TrainSection
 from tuneforge.data.fixed_shape import documents_needed, to_fixed_shape
 from tuneforge.data.packing import PackedBatch
 from tuneforge.errors import TuneforgeError
+from tuneforge.hardware.gpus import GIB
 from tuneforge.models.decoder import Decoder
 
 log = logging.getLogger(__name__)
@@ -175,5 +176,5 @@ class CapturedStep:
             "%.2f GiB at its peak",
             self.train.tokens_per_micro_batch,
             self.slots,
-            self.peak_allocated / 2**30,
+            self.peak_allocated / GIB,
         )

@@ -34,10 +34,6 @@ class Dist:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def initialized(self) -> bool:
-        return self.world_size > 1
-
 
 def init_distributed(nccl_max_channels: int | None = None) -> Dist:
     """Join the process group `torchrun` describes (NCCL on GPUs, gloo on CPU, with at most

@@ -9,7 +9,7 @@ their gradients reach them through autograd's own accumulation (and its hooks).
 
 Blocks offloaded through one `OffloadChain` prefetch: when a block's backward has been queued,
 the input of the block below it starts its way back on the side stream, into one of the
-chain's two staging slots (`train/staging_slots.py`), while the GPU still runs the queued
+chain's two staging slots (`parallel/staging_slots.py`), while the GPU still runs the queued
 backward: the copy leaves the compute stream and hides behind its work.
 
 One process only, and no router auxiliary loss: the block's forward runs without gradients, so

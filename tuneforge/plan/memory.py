@@ -278,7 +278,7 @@ def _coming_back(setup: Setup, on_host: set[int], recomputed: set[int]) -> dict[
 
 def _staging_slots(coming_back: dict[int, float]) -> list[float]:
     """The two staging slots' sizes: backward brings the offloaded blocks back into them in
-    turn (`train/staging_slots.py`), each slot as large as the largest block it takes."""
+    turn (`parallel/staging_slots.py`), each slot as large as the largest block it takes."""
     slots = [0.0, 0.0]
     for turn, layer in enumerate(sorted(coming_back, reverse=True)):
         slots[turn % 2] = max(slots[turn % 2], coming_back[layer])
