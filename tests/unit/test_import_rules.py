@@ -145,3 +145,22 @@ def test_test_modules_share_helpers_not_each_other():
             if module and module.rpartition(".")[2].startswith("test_"):
                 offending.append(f"{path.relative_to(tests)}:{node.lineno}: {module}")
     assert not offending, "test modules importing test modules:\n" + "\n".join(offending)
+
+
+def test_files_stay_one_idea_and_the_loop_reads_in_a_minute():
+    """No module of the package over 400 lines, and `Trainer.train` under 60: a file that grows
+    past them wants to be two, and the loop wants its pieces named."""
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}: {count} lines"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    ]
+    assert not long, "files over 400 lines:\n" + "\n".join(long)
+    loop = ast.parse((PACKAGE / "train" / "loop.py").read_text(encoding="utf-8"))
+    (train,) = [
+        node
+        for node in ast.walk(loop)
+        if isinstance(node, ast.FunctionDef) and node.name == "train"
+    ]
+    assert train.end_lineno is not None
+    assert train.end_lineno - train.lineno < 60

@@ -104,6 +104,7 @@ class Trainer:
         self.force = force
 
     def setup(self) -> None:
+        """The process group, the run directory, and everything the steps need."""
         config = self.config
         self._refuse_unsupported()
         self.world = init_distributed(config.parallel.nccl_max_channels)
@@ -111,9 +112,8 @@ class Trainer:
         strategy_of(config.parallel, self.world)  # refuses `single` on several processes early
         replaced = self.overwrite and (self.run_dir / CONFIG_FILE).exists()
         checkpoint = self._prepare_run_dir()
-        with replacing(
-            self.run_dir, self.world.is_main, replaced
-        ):  # a setup that stops: the old run back
+        # a setup that stops (bad data, a model that does not load, Ctrl-C) brings the old run back
+        with replacing(self.run_dir, self.world.is_main, replaced):
             self._build(checkpoint)
 
     def _build(self, checkpoint: Path | None) -> None:
@@ -284,10 +284,8 @@ class Trainer:
             if on_step:
                 on_step(record)
 
-        pending, schedule = (
-            PendingStep(on_read),
-            Schedule(config, self.total_steps, bool(self.eval_batches)),
-        )
+        pending = PendingStep(on_read)
+        schedule = Schedule(config, self.total_steps, bool(self.eval_batches))
         batches = iter(self.loader)
         self.objective.train()
         with StopSignals() as signals:
