@@ -164,3 +164,20 @@ def test_files_stay_one_idea_and_the_loop_reads_in_a_minute():
     ]
     assert train.end_lineno is not None
     assert train.end_lineno - train.lineno < 60
+
+
+def test_every_error_of_ours_is_a_tuneforge_error():
+    """One hierarchy: the command line reports a `TuneforgeError` as the user's to fix (exit 2,
+    no traceback); any other exception is an internal bug and keeps its traceback."""
+    import importlib
+
+    from tuneforge.errors import TuneforgeError
+
+    classes = []
+    for name, path in all_modules().items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
+                classes.append(getattr(importlib.import_module(name), node.name))
+    assert len(classes) >= 8
+    outside = [cls.__qualname__ for cls in classes if not issubclass(cls, TuneforgeError)]
+    assert not outside, f"errors outside the hierarchy: {outside}"

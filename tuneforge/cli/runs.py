@@ -28,9 +28,9 @@ def generate(
     """Answer a prompt with a trained run (base + adapter, or full weights)."""
     import torch
 
+    from tuneforge.hardware.gpus import pick_device
     from tuneforge.inference.trained import load_trained
     from tuneforge.models.generate import generate as generate_tokens
-    from tuneforge.train.build import pick_device
 
     model, tokenizer = load_trained(run_dir, pick_device())
     messages = [{"role": "user", "content": prompt}]

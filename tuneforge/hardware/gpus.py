@@ -51,3 +51,10 @@ def peak_tflops(device: "torch.device", override: float | None = None) -> float 
 def platform_of(gpu: str) -> str:
     """`rocm` for AMD Instinct names, else `cuda`."""
     return "rocm" if gpu.startswith("MI") else "cuda"
+
+
+def pick_device() -> "torch.device":
+    """The GPU where there is one, else the CPU."""
+    import torch
+
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

@@ -9,6 +9,7 @@ from tuneforge.models.args import ModelArgs
 from tuneforge.models.attention import resolve_backend
 from tuneforge.models.catalog import CATALOG, catalog_shape
 from tuneforge.models.decoder import Decoder
+from tuneforge.models.errors import ModelError, ModelNotFoundError
 from tuneforge.models.hf.checkpoint import (
     DTYPES,
     args_from_dir,
@@ -64,7 +65,7 @@ def load_model(
         if target.type != "meta":
             model.init_weights(init_std, torch.Generator(device=target).manual_seed(seed))
     else:
-        raise FileNotFoundError(
+        raise ModelNotFoundError(
             f"{path_or_shape} is neither a model directory nor a catalog shape ({', '.join(CATALOG)})"
         )
     model.set_attention_backend(
@@ -100,7 +101,7 @@ def _dtype_name(dtype: str | torch.dtype | None) -> str | None:
     name = str(dtype).removeprefix("torch.")
     name = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(name, name)
     if name not in DTYPES:
-        raise ValueError(f"dtype {dtype} is not one of {', '.join(DTYPES)}")
+        raise ModelError(f"dtype {dtype} is not one of {', '.join(DTYPES)}")
     return name
 
 

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, replace
 
+from tuneforge.models.errors import ModelError
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -55,7 +57,7 @@ class ModelArgs:
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.dim // self.num_heads)
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise ModelError(
                 f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
             )
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.models import flash4
+from tuneforge.models.errors import ModelError
 from tuneforge.packed import PackedSequences
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ def resolve_backend(
     `flash4` asked for where it cannot run is an error, not a silent fallback."""
     flash_ok = dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM
     if name == "flash4" and not (flash4.available(device) and flash_ok):
-        raise ValueError(
+        raise ModelError(
             "attention 'flash4' needs the flash-attn-4 package, a CUDA GPU of compute "
             "capability 9.x or 10.x (Hopper, Blackwell) and bfloat16 or float16 weights; install "
             "it (pip install flash-attn-4) or set model.attention to auto"

@@ -10,14 +10,10 @@ from tuneforge.data.training_data import TrainingData, load_training_data
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.api import load_model
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.hf.checkpoint import CheckpointError
+from tuneforge.models.errors import ModelError
 from tuneforge.parallel.distributed import Dist, barrier
 
 log = logging.getLogger(__name__)
-
-
-def pick_device() -> torch.device:
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 def load_tokenizer(config: RunConfig):
@@ -54,8 +50,8 @@ def build_model(section: ModelSection, device: torch.device, seed: int) -> Decod
             seed=seed,
             init_std=section.init_std,
         )
-    except (CheckpointError, ValueError, FileNotFoundError) as error:
-        raise TuneforgeError(f"model: {error}") from None
+    except ModelError as error:  # say which section the problem is in
+        raise type(error)(f"model: {error}") from None
     backend = model.attention_backend
     log.info("attention backend: %s", backend)
     if backend == "eager":

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from tuneforge.models.args import ModelArgs, MoEArgs, RopeScaling
+from tuneforge.models.errors import ModelError
 
 LLAMA_KEYS = {
     "model.embed_tokens.weight": "embed.weight",
@@ -209,7 +210,7 @@ def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
             high_freq_factor=float(rope["high_freq_factor"]),
             original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
         )
-    raise ValueError(f"rope scaling '{kind}' is not supported (supported: default, llama3)")
+    raise ModelError(f"rope scaling '{kind}' is not supported (supported: default, llama3)")
 
 
 def _num_experts(config: dict[str, Any]) -> int:
@@ -257,6 +258,6 @@ def adapter_for(model_type: str) -> StateDictAdapter:
         return ADAPTERS[model_type]
     except KeyError:
         known = ", ".join(sorted(ADAPTERS))
-        raise ValueError(
+        raise ModelError(
             f"model_type '{model_type}' is not supported; supported: {known}"
         ) from None

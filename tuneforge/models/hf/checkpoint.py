@@ -10,9 +10,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from tuneforge.errors import TuneforgeError
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
+from tuneforge.models.errors import ModelError
 from tuneforge.models.hf.adapter import adapter_for
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ LAYER_INDEX = re.compile(r"^layers\.(\d+)\.")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class CheckpointError(TuneforgeError):
+class CheckpointError(ModelError):
     """A model directory that cannot be read as a Hugging Face checkpoint."""
 
 
@@ -46,7 +46,7 @@ def args_from_dir(model_dir: Path, num_layers: int | None = None) -> ModelArgs:
     config = read_hf_config(model_dir)
     try:
         adapter = adapter_for(config.get("model_type", ""))
-    except ValueError as error:
+    except ModelError as error:
         raise CheckpointError(f"{model_dir / 'config.json'}: {error}") from None
     return adapter.args_from_config(config).with_layers(num_layers)
 
