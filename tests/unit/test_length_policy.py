@@ -10,6 +10,7 @@ from tuneforge.data.dataset import build_examples
 from tuneforge.data.length_policy import RecordLengths, has_targets, target_spans
 from tuneforge.data.reading import read_conversations
 from tuneforge.data.records import Conversation
+from tuneforge.data.token_store import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,10 @@ def test_the_planner_predicts_the_documents_the_data_pipeline_builds(
     )
     predicted = stats.records.documents(max_seq_len, on_too_long, split_long)
     assert sorted(predicted) == sorted(len(example.input_ids) for example in examples)
+    assert stats.num_tokens == sum(len(example.input_ids) for example in examples)
+    targets = sum(label != IGNORE_INDEX for example in examples for label in example.labels)
+    assert stats.num_loss_tokens == targets
+    assert all(any(label != IGNORE_INDEX for label in e.labels) for e in examples)
     blind = RecordLengths(stats.raw_lengths).documents(max_seq_len, on_too_long, split_long)
     if split_long:  # lengths alone count the pieces without targets too
         assert len(blind) > len(predicted)

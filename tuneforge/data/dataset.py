@@ -5,7 +5,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuneforge.config.schema import DataSection
-from tuneforge.data.length_policy import RecordLengths, has_targets, pieces, target_spans
+from tuneforge.data.length_policy import (
+    RecordLengths,
+    Span,
+    count_targets,
+    has_targets,
+    pieces,
+    target_spans,
+)
 from tuneforge.data.parallel import tokenize_all, worker_count
 from tuneforge.data.records import Conversation, DataError
 from tuneforge.data.token_store import IGNORE_INDEX, Example, make_example
@@ -46,6 +53,16 @@ class DatasetStats:
     def target_spans(self) -> list[tuple[int, ...]]:
         assert self.records.spans is not None
         return self.records.spans
+
+
+def piece_of(whole: Example, piece: Span, truncated: bool) -> Example:
+    """One document cut from a record's example: a split piece keeps its labels; a truncated
+    record's last label goes (the token it predicts is cut off)."""
+    start, end = piece
+    labels = whole.labels[start:end]
+    if truncated:
+        labels = [*labels[:-1], IGNORE_INDEX]
+    return Example(whole.input_ids[start:end], labels)
 
 
 def build_examples(
@@ -94,14 +111,10 @@ def build_examples(
                 stats.dropped_examples.append(conversation.origin)
             continue
         whole = make_example(ids, mask)
-        for start, end in kept:
-            labels = whole.labels[start:end]
-            if truncated:  # the token the last position predicts is cut off
-                labels = [*labels[:-1], IGNORE_INDEX]
-            example = Example(whole.input_ids[start:end], labels)
-            stats.num_tokens += len(example.input_ids)
-            stats.num_loss_tokens += sum(label != IGNORE_INDEX for label in example.labels)
-            examples.append(example)
+        for piece in kept:
+            examples.append(whole if piece == (0, len(ids)) else piece_of(whole, piece, truncated))
+            stats.num_tokens += piece[1] - piece[0]
+            stats.num_loss_tokens += count_targets(piece, spans, truncated)
     if not examples:
         raise DataError(
             f"no trainable examples among {stats.num_records} records: "

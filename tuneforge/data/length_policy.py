@@ -2,7 +2,10 @@
 and which of the resulting documents carry loss: the one rule the data pipeline applies and the
 planner predicts with."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 Span = tuple[int, int]
 
@@ -21,26 +24,26 @@ def pieces(length: int, max_seq_len: int, on_too_long: str, split_long: bool) ->
     return []
 
 
-def target_spans(loss_mask: list[bool]) -> tuple[int, ...]:
+def target_spans(loss_mask: "Sequence[bool] | np.ndarray") -> tuple[int, ...]:
     """The label positions that carry loss, as flattened [start, end) runs: position t is
     supervised where token t + 1 is a target (`token_store.make_example`)."""
-    runs: list[int] = []
-    for position in range(len(loss_mask) - 1):
-        if not loss_mask[position + 1]:
-            continue
-        if runs and runs[-1] == position:
-            runs[-1] = position + 1
-        else:
-            runs += [position, position + 1]
-    return tuple(runs)
+    supervised = np.asarray(loss_mask, dtype=np.int8)[1:]
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], supervised, [0]))))
+    return tuple(int(edge) for edge in edges)
+
+
+def count_targets(piece: Span, spans: tuple[int, ...], truncated: bool) -> int:
+    """The supervised labels a piece keeps; a truncated record's last position loses its label
+    (the token it predicts is cut off), while a split piece keeps it."""
+    start, end = piece
+    last = end - 1 if truncated else end
+    return sum(
+        max(0, min(spans[i + 1], last) - max(spans[i], start)) for i in range(0, len(spans), 2)
+    )
 
 
 def has_targets(piece: Span, spans: tuple[int, ...], truncated: bool) -> bool:
-    """Whether a piece keeps a supervised label; a truncated record's last position loses its
-    label (the token it predicts is cut off), while a split piece keeps it."""
-    start, end = piece
-    last = end - 1 if truncated else end
-    return any(spans[i] < last and spans[i + 1] > start for i in range(0, len(spans), 2))
+    return count_targets(piece, spans, truncated) > 0
 
 
 @dataclass(frozen=True)
