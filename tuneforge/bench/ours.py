@@ -4,6 +4,7 @@ parallel wrappers as `tuneforge train`."""
 
 import math
 import random
+from dataclasses import replace
 
 import torch
 
@@ -21,7 +22,7 @@ from tuneforge.parallel.distributed import Dist, init_distributed, parallelize, 
 from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.objective import build_objective
 from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import StepResult, StepRunner
 
@@ -117,37 +118,33 @@ def run_ours(
         apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
     if settings.offload_embedding:
         embedding_to_host(model, world.world_size)
-    wrap_blocks(
-        model,
-        BlockWrapping(
-            checkpointing=settings.checkpointing,
-            compile=settings.compiled,
-            offload=settings.offload,
-            memory_budget=settings.memory_budget,
-            offload_activations=settings.offload_activations,
-            keep_activations=settings.keep_activations,
-            autotune=settings.autotune,
-        ),
+    train = TrainSection(  # the trainer's own settings for this variant
+        max_steps=warmup + steps,
+        tokens_per_micro_batch=tokens,
+        grad_accum_steps=accum,
+        cuda_graph=settings.cuda_graph,
+        activation_checkpointing=settings.checkpointing,
+        compile=settings.compiled,
+        offload_checkpoints=settings.offload,
+        compile_memory_budget=settings.memory_budget,
+        offload_activations=settings.offload_activations,
+        keep_activations=settings.keep_activations,
+        loss_chunk_tokens=settings.loss_chunk_tokens,
     )
+    wrap_blocks(model, replace(BlockWrapping.of(train), autotune=settings.autotune))
     parallel = ParallelSection(
         strategy=strategy_for(settings, world),
         zero_stage=2 if settings.zero2 else None,
         reduce_dtype="model" if settings.bf16_reduce else "float32",
     )
     objective = parallelize(
-        NextTokenObjective(model, settings.loss_chunk_tokens, settings.compiled),
+        build_objective(train, model),
         model.layers,
         strategy_of(parallel, world),
         parallel,
         world,
     )
     stack_frozen_weights(model)
-    train = TrainSection(
-        max_steps=warmup + steps,
-        tokens_per_micro_batch=tokens,
-        grad_accum_steps=accum,
-        cuda_graph=settings.cuda_graph,
-    )
     optimizer = build_optimizer(model, train, world.device)
     batches = rank_batches(model.args.vocab_size, tokens, settings, world, workload.gpus)
     steps = whole_cycles(steps, len(batches), accum)
