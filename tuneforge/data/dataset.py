@@ -49,11 +49,6 @@ class DatasetStats:
     def raw_lengths(self) -> list[int]:
         return self.records.lengths
 
-    @property
-    def target_spans(self) -> list[tuple[int, ...]]:
-        assert self.records.spans is not None
-        return self.records.spans
-
 
 def piece_of(whole: Example, piece: Span, truncated: bool) -> Example:
     """One document cut from a record's example: a split piece keeps its labels; a truncated
@@ -77,7 +72,9 @@ def build_examples(
 ) -> tuple[list[Example], DatasetStats]:
     """Tokenise (on `workers` processes, see `parallel.worker_count`), apply the length policy
     and drop records without supervised tokens, counting each."""
-    stats = DatasetStats()
+    lengths: list[int] = []
+    record_spans: list[tuple[int, ...]] = []
+    stats = DatasetStats(records=RecordLengths(lengths, record_spans))
     examples: list[Example] = []
     tokenized_all = tokenize_all(
         tokenizer, conversations, train_on, worker_count(workers, len(conversations))
@@ -86,8 +83,8 @@ def build_examples(
         stats.num_records += 1
         ids, mask = tokenized.input_ids, tokenized.loss_mask
         spans = target_spans(mask)
-        stats.records.lengths.append(len(ids))
-        stats.target_spans.append(spans)
+        lengths.append(len(ids))
+        record_spans.append(spans)
         too_long = len(ids) > max_seq_len
         if too_long and not split_long and on_too_long == "error":
             raise DataError(

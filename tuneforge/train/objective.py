@@ -5,6 +5,7 @@ distillation) are added beside it without touching them.
 An objective is the module that DDP and FSDP2 wrap, so that the whole computation (the output
 layer's weight included) runs inside the wrapper."""
 
+from abc import ABC, abstractmethod
 from typing import NamedTuple
 
 import torch
@@ -27,7 +28,7 @@ class ObjectiveOutput(NamedTuple):
     """0-d sums over the batch's units, reported per unit with the step's loss."""
 
 
-class Objective(nn.Module):
+class Objective(nn.Module, ABC):
     """`objective(batch)` -> `ObjectiveOutput`; `units(batch)` counts what the loss is summed
     over, on the host (supervised tokens for SFT)."""
 
@@ -42,11 +43,11 @@ class Objective(nn.Module):
         vocabulary, the ignored ones weighted 0, so that no shape depends on the labels;
         evaluation, which runs eagerly, projects the supervised rows only."""
 
-    def units(self, batch: PackedBatch) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def units(self, batch: PackedBatch) -> int: ...
 
-    def forward(self, batch: PackedBatch) -> ObjectiveOutput:
-        raise NotImplementedError
+    @abstractmethod
+    def forward(self, batch: PackedBatch) -> ObjectiveOutput: ...
 
 
 class NextTokenObjective(Objective):
@@ -119,6 +120,7 @@ def backward_micro_batches(
             if aux_weight:
                 loss = loss + aux_weight * output.aux / len(micro_batches)
             loss.backward()
-        sums = [output.loss_sum.detach()] + [output.metrics[name] for name in metric_names]
-        total += torch.stack([value.detach().to(torch.float64) for value in sums])
+        total[0] += output.loss_sum.detach()  # one in-place add each, no stacking
+        for index, name in enumerate(metric_names, 1):
+            total[index] += output.metrics[name].detach()
     return total

@@ -172,12 +172,13 @@ class StepRunner:
     ) -> None:
         self.objective, self.model, self.optimizer = objective, model, optimizer
         self.train, self.device = train, device
+        inner = objective_of(objective)
+        self.metric_names = inner.metric_names
         self.captured: CapturedStep | None = None
         if train.cuda_graph:
             update = functools.partial(
                 queue_update, objective, model, optimizer, train=train, counts=[]
             )
-            inner = objective_of(objective)
             self.captured = CapturedStep(update, inner.units, model, optimizer, train, device)
             # fixed shapes: every row is projected to the vocabulary, the ignored ones weighted 0
             inner.every_row_loss = True
@@ -189,5 +190,5 @@ class StepRunner:
             )
         micro_batches = [next(batches) for _ in range(self.train.grad_accum_steps)]
         values = self.captured(micro_batches, lr)
-        metric_names = objective_of(self.objective).metric_names
-        return StepResult(values_to_host(values), lr, step_counts(micro_batches), metric_names)
+        counts = step_counts(micro_batches)
+        return StepResult(values_to_host(values), lr, counts, self.metric_names)
