@@ -37,6 +37,7 @@ def train(
     time limit or on a signal after saving (run the same command with --resume auto); 3: stopped
     on non-finite losses."""
     from tuneforge.runs.files import is_finished
+    from tuneforge.runs.run_dir import check_resume
     from tuneforge.train.loop import Trainer
 
     setup_logging(verbose)
@@ -44,6 +45,7 @@ def train(
     # save) it must not kill the process
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     run_config = load_config(config, overrides or [])
+    check_resume(resume, overwrite)
     if resume != "never" and is_finished(run_config.run.directory):
         console.print(f"{run_config.run.directory} already finished: nothing to do")
         return

@@ -1,5 +1,5 @@
-"""The run directory's fixed names, the metrics file's reader, and where the newest complete
-checkpoint lies. Everything that reads or writes a run directory takes its names from here."""
+"""The run directory's fixed names and the metrics file's reader. Everything that reads or
+writes a run directory takes its names from here."""
 
 import json
 from pathlib import Path
@@ -39,21 +39,6 @@ SET_ASIDE_DIR = ".replaced"
 def read_metrics(file: Path) -> list[dict[str, Any]]:
     with file.open(encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint: the `latest` pointer, else the highest complete step."""
-    root = run_dir / CHECKPOINTS
-    pointer = root / LATEST
-    if pointer.is_file():
-        try:
-            candidate = root / json.loads(pointer.read_text())["path"]
-        except (json.JSONDecodeError, KeyError):
-            candidate = None
-        if candidate is not None and (candidate / STATE_FILE).is_file():
-            return candidate
-    complete = [p for p in root.glob("step_*") if (p / STATE_FILE).is_file()]
-    return max(complete, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
 def is_finished(run_dir: Path) -> bool:

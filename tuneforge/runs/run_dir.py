@@ -8,19 +8,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tuneforge.config import RunConfig
+from tuneforge.config import RunConfig, dump_config
 from tuneforge.errors import TuneforgeError
-from tuneforge.runs.files import (
-    CONFIG_FILE,
-    RUN_FILES,
-    SET_ASIDE_DIR,
-    STATE_FILE,
-    latest_checkpoint,
-)
+from tuneforge.runs.checkpoints import damage, keep_aside, newest_intact
+from tuneforge.runs.files import CONFIG_FILE, RUN_FILES, SET_ASIDE_DIR, STATE_FILE
 
 log = logging.getLogger(__name__)
 
-MEMORY_SETTINGS = (
+RUN_SETTINGS = (
+    ("train", "max_steps"),
+    ("train", "epochs"),
+    ("train", "lr"),
+    ("train", "min_lr"),
+    ("train", "warmup_steps"),
+    ("train", "schedule"),
     ("train", "activation_checkpointing"),
     ("train", "checkpoint_every"),
     ("train", "tokens_per_micro_batch"),
@@ -35,13 +36,14 @@ MEMORY_SETTINGS = (
     ("precision", "fp8"),
     ("precision", "fp4"),
 )
-"""Settings the memory of a run depends on: a resume may not change them silently."""
+"""Settings the schedule or the memory of a run depends on: a resume may not change them
+silently."""
 
 
-def memory_settings(config: RunConfig) -> dict[str, Any]:
+def run_settings(config: RunConfig) -> dict[str, Any]:
     return {
         f"{section}.{name}": getattr(getattr(config, section), name)
-        for section, name in MEMORY_SETTINGS
+        for section, name in RUN_SETTINGS
     }
 
 
@@ -93,13 +95,38 @@ def replacing(run_dir: Path, is_main: bool, replaced: bool) -> Iterator[None]:
 
 
 def changed_settings(saved: dict[str, Any], config: RunConfig) -> list[str]:
-    """`key: old -> new` for every memory-critical setting that differs from the saved run's
+    """`key: old -> new` for every setting of `RUN_SETTINGS` that differs from the saved run's
     (a setting the saved run did not record yet is not compared)."""
     return [
         f"{key}: {saved[key]!r} -> {value!r}"
-        for key, value in memory_settings(config).items()
+        for key, value in run_settings(config).items()
         if key in saved and saved[key] != value
     ]
+
+
+def record_changes(run_dir: Path, config: RunConfig, step: int, changed: list[str]) -> None:
+    """After a forced resume with `changed` settings: `config.yaml` holds the new configuration,
+    headed by comments that say at which steps which settings changed (earlier ones kept)."""
+    file = run_dir / CONFIG_FILE
+    history = []
+    if file.is_file():
+        lines = file.read_text(encoding="utf-8").splitlines()
+        history = [line for line in lines if line.startswith("# ")]
+    history += [f"# resumed at step {step} with {change}" for change in changed]
+    file.write_text("\n".join(history) + "\n" + dump_config(config), encoding="utf-8")
+    log.warning("resumed at step %d with changed settings: %s", step, "; ".join(changed))
+
+
+def check_resume(resume: str, overwrite: bool) -> None:
+    """Refuse a `--resume` that is neither `never`, `auto` nor a checkpoint, and one with
+    `--overwrite`."""
+    if resume not in ("never", "auto") and not (Path(resume) / STATE_FILE).is_file():
+        raise TuneforgeError(
+            f"--resume {resume}: use never, auto (the newest intact checkpoint) or a checkpoint "
+            f"directory (checkpoints/step_N, with its {STATE_FILE})"
+        )
+    if overwrite and resume != "never":
+        raise TuneforgeError("--overwrite and --resume exclude each other: pass one of them")
 
 
 def prepare_run_dir(
@@ -111,14 +138,19 @@ def prepare_run_dir(
 ) -> Path | None:
     """The checkpoint to resume from, if any; refuses to touch another run's directory. Every
     rank calls it; the first one (`is_main`) changes the directory between two `barrier`s."""
+    check_resume(resume, overwrite)
     exists = (run_dir / CONFIG_FILE).exists()
-    checkpoint = None
+    checkpoint, damaged = None, []
     if resume == "auto":
-        checkpoint = latest_checkpoint(run_dir)
+        checkpoint, damaged = newest_intact(run_dir)
     elif resume != "never":
         checkpoint = Path(resume)
-        if not (checkpoint / STATE_FILE).is_file():
-            raise TuneforgeError(f"--resume {checkpoint}: not a complete checkpoint directory")
+        problem = damage(checkpoint)
+        if problem is not None:
+            raise TuneforgeError(
+                f"--resume {checkpoint}: the checkpoint is damaged ({problem}): resume from an "
+                "earlier one, or with --resume auto, which skips damaged checkpoints"
+            )
     elif exists and not overwrite:
         raise TuneforgeError(
             f"{run_dir} already holds a run: pass --resume auto to continue it, "
@@ -126,6 +158,14 @@ def prepare_run_dir(
         )
     barrier()
     if is_main:
+        for bad, problem in damaged:
+            log.warning(
+                "%s is damaged (%s): kept aside in %s; resuming from %s",
+                bad,
+                problem,
+                keep_aside(bad),
+                checkpoint or "step 0",
+            )
         if exists and overwrite:
             kept = set_aside(run_dir)
             if kept:
@@ -137,7 +177,7 @@ def prepare_run_dir(
                 run_dir,
                 run_dir / SET_ASIDE_DIR,
             )
-        if checkpoint is None and exists and resume == "auto":
+        if checkpoint is None and exists and resume == "auto" and not damaged:
             log.info("%s has no complete checkpoint: starting from step 0", run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         for partial in (run_dir / "checkpoints").glob(".step_*.partial"):

@@ -4,13 +4,15 @@ state of every rank.
 
 A checkpoint is written to `checkpoints/.step_N.partial` and renamed to `checkpoints/step_N`
 only when every rank has finished, then `checkpoints/latest` is pointed at it and older ones
-beyond `keep_last` are removed; a process killed while writing leaves the previous checkpoint
-as it was.
+beyond `keep_last` are removed; a process killed while writing, or a disk that fills up, leaves
+the previous checkpoint as it was. `state.json`, written last, lists every file's size, so a
+damaged checkpoint is found before it is loaded (`runs.checkpoints`).
 """
 
 import base64
 import contextlib
 import json
+import logging
 import os
 import random
 import re
@@ -33,8 +35,16 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from tuneforge.errors import TuneforgeError
+from tuneforge.hardware.gpus import GIB
 from tuneforge.parallel.distributed import Dist, barrier
+from tuneforge.runs.checkpoints import complete_checkpoints, file_sizes
 from tuneforge.runs.files import CHECKPOINTS, LATEST, STATE_FILE, WEIGHTS_DIR
+from tuneforge.train.checkpoint_reader import (
+    DamagedCheckpointError,
+    SafeLoadPlanner,
+    SafeReader,
+    read_metadata_file,
+)
 
 OPTIONS = StateDictOptions(ignore_frozen_params=True)
 """Only what trains is saved: adapters (and modules_to_save) for LoRA, everything otherwise."""
@@ -54,6 +64,12 @@ class LoopState:
     """Memory-critical settings the run was started with (checked on resume)."""
     nonfinite_steps: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    """Every other file of the checkpoint and its size in bytes (filled in by the save)."""
+
+
+class CheckpointWriteError(TuneforgeError):
+    """A checkpoint that could not be written (a full disk, a file system gone read-only)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -85,11 +101,24 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def _single_process_quiet() -> Iterator[None]:
-    """DCP warns that it assumes one process when there is no process group; that is intended."""
+def _dcp_quiet() -> Iterator[None]:
+    """DCP warns that it assumes one process when there is no process group (intended), and logs
+    every failure with its whole text (reported here in a line instead)."""
+    loggers = [
+        logging.getLogger(name)
+        for name in list(logging.root.manager.loggerDict)
+        if name.endswith("dcp_logger")
+    ]
+    disabled = [logger.disabled for logger in loggers]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+        for logger in loggers:
+            logger.disabled = True
+        try:
+            yield
+        finally:
+            for logger, was in zip(loggers, disabled, strict=True):
+                logger.disabled = was
 
 
 def _write_json(file: Path, data: Any) -> None:
@@ -106,24 +135,32 @@ def save_checkpoint(
     world: Dist,
     keep_last: int,
 ) -> tuple[Path, float]:
-    """Write the checkpoint of `state.step` on every rank; returns its path and the seconds taken."""
+    """Write the checkpoint of `state.step` on every rank; returns its path and the seconds taken.
+    Refuses to start without room for it, and turns a failed write into one clear error."""
     start = time.perf_counter()
     root = run_dir / CHECKPOINTS
     final = root / f"step_{state.step}"
     partial = root / f".step_{state.step}.partial"
-    if world.is_main:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-    barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
-    with _single_process_quiet():
-        dcp.save(
-            {"model": model_state, "optim": optimizer_state}, checkpoint_id=partial / WEIGHTS_DIR
-        )
-    (partial / f"rng_rank{world.rank}.json").write_text(json.dumps(rng_state()))
-    barrier()
+    content = {"model": model_state, "optim": optimizer_state}
+    needed = _expected_size(root, content)
+    _refuse_without_room(root, needed, state.step, world)
+    try:
+        if world.is_main:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        barrier()
+        with _dcp_quiet():
+            dcp.save(content, checkpoint_id=partial / WEIGHTS_DIR)
+        (partial / f"rng_rank{world.rank}.json").write_text(json.dumps(rng_state()))
+        barrier()
+        if world.is_main:
+            _write_json(partial / STATE_FILE, asdict(state) | {"files": file_sizes(partial)})
+    except (CheckpointException, OSError) as error:
+        if world.is_main:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise _write_failure(root, needed, state.step, error) from None
     if world.is_main:
-        _write_json(partial / STATE_FILE, asdict(state))
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         _write_json(root / LATEST, {"step": state.step, "path": final.name})
@@ -134,8 +171,69 @@ def save_checkpoint(
     return final, time.perf_counter() - start
 
 
+def _expected_size(root: Path, content: dict[str, Any]) -> int:
+    """Bytes the new checkpoint will take: as much as the last one, else its tensors' bytes."""
+    for previous in complete_checkpoints(root.parent):
+        sizes = file_sizes(previous)
+        if sizes:
+            return sum(sizes.values())
+    total = 0
+    for values in content.values():
+        for value in _tensors(values):
+            total += value.numel() * value.element_size()  # a DTensor counts its whole shape
+    return total
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _room_message(root: Path, needed: int, step: int) -> str:
+    free = shutil.disk_usage(root if root.exists() else root.parent).free
+    previous = complete_checkpoints(root.parent)
+    kept = f"{previous[0]} is intact" if previous else "no earlier checkpoint exists"
+    return (
+        f"{root}: {free / GIB:.2f} GiB free, the checkpoint of step {step} needs about "
+        f"{needed / GIB:.2f} GiB; {kept}. Free space there (or lower checkpoint.keep_last, or "
+        "set run.output_dir on a larger file system), then run the same command with "
+        "--resume auto"
+    )
+
+
+def _refuse_without_room(root: Path, needed: int, step: int, world: Dist) -> None:
+    """Stop before writing when the file system cannot hold the checkpoint (every rank stops)."""
+    root.mkdir(parents=True, exist_ok=True)
+    short = shutil.disk_usage(root).free < needed * 1.05 if world.is_main else False
+    if torch.distributed.is_initialized():
+        flag = torch.tensor([float(short)], device=world.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        short = bool(flag.item())
+    if short:
+        raise CheckpointWriteError(_room_message(root, needed, step))
+
+
+def _write_failure(root: Path, needed: int, step: int, error: BaseException) -> TuneforgeError:
+    reason = _load_failure(error) if isinstance(error, CheckpointException) else str(error)
+    if shutil.disk_usage(root).free < needed * 1.05:
+        return CheckpointWriteError(
+            f"writing a checkpoint failed ({reason}): " + _room_message(root, needed, step)
+        )
+    return CheckpointWriteError(
+        f"{root}: the checkpoint of step {step} could not be written ({reason}); the previous "
+        "checkpoint is untouched. Make the directory writable, then run the same command with "
+        "--resume auto"
+    )
+
+
 def _load_failure(error: CheckpointException) -> str:
-    """The reason in a failed `dcp.load`'s text (missing key, size mismatch), else its last line."""
+    """The reason in a failed `dcp` call's text (missing key, size mismatch), else its last line."""
     text = str(error)
     # the text quotes the raising source line first, then the error itself
     found = re.findall(r"(?:Missing key|[Ss]ize mismatch)[^\n]*", text)
@@ -143,6 +241,23 @@ def _load_failure(error: CheckpointException) -> str:
         return found[-1].rstrip(".")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else type(error).__name__
+
+
+def _read_failure(checkpoint: Path, error: CheckpointException) -> TuneforgeError:
+    """Refused content as such; other weights (a missing key, a size mismatch) with what to do;
+    anything else that fails to read back is damage."""
+    for failure, _ in error.failures.values():
+        if isinstance(failure, TuneforgeError):
+            return failure
+    reason = _load_failure(error)
+    if re.match(r"Missing key|[Ss]ize mismatch", reason):
+        return TuneforgeError(
+            f"{checkpoint}: cannot restore this run from it ({reason}): it holds other weights "
+            "(another model, other LoRA targets or ranks, or an older tuneforge that named them "
+            "otherwise); restore the settings it was written with, or start a new run in another "
+            "run.output_dir"
+        )
+    return DamagedCheckpointError(checkpoint, reason)
 
 
 def read_loop_state(checkpoint: Path) -> LoopState:
@@ -155,16 +270,18 @@ def load_checkpoint(
     """Restore weights, optimizer and this rank's RNG (when the checkpoint has this rank)."""
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_state, "optim": optimizer_state}
+    weights = checkpoint / WEIGHTS_DIR
+    read_metadata_file(weights / ".metadata")  # refused or damaged: said before DCP starts
     try:
-        with _single_process_quiet():
-            dcp.load(state, checkpoint_id=checkpoint / WEIGHTS_DIR)
+        with _dcp_quiet():
+            dcp.load(
+                state,
+                checkpoint_id=weights,
+                storage_reader=SafeReader(weights),
+                planner=SafeLoadPlanner(weights),
+            )
     except CheckpointException as error:  # a BaseException, with every rank's traceback in it
-        raise TuneforgeError(
-            f"{checkpoint}: cannot restore this run from it ({_load_failure(error)}): it holds "
-            "other weights (another model, other LoRA targets or ranks, or an older tuneforge "
-            "that named them otherwise); restore the settings it was written with, or start a "
-            "new run in another run.output_dir"
-        ) from None
+        raise _read_failure(checkpoint, error) from None
     set_state_dict(
         model,
         optimizer,

@@ -32,19 +32,23 @@ from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.selection import lora_shape
 from tuneforge.peft.stacked_weights import stack_frozen_weights
+from tuneforge.runs.checkpoints import keep_aside, newest_intact
 from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE, METRICS_FILE, TENSORBOARD_DIR
 from tuneforge.runs.outputs import save_base, save_final
 from tuneforge.runs.pace import WARMUP_STEPS
 from tuneforge.runs.projection import project
 from tuneforge.runs.run_dir import (
     changed_settings,
-    memory_settings,
+    check_resume,
     prepare_run_dir,
+    record_changes,
     replacing,
+    run_settings,
 )
 from tuneforge.runs.time_budget import Deadline, StopSignals, find_deadline
 from tuneforge.train.build import build_model, load_data, load_tokenizer
 from tuneforge.train.checkpoint import (
+    DamagedCheckpointError,
     LoopState,
     load_checkpoint,
     read_loop_state,
@@ -95,8 +99,7 @@ class Trainer:
     ) -> None:
         """`resume`: `never`, `auto` (the newest complete checkpoint, if any) or a checkpoint
         directory. `force` lets a resume change memory-critical settings."""
-        if overwrite and resume != "never":
-            raise TuneforgeError("--overwrite and --resume exclude each other")
+        check_resume(resume, overwrite)
         self.config = config
         self.run_dir = Path(config.run.directory)
         self.overwrite = overwrite
@@ -197,10 +200,13 @@ class Trainer:
         changed = changed_settings(read_loop_state(checkpoint).settings, self.config)
         if changed and not self.force:
             raise TuneforgeError(
-                f"resuming {checkpoint} would change settings the run's memory depends on "
-                f"({'; '.join(changed)}): restore them, or pass --force to resume anyway"
+                f"resuming {checkpoint} would change settings the run's schedule or memory "
+                f"depends on ({'; '.join(changed)}): restore them, or pass --force to resume "
+                "with the new values (config.yaml then records the change)"
             )
-        state = load_checkpoint(checkpoint, self.objective, self.optimizer, self.world)
+        state, checkpoint = self._load_intact(checkpoint)
+        if changed and self.world.is_main:
+            record_changes(self.run_dir, self.config, state.step, changed)
         try:
             self.loader.load_state_dict(dict(state.loader), state.world_size)
         except DataError as error:
@@ -215,6 +221,29 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.truncate_after(state.step)
         log.info("resumed from %s (step %d)", checkpoint, state.step)
+
+    def _load_intact(self, checkpoint: Path) -> tuple[LoopState, Path]:
+        """Load `checkpoint`; under `--resume auto`, a damaged one is kept aside and the newest
+        intact one before it loaded instead. Returns the loop state and where it came from."""
+        while True:
+            try:
+                return load_checkpoint(checkpoint, self.objective, self.optimizer, self.world), (
+                    checkpoint
+                )
+            except DamagedCheckpointError as error:
+                if self.resume != "auto":
+                    raise
+                barrier()
+                if self.world.is_main:
+                    log.warning("%s: kept aside in %s", error, keep_aside(checkpoint))
+                barrier()
+                fallback, _ = newest_intact(self.run_dir)
+                if fallback is None:
+                    raise TuneforgeError(
+                        f"{error}, and no intact checkpoint precedes it: pass --overwrite to "
+                        "start the run again"
+                    ) from None
+                checkpoint = fallback
 
     def _total_steps(self) -> int:
         train = self.config.train
@@ -255,7 +284,7 @@ class Trainer:
             loader=self.loader.state_dict(),
             elapsed_s=elapsed,
             world_size=self.world.world_size,
-            settings=memory_settings(self.config),
+            settings=run_settings(self.config),
             nonfinite_steps=progress.nonfinite_steps,
         )
 
