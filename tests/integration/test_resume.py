@@ -9,10 +9,21 @@ import signal
 import pytest
 import torch
 
-from tests.cli_runs import DEMO, MODES, STEPS, cli, finish, losses, overrides, wait_for_step
+from tests.cli_runs import (
+    DEMO,
+    MODES,
+    STEPS,
+    assert_clean_failure,
+    cli,
+    finish,
+    losses,
+    overrides,
+    run_cli,
+    wait_for_step,
+)
 from tuneforge.config import load_config
 from tuneforge.errors import TuneforgeError
-from tuneforge.runs.files import read_metrics
+from tuneforge.runs.files import is_finished, read_metrics
 from tuneforge.runs.time_budget import EXIT_RESUME
 from tuneforge.train.loop import Trainer
 
@@ -181,3 +192,46 @@ def test_a_checkpoint_of_other_weights_is_refused_with_its_reason(tmp_path):
     message = str(raised.value)
     assert str(path) in message and "Missing key" in message and "gate_up_proj" in message
     assert "Traceback" not in message
+
+
+def test_a_damaged_newest_checkpoint_is_kept_aside_and_the_one_before_resumes_exactly(
+    tmp_path, references
+):
+    run = tmp_path / "run"
+    finish(cli(run, *MODES["lora"]))
+    (run / "finished").unlink()  # as if killed after its last checkpoint (step 9)
+    data = run / "checkpoints" / "step_9" / "dcp" / "__0_0.distcp"
+    data.write_bytes(data.read_bytes()[:598])
+    process = cli(run, *MODES["lora"], resume=True)
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, out + err
+    assert "step_9 is damaged (dcp/__0_0.distcp holds 598 of its" in " ".join(err.split())
+    assert losses(run) == references["lora"]
+    assert (
+        run / "checkpoints" / "damaged" / "step_9" / "dcp" / "__0_0.distcp"
+    ).stat().st_size == 598
+
+
+def test_resume_arguments_that_mean_nothing_are_refused_even_on_a_finished_run(tmp_path):
+    run = tmp_path / "run"
+    finish(cli(run, "train.max_steps=2"))
+    for args in (["--resume", "sometimes"], ["--resume", "auto", "--overwrite"]):
+        result = run_cli("train", str(DEMO), *overrides(run, "train.max_steps=2"), *args)
+        assert_clean_failure(result, "--resume")
+    assert is_finished(run)
+
+
+def test_a_changed_schedule_is_refused_and_recorded_when_forced(tmp_path):
+    run = tmp_path / "run"
+    finish(cli(run, "train.max_steps=4"))
+    (run / "finished").unlink()
+    config = load_config(DEMO, overrides(run, "train.max_steps=6"))
+    with pytest.raises(TuneforgeError, match=r"train.max_steps: 4 -> 6.*--force"):
+        Trainer(config, resume="auto").setup()
+    forced = Trainer(config, resume="auto", force=True)
+    forced.setup()
+    assert forced.total_steps == 6 and forced.progress.step == 3
+    recorded = (run / "config.yaml").read_text()
+    assert recorded.startswith("# resumed at step 3 with train.max_steps: 4 -> 6\n")
+    assert load_config(run / "config.yaml", []).train.max_steps == 6
+    forced.close()
