@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_TOKENIZER_DIR
 from tuneforge.data.bin_packing import best_fit_decreasing, first_fit_decreasing
+from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import build_examples
 from tuneforge.data.reading import read_conversations
 
@@ -58,7 +59,7 @@ def main() -> None:
         read_s = time.perf_counter() - start
         start = time.perf_counter()
         examples, stats = build_examples(
-            conversations, tokenizer, 2048, "drop", "assistant", workers=args.workers
+            conversations, tokenizer, 2048, "drop", Rendering(), workers=args.workers
         )
         tokenize_s = time.perf_counter() - start
         lengths = [len(example.input_ids) for example in examples]

@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 from tuneforge.assets import DEMO_TOKENIZER_DIR
 from tuneforge.config.schema import DataSource
 from tuneforge.data.cache import cached_examples
+from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import build_examples
 from tuneforge.data.reading import read_conversations
 from tuneforge.data.token_store import TokenStore
@@ -40,7 +41,7 @@ def load(data, tokenizer, cache, options=OPTIONS, calls=None, field_map=None):
             calls.append(1)
         conversations, _ = read_conversations(data, "openai")
         return build_examples(
-            conversations, tokenizer, options["max_seq_len"], options["on_too_long"], "assistant"
+            conversations, tokenizer, options["max_seq_len"], options["on_too_long"], Rendering()
         )
 
     source = DataSource(path=data, field_map=field_map or {})
@@ -60,7 +61,7 @@ def test_second_load_is_a_hit_with_identical_examples(setup):
 def test_token_store_round_trips_examples(setup):
     data, tokenizer, _ = setup
     conversations, _ = read_conversations(data, "openai")
-    examples, _ = build_examples(conversations, tokenizer, 64, "drop", "assistant")
+    examples, _ = build_examples(conversations, tokenizer, 64, "drop", Rendering())
     store = TokenStore.from_examples(examples)
     assert [store[i] for i in range(len(store))] == examples
 

@@ -6,6 +6,7 @@ from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_DATA_DIR, DEMO_TOKENIZER_DIR
 from tuneforge.config.schema import DataSection, DataSource
+from tuneforge.data.chat import Rendering
 from tuneforge.data.records import Conversation
 from tuneforge.data.report import inspect_data, padded_waste, preview_segments
 
@@ -50,8 +51,8 @@ def test_preview_marks_exactly_the_supervised_text(tokenizer):
     conversation = Conversation(
         [{"role": "user", "content": "sort: 3 1"}, {"role": "assistant", "content": "1 3"}], "t:1"
     )
-    segments = preview_segments(tokenizer, conversation, "assistant")
-    assert [text for text, trained in segments if trained] == ["1 3<|im_end|>\n"]
+    segments = preview_segments(tokenizer, conversation, Rendering())
+    assert [text for text, trained in segments if trained] == ["1 3<|im_end|>"]
     assert "".join(text for text, _ in segments) == tokenizer.apply_chat_template(
         conversation.messages, tokenize=False
     )

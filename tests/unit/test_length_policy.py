@@ -6,6 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_DATA_DIR, DEMO_TOKENIZER_DIR
+from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import build_examples
 from tuneforge.data.length_policy import RecordLengths, has_targets, target_spans
 from tuneforge.data.reading import read_conversations
@@ -31,7 +32,7 @@ def test_the_planner_predicts_the_documents_the_data_pipeline_builds(
 ):
     tokenizer = AutoTokenizer.from_pretrained(str(DEMO_TOKENIZER_DIR))
     examples, stats = build_examples(
-        conversations, tokenizer, max_seq_len, on_too_long, "assistant", split_long=split_long
+        conversations, tokenizer, max_seq_len, on_too_long, Rendering(), split_long=split_long
     )
     predicted = stats.records.documents(max_seq_len, on_too_long, split_long)
     assert sorted(predicted) == sorted(len(example.input_ids) for example in examples)

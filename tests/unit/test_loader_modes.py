@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_DATA_DIR, DEMO_TOKENIZER_DIR
 from tuneforge.data.bin_packing import padded_groups
-from tuneforge.data.chat import tokenize_conversations
+from tuneforge.data.chat import Rendering, tokenize_conversations
 from tuneforge.data.dataset import build_examples
 from tuneforge.data.packing import IGNORE_INDEX, PAD_TOKEN, PackedLoader, make_example
 from tuneforge.data.parallel import tokenize_all
@@ -73,8 +73,10 @@ def test_the_loader_state_counts_batches_handed_out_not_prefetched():
 
 def test_split_long_cuts_documents_into_pieces_that_keep_every_target(tokenizer):
     text = Conversation([], "t:1", text=" ".join(f"w{i}" for i in range(200)))
-    (whole,) = tokenize_conversations(tokenizer, [text], "all")
-    examples, stats = build_examples([text], tokenizer, 32, "drop", "all", split_long=True)
+    (whole,) = tokenize_conversations(tokenizer, [text], Rendering("all"))
+    examples, stats = build_examples(
+        [text], tokenizer, 32, "drop", Rendering("all"), split_long=True
+    )
     assert stats.num_split == 1 and stats.num_dropped_too_long == 0
     assert all(len(ex.input_ids) <= 32 for ex in examples) and len(examples) > 1
     assert [t for ex in examples for t in ex.input_ids] == whole.input_ids
@@ -88,7 +90,7 @@ def test_split_long_cuts_documents_into_pieces_that_keep_every_target(tokenizer)
 def test_split_long_is_off_by_default(tokenizer):
     text = Conversation([], "t:1", text=" ".join(f"w{i}" for i in range(200)))
     short = Conversation([], "t:2", text="w1 w2")
-    examples, stats = build_examples([text, short], tokenizer, 32, "drop", "all")
+    examples, stats = build_examples([text, short], tokenizer, 32, "drop", Rendering("all"))
     assert stats.num_dropped_too_long == 1 and len(examples) == 1
 
 
@@ -97,8 +99,8 @@ def test_worker_processes_tokenise_exactly_like_this_process(tmp_path, tokenizer
     (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
     conversations, _ = read_conversations(tmp_path / "d.jsonl", "openai")
     tokenizer.chat_template = tokenizer.chat_template.replace("<|im_start|>", "<|im_start|> ")
-    here = list(tokenize_all(tokenizer, conversations, "last_assistant", workers=0))
-    spread = list(tokenize_all(tokenizer, conversations, "last_assistant", workers=2))
+    here = list(tokenize_all(tokenizer, conversations, Rendering("last_assistant"), workers=0))
+    spread = list(tokenize_all(tokenizer, conversations, Rendering("last_assistant"), workers=2))
     assert len(spread) == len(conversations) == 4500
     assert [r.input_ids for r in spread] == [r.input_ids for r in here]
     assert [r.loss_mask for r in spread] == [r.loss_mask for r in here]
@@ -116,7 +118,7 @@ def test_inspect_reports_what_packing_none_would_waste(tmp_path, tokenizer):
     data = DataSection(train=[DataSource(path=tmp_path / "d.jsonl")], max_seq_len=256)
     report = inspect_data(data, tokenizer, 256)
     loader_examples, _ = build_examples(
-        read_conversations(tmp_path / "d.jsonl", "openai")[0], tokenizer, 256, "drop", "assistant"
+        read_conversations(tmp_path / "d.jsonl", "openai")[0], tokenizer, 256, "drop", Rendering()
     )
     loader = PackedLoader(loader_examples, 256, seed=0, strategy="none")
     real = sum(len(ex.input_ids) for ex in loader_examples)

@@ -36,7 +36,9 @@ def bench_command(
             "of its 4 packed batches)."
         ),
     ] = 12,
-    warmup: Annotated[int, typer.Option(help="Untimed steps first (compilation included).")] = 6,
+    warmup: Annotated[
+        int, typer.Option(min=0, help="Untimed steps first (compilation included).")
+    ] = 6,
     out: Annotated[Path, typer.Option(help="Folder for the JSON results.")] = Path("bench/results"),
     profile: Annotated[
         bool,

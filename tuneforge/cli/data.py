@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from tuneforge.cli.common import console
+from tuneforge.cli.common import EXIT_USAGE, console, error_console
 from tuneforge.config import load_config
 from tuneforge.errors import TuneforgeError
 
@@ -33,8 +33,10 @@ def inspect(
     tokenizer: Annotated[
         Path | None, typer.Option(help="Tokenizer directory (default: the bundled one).")
     ] = None,
-    max_seq_len: Annotated[int, typer.Option(help="Length limit for --data.")] = 2048,
-    tokens_per_micro_batch: Annotated[int, typer.Option(help="Packing budget for --data.")] = 4096,
+    max_seq_len: Annotated[int, typer.Option(min=8, help="Length limit for --data.")] = 2048,
+    tokens_per_micro_batch: Annotated[
+        int, typer.Option(min=8, help="Packing budget for --data.")
+    ] = 4096,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Records, lengths, supervision, packing efficiency and advice for a dataset."""
@@ -107,19 +109,32 @@ def _tokenizer(directory: Path | None):
 def preview(
     config: Annotated[Path, typer.Argument(help="Run configuration (YAML).")],
     overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides.")] = None,
-    num: Annotated[int, typer.Option("-n", help="How many records.")] = 3,
+    num: Annotated[int, typer.Option("-n", min=1, help="How many records.")] = 3,
 ) -> None:
-    """Rendered records with the tokens that carry loss highlighted (green, between ⟦ ⟧)."""
+    """Rendered records with the tokens that carry loss highlighted (green, between ⟦ ⟧). A
+    record the chat template cannot render is named with the reason (exit code 2)."""
+    from tuneforge.data.chat import Rendering
     from tuneforge.data.reading import read_source
+    from tuneforge.data.records import DataError
     from tuneforge.data.report import preview_segments
 
     run_config, tok = _from_config(config, overrides or [])
+    rendering = Rendering.of(run_config.data)
     conversations, _ = read_source(run_config.data.train[0], run_config.data.on_bad_record)
+    failed = 0
     for conversation in conversations[:num]:
         console.rule(conversation.origin)
+        try:
+            segments = preview_segments(tok, conversation, rendering)
+        except DataError as error:
+            failed += 1
+            error_console.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+            continue
         text = Text()
-        for segment, trained in preview_segments(tok, conversation, run_config.data.train_on):
+        for segment, trained in segments:
             text.append(
                 f"⟦{segment}⟧" if trained else segment, style="bold green" if trained else "dim"
             )
         console.print(text)
+    if failed:
+        raise typer.Exit(EXIT_USAGE)

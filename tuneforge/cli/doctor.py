@@ -39,7 +39,7 @@ def oom(
         Path | None,
         typer.Option(help="The run's configuration: size each remedy with the planner."),
     ] = None,
-    gpus: Annotated[int, typer.Option(help="GPUs of the run (with --config).")] = 1,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs of the run (with --config).")] = 1,
     as_json: JsonOption = False,
 ) -> None:
     """Fragmentation, memory pressure or other processes, and what to do."""

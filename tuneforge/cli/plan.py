@@ -37,13 +37,13 @@ def _records(config_file: Path, overrides: list[str]) -> "RecordLengths | None":
 def plan_command(
     config: Annotated[Path, typer.Argument(help="Run configuration (YAML).")],
     overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides.")] = None,
-    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 1,
-    nodes: Annotated[int, typer.Option(help="Nodes.")] = 1,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs per node.")] = 1,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes.")] = 1,
     gpu: Annotated[
         str, typer.Option(help="GPU model: H100, H200, A100, B200, MI250X, MI300X, MI355X.")
     ] = "H100",
     gpu_mem: Annotated[
-        float | None, typer.Option(help="GPU memory in GiB (default: the model's).")
+        float | None, typer.Option(min=1, help="GPU memory in GiB (default: the model's).")
     ] = None,
     time_limit: Annotated[
         str | None, typer.Option(help="Job time limit (HH:MM:SS, D-HH:MM:SS, 4h).")

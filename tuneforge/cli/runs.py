@@ -21,7 +21,7 @@ def plot(
 def generate(
     run_dir: Annotated[Path, typer.Argument(help="Run directory of a finished training run.")],
     prompt: Annotated[str, typer.Option("--prompt", "-p", help="User message to answer.")],
-    max_new_tokens: Annotated[int, typer.Option(help="Longest reply.")] = 64,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest reply.")] = 64,
     temperature: Annotated[float, typer.Option(help="0 for greedy decoding.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for sampling.")] = 0,
 ) -> None:

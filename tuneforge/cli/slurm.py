@@ -16,10 +16,10 @@ def slurm_command(
         list[str],
         typer.Argument(help="CONFIG [key=value ...] to write a chain; submit DIR; status RUN_DIR."),
     ],
-    jobs: Annotated[int, typer.Option(help="Jobs in the chain.")] = 1,
+    jobs: Annotated[int, typer.Option(min=1, help="Jobs in the chain.")] = 1,
     time: Annotated[str | None, typer.Option(help="Time limit of each job (HH:MM:SS).")] = None,
-    nodes: Annotated[int, typer.Option(help="Nodes per job.")] = 1,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (0: CPU).")] = 0,
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes per job.")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs per node (0: CPU).")] = 0,
     partition: Annotated[str | None, typer.Option(help="SLURM partition.")] = None,
     account: Annotated[str | None, typer.Option(help="SLURM account.")] = None,
     env: Annotated[

@@ -105,7 +105,11 @@ class DataSection(Section):
     on_bad_record: Literal["error", "skip"] = "error"
     """A malformed record stops the run (`error`, listing file, line and reason) or is left out (`skip`, counted)."""
     train_on: Literal["assistant", "last_assistant", "all"] = "assistant"
-    """Tokens that carry loss: every assistant reply (with its end-of-turn token), only the last one, or all."""
+    """Tokens that carry loss: every assistant reply (with its end-of-turn token, not the whitespace after it), only the last one, or all."""
+    empty_think: Literal["train", "mask"] = "train"
+    """The empty `<think></think>` block a template writes before a reply without reasoning (Qwen3's, on the last reply): trained as part of the reply (the model learns to answer without thinking), or masked (seen, not trained)."""
+    date_string: str | None = "26 Jul 2024"
+    """The date chat templates that stamp today's date write (Llama 3.x: `Today Date:`), so that a run's tokens do not depend on the day they are made; null lets the template write today's."""
 
 
 class LoraSection(Section):

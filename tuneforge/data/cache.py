@@ -99,12 +99,25 @@ def cached_examples(
         examples, stats = build()
         return TokenStore.from_examples(examples), stats
     directory = cache_dir / cache_key(sources, tokenizer, options)
-    hit = load_cached(directory)
+    try:
+        hit = load_cached(directory)
+    except (OSError, ValueError, KeyError, TypeError) as error:  # a damaged entry is rebuilt
+        log.warning("data cache %s cannot be read (%s): tokenising again", directory, error)
+        hit = None
     if hit is not None:
         log.info("tokenised data from cache %s", directory)
         return hit
     examples, stats = build()
     store = TokenStore.from_examples(examples)
-    save_cached(directory, store, stats)
-    log.info("tokenised data cached in %s", directory)
+    try:
+        save_cached(directory, store, stats)
+    except OSError as error:
+        log.warning(
+            "data.cache_dir: cannot write %s (%s): the tokenised data is not cached; set "
+            "data.cache_dir to a writable place to reuse it",
+            directory,
+            error.strerror or error,
+        )
+    else:
+        log.info("tokenised data cached in %s", directory)
     return store, stats

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuneforge.config.schema import DataSection
+from tuneforge.data.chat import Rendering
 from tuneforge.data.length_policy import (
     RecordLengths,
     Span,
@@ -28,9 +29,12 @@ class DatasetStats:
     num_split: int = 0
     """Records longer than max_seq_len cut into pieces (data.split_long)."""
     num_without_targets: int = 0
+    num_unrenderable: int = 0
+    """Records the chat template could not render (left out with data.on_bad_record: skip)."""
     num_tokens: int = 0
     num_loss_tokens: int = 0
     dropped_examples: list[str] = field(default_factory=list)
+    unrenderable_examples: list[str] = field(default_factory=list)
     records: RecordLengths = field(default_factory=lambda: RecordLengths([], []))
     """Tokenised length of every record before truncation or dropping, and where its supervised
     labels are: what the planner applies the length policy to."""
@@ -65,22 +69,33 @@ def build_examples(
     tokenizer,
     max_seq_len: int,
     on_too_long: str,
-    train_on: str,
+    rendering: Rendering,
     *,
     split_long: bool = False,
     workers: int | None = 0,
+    on_bad_record: str = "error",
 ) -> tuple[list[Example], DatasetStats]:
     """Tokenise (on `workers` processes, see `parallel.worker_count`), apply the length policy
-    and drop records without supervised tokens, counting each."""
+    and drop records without supervised tokens, counting each. A record the chat template cannot
+    render stops it, or is counted and left out with `on_bad_record="skip"`."""
     lengths: list[int] = []
     record_spans: list[tuple[int, ...]] = []
     stats = DatasetStats(records=RecordLengths(lengths, record_spans))
     examples: list[Example] = []
     tokenized_all = tokenize_all(
-        tokenizer, conversations, train_on, worker_count(workers, len(conversations))
+        tokenizer, conversations, rendering, worker_count(workers, len(conversations))
     )
     for conversation, tokenized in zip(conversations, tokenized_all, strict=True):
         stats.num_records += 1
+        if tokenized.error is not None:
+            if on_bad_record != "skip":
+                raise DataError(f"{tokenized.error}; or set data.on_bad_record: skip")
+            stats.num_unrenderable += 1
+            if len(stats.unrenderable_examples) < 5:
+                stats.unrenderable_examples.append(tokenized.error)
+            lengths.append(0)
+            record_spans.append(())
+            continue
         ids, mask = tokenized.input_ids, tokenized.loss_mask
         spans = target_spans(mask)
         lengths.append(len(ids))
@@ -115,7 +130,27 @@ def build_examples(
     if not examples:
         raise DataError(
             f"no trainable examples among {stats.num_records} records: "
-            f"{stats.num_dropped_too_long} too long, {stats.num_without_targets} without loss tokens"
+            f"{stats.num_dropped_too_long} too long, {stats.num_without_targets} without loss "
+            f"tokens, {stats.num_unrenderable} the chat template cannot render"
+        )
+    _report_left_out(stats, max_seq_len)
+    return examples, stats
+
+
+def _report_left_out(stats: DatasetStats, max_seq_len: int) -> None:
+    """Say, always, what the length policy and the template did to records."""
+    too_long = stats.num_truncated + stats.num_dropped_too_long + stats.num_split
+    if too_long:
+        log.warning(
+            "%d of %d record(s) are longer than data.max_seq_len=%d: %d truncated, %d dropped, "
+            "%d split (data.on_too_long, data.split_long; `tuneforge data inspect` shows the "
+            "lengths)",
+            too_long,
+            stats.num_records,
+            max_seq_len,
+            stats.num_truncated,
+            stats.num_dropped_too_long,
+            stats.num_split,
         )
     if stats.num_without_targets:
         log.warning(
@@ -123,17 +158,25 @@ def build_examples(
             stats.num_without_targets,
             ", ".join(stats.dropped_examples),
         )
-    return examples, stats
+    if stats.num_unrenderable:
+        log.warning(
+            "%d record(s) the chat template cannot render were skipped (first: %s)",
+            stats.num_unrenderable,
+            stats.unrenderable_examples[0],
+        )
 
 
-def examples_for(conversations: list[Conversation], tokenizer, data: DataSection):
-    """`build_examples` with the length, masking and worker settings of a data section."""
+def examples_for(
+    conversations: list[Conversation], tokenizer, data: DataSection, rendering: Rendering
+):
+    """`build_examples` with the length, bad-record and worker settings of a data section."""
     return build_examples(
         conversations,
         tokenizer,
         data.max_seq_len,
         data.on_too_long,
-        data.train_on,
+        rendering,
         split_long=data.split_long,
         workers=data.tokenize_workers,
+        on_bad_record=data.on_bad_record,
     )

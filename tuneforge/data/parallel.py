@@ -14,7 +14,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from tuneforge.data.chat import TokenizedConversation, tokenize_conversations
+from tuneforge.data.chat import Rendering, TokenizedConversation, tokenize_conversations
 from tuneforge.data.records import Conversation
 
 AUTO_MIN_RECORDS = 20_000
@@ -42,14 +42,16 @@ def _start_worker(tokenizer_bytes: bytes) -> None:
 
 
 def _tokenize_chunk(
-    task: tuple[list[Conversation], str],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    conversations, train_on = task
-    results = list(tokenize_conversations(_worker_tokenizer, conversations, train_on))
+    task: tuple[list[Conversation], Rendering],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, str]]:
+    """Flat ids and masks, each record's length, and the records that could not be rendered."""
+    conversations, rendering = task
+    results = list(tokenize_conversations(_worker_tokenizer, conversations, rendering))
     lengths = np.array([len(r.input_ids) for r in results], dtype=np.int64)
     ids = np.fromiter((t for r in results for t in r.input_ids), np.int64, int(lengths.sum()))
     mask = np.fromiter((m for r in results for m in r.loss_mask), np.bool_, int(lengths.sum()))
-    return ids, mask, lengths
+    errors = {i: r.error for i, r in enumerate(results) if r.error is not None}
+    return ids, mask, lengths, errors
 
 
 def _progress() -> Progress:
@@ -66,13 +68,13 @@ def _progress() -> Progress:
 
 
 def tokenize_all(
-    tokenizer, conversations: list[Conversation], train_on: str, workers: int
+    tokenizer, conversations: list[Conversation], rendering: Rendering, workers: int
 ) -> Iterator[TokenizedConversation]:
     """`tokenize_conversations` of every record, on `workers` processes (0 or 1: this one)."""
     with _progress() as progress:
         task = progress.add_task("tokenising", total=len(conversations))
         if workers <= 1:
-            for result in tokenize_conversations(tokenizer, conversations, train_on):
+            for result in tokenize_conversations(tokenizer, conversations, rendering):
                 progress.advance(task)
                 yield result
             return
@@ -82,14 +84,15 @@ def tokenize_all(
         ]
         context = multiprocessing.get_context("spawn")
         with context.Pool(workers, _start_worker, (pickle.dumps(tokenizer),)) as pool:
-            for ids, mask, lengths in pool.imap(
-                _tokenize_chunk, [(chunk, train_on) for chunk in chunks]
+            for ids, mask, lengths, errors in pool.imap(
+                _tokenize_chunk, [(chunk, rendering) for chunk in chunks]
             ):
                 start = 0
-                for length in lengths.tolist():
+                for index, length in enumerate(lengths.tolist()):
                     yield TokenizedConversation(
                         ids[start : start + length].tolist(),
                         mask[start : start + length].tolist(),
+                        errors.get(index),
                     )
                     start += length
                 progress.advance(task, len(lengths))

@@ -7,6 +7,7 @@ import numpy as np
 
 from tuneforge.config.schema import DataSection
 from tuneforge.data.bin_packing import first_fit_decreasing, padded_groups
+from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.token_store import Example
 
@@ -118,15 +119,16 @@ def inspect_data(data: DataSection, tokenizer, tokens_per_micro_batch: int) -> D
         found, skipped = read_source(source, data.on_bad_record)
         conversations += found
         bad += skipped.count
-    examples, stats = examples_for(conversations, tokenizer, data)
+    examples, stats = examples_for(conversations, tokenizer, data, Rendering.of(data))
     return build_report(examples, stats, data.max_seq_len, tokens_per_micro_batch, bad)
 
 
-def preview_segments(tokenizer, conversation, train_on: str) -> list[tuple[str, bool]]:
-    """The rendered conversation as (text, carries loss) segments, for `tuneforge data preview`."""
+def preview_segments(tokenizer, conversation, rendering: Rendering) -> list[tuple[str, bool]]:
+    """The rendered conversation as (text, carries loss) segments, for `tuneforge data preview`;
+    raises `DataError` where the template cannot render it."""
     from tuneforge.data.chat import tokenize_conversation
 
-    tokenized = tokenize_conversation(tokenizer, conversation, train_on)
+    tokenized = tokenize_conversation(tokenizer, conversation, rendering)
     segments: list[tuple[str, bool]] = []
     run: list[int] = []
     for index, (token, trained) in enumerate(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tuneforge.config.schema import DataSection, DataSource
 from tuneforge.data.cache import cached_examples, default_cache_dir
+from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import DatasetStats, examples_for
 from tuneforge.data.packing import PackedBatch, PackedLoader
 from tuneforge.data.reading import read_source
@@ -73,14 +74,18 @@ def load_training_data(
     if data.eval and split is None:
         check_disjoint_files([s.path for s in data.train], [s.path for s in data.eval])
 
+    rendering = Rendering.of(data)
+
     def tokenise(conversations: list[Conversation]):
-        return examples_for(conversations, tokenizer, data)
+        return examples_for(conversations, tokenizer, data, rendering)
 
     options = {
         "max_seq_len": data.max_seq_len,
         "split_long": data.split_long,
         "on_too_long": data.on_too_long,
         "train_on": data.train_on,
+        "empty_think": data.empty_think,
+        "date_string": rendering.date_string,
         "on_bad_record": data.on_bad_record,
         "eval_fraction": data.eval_fraction,
         "weights": [s.weight for s in data.train],

@@ -117,6 +117,19 @@ def record_changes(run_dir: Path, config: RunConfig, step: int, changed: list[st
     log.warning("resumed at step %d with changed settings: %s", step, "; ".join(changed))
 
 
+def _make_writable_dir(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".tuneforge-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise TuneforgeError(
+            f"run.output_dir: cannot write the run directory {run_dir} "
+            f"({error.strerror or error}): set run.output_dir (or run.name) to a writable place"
+        ) from None
+
+
 def check_resume(resume: str, overwrite: bool) -> None:
     """Refuse a `--resume` that is neither `never`, `auto` nor a checkpoint, and one with
     `--overwrite`."""
@@ -179,7 +192,7 @@ def prepare_run_dir(
             )
         if checkpoint is None and exists and resume == "auto" and not damaged:
             log.info("%s has no complete checkpoint: starting from step 0", run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        _make_writable_dir(run_dir)
         for partial in (run_dir / "checkpoints").glob(".step_*.partial"):
             shutil.rmtree(partial, ignore_errors=True)  # left by a killed save
     barrier()

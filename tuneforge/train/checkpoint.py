@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB
 from tuneforge.parallel.distributed import Dist, barrier
-from tuneforge.runs.checkpoints import complete_checkpoints, file_sizes
+from tuneforge.runs.checkpoints import complete_checkpoints, file_sizes, keep_aside, newest_intact
 from tuneforge.runs.files import CHECKPOINTS, LATEST, STATE_FILE, WEIGHTS_DIR
 from tuneforge.train.checkpoint_reader import (
     DamagedCheckpointError,
@@ -45,6 +45,8 @@ from tuneforge.train.checkpoint_reader import (
     SafeReader,
     read_metadata_file,
 )
+
+log = logging.getLogger(__name__)
 
 OPTIONS = StateDictOptions(ignore_frozen_params=True)
 """Only what trains is saved: adapters (and modules_to_save) for LoRA, everything otherwise."""
@@ -293,3 +295,32 @@ def load_checkpoint(
     if rng_file.is_file():
         set_rng_state(json.loads(rng_file.read_text()))
     return read_loop_state(checkpoint)
+
+
+def load_intact(
+    checkpoint: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    world: Dist,
+    fall_back: bool,
+) -> tuple[LoopState, Path]:
+    """`load_checkpoint`; with `fall_back` (`--resume auto`), a damaged checkpoint is kept aside
+    and the newest intact one before it loaded instead. Returns the state and where it came from."""
+    run_dir = checkpoint.parent.parent
+    while True:
+        try:
+            return load_checkpoint(checkpoint, model, optimizer, world), checkpoint
+        except DamagedCheckpointError as error:
+            if not fall_back:
+                raise
+            barrier()
+            if world.is_main:
+                log.warning("%s: kept aside in %s", error, keep_aside(checkpoint))
+            barrier()
+            fallback, _ = newest_intact(run_dir)
+            if fallback is None:
+                raise TuneforgeError(
+                    f"{error}, and no intact checkpoint precedes it: pass --overwrite to start "
+                    "the run again"
+                ) from None
+            checkpoint = fallback

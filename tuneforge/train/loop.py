@@ -32,7 +32,6 @@ from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.selection import lora_shape
 from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.runs.checkpoints import keep_aside, newest_intact
 from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE, METRICS_FILE, TENSORBOARD_DIR
 from tuneforge.runs.outputs import save_base, save_final
 from tuneforge.runs.pace import WARMUP_STEPS
@@ -48,9 +47,8 @@ from tuneforge.runs.run_dir import (
 from tuneforge.runs.time_budget import Deadline, StopSignals, find_deadline
 from tuneforge.train.build import build_model, load_data, load_tokenizer
 from tuneforge.train.checkpoint import (
-    DamagedCheckpointError,
     LoopState,
-    load_checkpoint,
+    load_intact,
     read_loop_state,
     save_checkpoint,
 )
@@ -204,7 +202,9 @@ class Trainer:
                 f"depends on ({'; '.join(changed)}): restore them, or pass --force to resume "
                 "with the new values (config.yaml then records the change)"
             )
-        state, checkpoint = self._load_intact(checkpoint)
+        state, checkpoint = load_intact(
+            checkpoint, self.objective, self.optimizer, self.world, fall_back=self.resume == "auto"
+        )
         if changed and self.world.is_main:
             record_changes(self.run_dir, self.config, state.step, changed)
         try:
@@ -221,29 +221,6 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.truncate_after(state.step)
         log.info("resumed from %s (step %d)", checkpoint, state.step)
-
-    def _load_intact(self, checkpoint: Path) -> tuple[LoopState, Path]:
-        """Load `checkpoint`; under `--resume auto`, a damaged one is kept aside and the newest
-        intact one before it loaded instead. Returns the loop state and where it came from."""
-        while True:
-            try:
-                return load_checkpoint(checkpoint, self.objective, self.optimizer, self.world), (
-                    checkpoint
-                )
-            except DamagedCheckpointError as error:
-                if self.resume != "auto":
-                    raise
-                barrier()
-                if self.world.is_main:
-                    log.warning("%s: kept aside in %s", error, keep_aside(checkpoint))
-                barrier()
-                fallback, _ = newest_intact(self.run_dir)
-                if fallback is None:
-                    raise TuneforgeError(
-                        f"{error}, and no intact checkpoint precedes it: pass --overwrite to "
-                        "start the run again"
-                    ) from None
-                checkpoint = fallback
 
     def _total_steps(self) -> int:
         train = self.config.train
