@@ -290,7 +290,7 @@ class Trainer:
             if on_step:
                 on_step(record)
 
-        pending = PendingStep(on_read)
+        pending = PendingStep(on_read, self.device)
         schedule = Schedule(config, self.total_steps, bool(self.eval_batches))
         batches = iter(self.loader)
         self.objective.train()

@@ -15,7 +15,7 @@ from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
 from tuneforge.packed import to_device
 from tuneforge.parallel.captured_step import CapturedStep, skips_on_device
-from tuneforge.train.host_values import HostValues, read_host_values, values_to_host
+from tuneforge.train.host_values import HostValues, Mark, read_host_values, values_to_host
 from tuneforge.train.objective import backward_micro_batches, objective_of
 
 Units = Callable[[PackedBatch], int]
@@ -132,6 +132,11 @@ class StepResult:
         self._values = values
         self._lr, self._counts, self._metric_names = lr, counts, metric_names
         self._resolved: dict[str, Any] | None = None
+
+    @property
+    def done(self) -> Mark:
+        """When the step's forward and backward finished, on the device's clock."""
+        return self._values.done
 
     def get(self) -> dict[str, Any]:
         if self._resolved is None:
