@@ -1,11 +1,12 @@
 """The command line on bad input: exit code 2, a clear message, no traceback."""
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from tests.cli_runs import assert_clean_failure, run_cli
+from tests.cli_runs import REPO, assert_clean_failure, run_cli
 
 
 def test_missing_config_file(tmp_path):
@@ -79,7 +80,6 @@ def test_data_inspect_on_a_bad_file_names_the_line(tmp_path):
 def test_data_inspect_json_and_preview():
     result = run_cli("data", "inspect", "examples/demo.yaml", "--json")
     assert result.returncode == 0, result.stderr
-    import json
 
     assert json.loads(result.stdout)["kept"] == 20000
     preview = run_cli("data", "preview", "examples/demo.yaml", "-n", "2")
@@ -111,3 +111,40 @@ def test_doctor_reads_stdin_and_names_missing_files(tmp_path):
     assert result.returncode == 0, result.stderr
     assert '"kind": "fragmentation"' in result.stdout
     assert_clean_failure(run_cli("doctor", "log", str(tmp_path / "absent.log")), "no such file")
+
+
+def test_simple_mistakes_get_a_message_not_a_traceback(tmp_path):
+    assert_clean_failure(run_cli("plan", "examples/demo.yaml", "--gpus", "0"), "--gpus")
+    assert_clean_failure(
+        run_cli("train", "examples/demo.yaml", "run.output_dir=/proc/tuneforge-run"),
+        "run.output_dir: cannot write the run directory /proc/tuneforge-run",
+    )
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer_config.json").write_text("{}")
+    assert_clean_failure(
+        run_cli("data", "preview", "examples/demo.yaml", f"tokenizer.path={tokenizer}"),
+        f"{tokenizer} has no tokenizer.json",
+    )
+
+
+def test_preview_names_a_conversation_the_template_cannot_render(tmp_path):
+    data = tmp_path / "chats.jsonl"
+    data.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+        '{"messages": [{"role": "user", "content": "<tool>"}, {"role": "assistant", "content": "ok"}]}\n'
+    )
+    template = (
+        "{% for m in messages %}{% if '<tool>' in m['content'] %}"
+        "{{ raise_exception('this template has no tool role') }}{% endif %}"
+        "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"extends: {REPO / 'examples' / 'demo.yaml'}\n"
+        f"tokenizer:\n  chat_template: {json.dumps(template)}\n"
+        f"data:\n  train:\n    - path: {data}\n"
+    )
+    result = run_cli("data", "preview", str(config))
+    assert_clean_failure(result, f"{data}:2: the chat template cannot render", "no tool role")
+    assert result.stdout.count("⟦") == 1  # the first record is shown

@@ -138,3 +138,23 @@ def test_unknown_target_lists_what_exists(tmp_path):
     with pytest.raises(LoraTargetError, match="rank_pattern 'k_proj' matches none"):
         tuneforge.apply_lora(model, {"target_modules": ["q_proj"], "rank_pattern": {"k_proj": 2}})
     assert not lora_modules(model)
+
+
+def test_the_public_functions_take_paths_as_text(tmp_path):
+    """Every public function that takes a path takes `str` as well as `PathLike`."""
+    import inspect
+
+    save_tiny_llama(tmp_path / "base")
+    model = tuneforge.load_model(str(tmp_path / "base"), dtype="float32")
+    tuneforge.apply_lora(model, {"target_modules": TARGETS, "rank": 4})
+    randomise_adapters(model, seed=5)
+    tuneforge.save_adapter(model, str(tmp_path / "adapter"), str(tmp_path / "base"))
+    again = tuneforge.load_model(str(tmp_path / "base"), dtype="float32")
+    tuneforge.load_adapter(again, str(tmp_path / "adapter"))
+    torch.testing.assert_close(our_logits(again), our_logits(model))
+    assert tuneforge.save_model(tuneforge.merge_lora(again), str(tmp_path / "merged")).is_dir()
+    for name in tuneforge.__all__:  # a path parameter is annotated to take text
+        for parameter in inspect.signature(getattr(tuneforge, name)).parameters.values():
+            annotation = str(parameter.annotation)
+            if "Path" in annotation:
+                assert "str" in annotation, (name, parameter)

@@ -61,6 +61,18 @@ def test_wrong_shape_names_the_tensor(tmp_path):
         tuneforge.load_model(tmp_path)
 
 
+def test_integer_weights_are_refused_not_cast(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    save_tiny_model(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = tensors[name].to(torch.int32)
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=rf"{name} is stored as torch.int32, not as floating"):
+        tuneforge.load_model(tmp_path)
+
+
 def test_missing_tensor_is_named(tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -11,6 +11,7 @@ load here:
 """
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -124,9 +125,12 @@ def _patterns(stems: dict[str, Adapter], attribute: str, default: float) -> dict
     return found
 
 
-def save_adapter(model: Decoder, out_dir: Path, base_model: str = "", write: bool = True) -> None:
+def save_adapter(
+    model: Decoder, out_dir: str | os.PathLike, base_model: str = "", write: bool = True
+) -> None:
     """Write the model's adapters (and `modules_to_save`) in the PEFT layout. Under FSDP every
     rank calls it (to gather the shards) and one writes (`write`)."""
+    out_dir = Path(out_dir)
     stems = adapter_keys(model)
     if not stems:
         raise AdapterError("the model has no LoRA modules to save")
@@ -216,7 +220,7 @@ def lora_config_of(adapter_config: dict) -> LoraSection:
 
 
 def load_adapter(
-    model: Decoder, adapter_dir: Path, dtype: torch.dtype | None = None
+    model: Decoder, adapter_dir: str | os.PathLike, dtype: torch.dtype | None = None
 ) -> torch.nn.Module:
     """Put the adapter in `adapter_dir` on `model` (creating its LoRA modules from the adapter's
     config unless the model already carries matching ones) and load its weights."""
@@ -228,7 +232,7 @@ def load_adapter(
     return model
 
 
-def load_adapter_weights(model: Decoder, adapter_dir: Path) -> None:
+def load_adapter_weights(model: Decoder, adapter_dir: str | os.PathLike) -> None:
     """Copy adapter tensors into a model that already carries LoRA modules of the same shape."""
     adapter_dir = Path(adapter_dir)
     stems = adapter_keys(model)

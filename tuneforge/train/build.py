@@ -1,6 +1,7 @@
 """Build the pieces of a run from its configuration: device, tokenizer, model, data."""
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -25,7 +26,14 @@ def load_tokenizer(config: RunConfig):
         tokenizer = AutoTokenizer.from_pretrained(
             str(path), local_files_only=True, trust_remote_code=False
         )
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, ImportError) as error:
+        directory = Path(path)
+        if directory.is_dir() and not (directory / "tokenizer.json").is_file():
+            raise TuneforgeError(
+                f"{directory} has no tokenizer.json (the tokenizer file Hugging Face models "
+                "ship): copy it from the model's repository, or set tokenizer.path to a "
+                "directory that holds it"
+            ) from None
         raise TuneforgeError(f"cannot load a tokenizer from {path}: {error}") from None
     if config.tokenizer.chat_template is not None:
         tokenizer.chat_template = resolve_template(config.tokenizer.chat_template)

@@ -104,6 +104,12 @@ def load_hf_model(
                     continue
                 tensor = handle.get_tensor(hf_name)
                 target = translated.of(params[name])
+                if not tensor.is_floating_point():
+                    raise CheckpointError(
+                        f"{file.name}: {hf_name} is stored as {tensor.dtype}, not as floating "
+                        "point: a quantized or damaged checkpoint cannot be loaded as weights "
+                        "(use the unquantized model)"
+                    )
                 if tensor.shape != target.shape:
                     raise CheckpointError(
                         f"{file.name}: {hf_name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
