@@ -141,6 +141,7 @@ def env(as_json: JsonOption = False) -> None:
         f"{report.varlen_attention}, flex attention: {report.flex_attention}"
     )
     console.print(f"NCCL/RCCL variables: {report.collective_env or 'none'}", markup=False)
+    console.print(f"CPU runs: {report.cpu_threads}", markup=False)
     console.print(
         f"HF_HOME: {report.hf_home} ({report.hf_home_free_gib or 0:.0f} GiB free)", markup=False
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from tuneforge.hardware.cpu import choose_cpu_threads
 from tuneforge.hardware.gpus import GIB
 from tuneforge.hardware.nvml import Nvml, open_nvml
 from tuneforge.models import flash4
@@ -35,6 +36,8 @@ class EnvReport:
     attention_backend: str = "sdpa"
     """What `model.attention: auto` runs here."""
     collective_env: dict[str, str] = field(default_factory=dict)
+    cpu_threads: str = ""
+    """The threads a run on the CPU here would compute with, and why."""
     hf_home: str = ""
     hf_home_free_gib: float | None = None
     warnings: list[str] = field(default_factory=list)
@@ -113,6 +116,7 @@ def inspect_environment() -> EnvReport:
     report.collective_env = {
         k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "RCCL_", "FI_", "GLOO_"))
     }
+    report.cpu_threads = choose_cpu_threads().describe()
     home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
     report.hf_home = str(home)
     existing = next((p for p in (home, *home.parents) if p.exists()), None)

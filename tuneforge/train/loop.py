@@ -16,6 +16,7 @@ from tuneforge.config import RunConfig, dump_config
 from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.records import DataError
 from tuneforge.errors import TuneforgeError
+from tuneforge.hardware.cpu import choose_cpu_threads
 from tuneforge.hardware.gpus import peak_tflops
 from tuneforge.parallel.block_wrappers import (
     BlockWrapping,
@@ -110,6 +111,10 @@ class Trainer:
         self._refuse_unsupported()
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
+        if self.device.type == "cpu":
+            threads = choose_cpu_threads(self.world.world_size)
+            torch.set_num_threads(threads.threads)
+            log.info(threads.describe())
         strategy_of(config.parallel, self.world)  # refuses `single` on several processes early
         replaced = self.overwrite and (self.run_dir / CONFIG_FILE).exists()
         checkpoint = self._prepare_run_dir()

@@ -1,0 +1,39 @@
+"""How many threads a run on the CPU computes with. Torch starts one per core; on a machine
+already busy those threads wait for each other (a 2-core machine under load ran the demo seven
+times slower with two threads than with one), so the cores other work keeps busy are left to it.
+`OMP_NUM_THREADS` set by the user always wins."""
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CpuThreads:
+    threads: int
+    cores: int
+    """CPUs this process may run on."""
+    load: float
+    """Processes running or waiting, averaged over the last minute."""
+    reason: str
+
+    def describe(self) -> str:
+        return (
+            f"{self.threads} CPU thread(s) ({self.reason}; {self.cores} core(s), load "
+            f"{self.load:.1f}); set OMP_NUM_THREADS to choose"
+        )
+
+
+def choose_cpu_threads(processes: int = 1) -> CpuThreads:
+    """Threads for each of `processes` processes computing on this machine's CPUs."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    requested = os.environ.get("OMP_NUM_THREADS", "")
+    if requested.isdigit() and int(requested) > 0:
+        return CpuThreads(int(requested), cores, load, "OMP_NUM_THREADS")
+    idle = max(1, cores - round(load))
+    threads = max(1, min(cores, idle) // processes)
+    reason = "the idle cores" if idle < cores else "one per core"
+    if processes > 1:
+        reason += f", shared by {processes} processes"
+    return CpuThreads(threads, cores, load, reason)
