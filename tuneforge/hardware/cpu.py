@@ -31,7 +31,7 @@ def choose_cpu_threads(processes: int = 1) -> CpuThreads:
     requested = os.environ.get("OMP_NUM_THREADS", "")
     if requested.isdigit() and int(requested) > 0:
         return CpuThreads(int(requested), cores, load, "OMP_NUM_THREADS")
-    idle = max(1, cores - round(load))
+    idle = max(1, cores - int(load))  # a core busy part of the time is still worth a thread
     threads = max(1, min(cores, idle) // processes)
     reason = "the idle cores" if idle < cores else "one per core"
     if processes > 1:
