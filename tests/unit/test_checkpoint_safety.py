@@ -12,6 +12,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
+from tuneforge.errors import TuneforgeError
 from tuneforge.parallel.distributed import Dist
 from tuneforge.runs.checkpoints import damage, newest_intact
 from tuneforge.train.checkpoint import (
@@ -168,3 +169,24 @@ def test_a_write_that_fails_half_way_leaves_one_message_and_the_previous_checkpo
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_2"]
     monkeypatch.undo()
     assert load(previous).step == 2
+
+
+def test_a_full_disk_while_saving_the_weights_says_so_and_leaves_no_half_directory(
+    tmp_path, monkeypatch
+):
+    from safetensors import SafetensorError
+
+    from tuneforge.runs import outputs
+
+    def fills_the_disk(model, out, *args, **kwargs):
+        out.mkdir(parents=True)
+        (out / "model-00001-of-00004.safetensors").write_bytes(b"half")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device")
+
+    monkeypatch.setattr(outputs, "save_hf_model", fills_the_disk)
+    with pytest.raises(TuneforgeError) as raised:
+        outputs.save_base(tmp_path, nn.Linear(2, 2), tokenizer=None)
+    message = str(raised.value)
+    assert message.startswith(f"{tmp_path / 'base'}: writing the random-init base model failed")
+    assert "No space left on device" in message and "GiB free there" in message
+    assert not (tmp_path / "base").exists()
