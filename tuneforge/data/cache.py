@@ -25,7 +25,7 @@ from tuneforge.data.token_store import TokenStore
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
