@@ -158,11 +158,11 @@ def test_non_finite_steps_follow_the_policy(tmp_path, policy):
     os.environ.pop("WORLD_SIZE", None)
 
 
-def test_memory_settings_include_the_offload_options_and_skip_unrecorded_ones():
-    from tuneforge.runs.run_dir import changed_settings, memory_settings
+def test_run_settings_include_the_offload_options_and_skip_unrecorded_ones():
+    from tuneforge.runs.run_dir import changed_settings, run_settings
 
     config = load_config(DEMO, ["train.offload_activations=2"])
-    saved = memory_settings(load_config(DEMO, []))
+    saved = run_settings(load_config(DEMO, []))
     assert changed_settings(saved, config) == ["train.offload_activations: 0 -> 2"]
     del saved["train.offload_activations"]  # a run saved before the setting existed
     assert changed_settings(saved, config) == []
