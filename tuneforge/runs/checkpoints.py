@@ -65,7 +65,7 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 def newest_intact(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest intact checkpoint (None if there is none), and the newer damaged ones with
     what is wrong with each."""
-    damaged = []
+    damaged: list[tuple[Path, str]] = []
     for checkpoint in complete_checkpoints(run_dir):
         problem = damage(checkpoint)
         if problem is None:

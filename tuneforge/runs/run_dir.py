@@ -153,7 +153,8 @@ def prepare_run_dir(
     rank calls it; the first one (`is_main`) changes the directory between two `barrier`s."""
     check_resume(resume, overwrite)
     exists = (run_dir / CONFIG_FILE).exists()
-    checkpoint, damaged = None, []
+    checkpoint: Path | None = None
+    damaged: list[tuple[Path, str]] = []
     if resume == "auto":
         checkpoint, damaged = newest_intact(run_dir)
     elif resume != "never":
