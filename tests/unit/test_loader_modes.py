@@ -87,11 +87,15 @@ def test_split_long_cuts_documents_into_pieces_that_keep_every_target(tokenizer)
     assert stats.num_loss_tokens == len(whole.input_ids) - 1
 
 
-def test_split_long_is_off_by_default(tokenizer):
+def test_split_long_is_off_by_default_and_what_is_dropped_is_said(tokenizer, caplog):
     text = Conversation([], "t:1", text=" ".join(f"w{i}" for i in range(200)))
     short = Conversation([], "t:2", text="w1 w2")
-    examples, stats = build_examples([text, short], tokenizer, 32, "drop", Rendering("all"))
+    with caplog.at_level("WARNING"):
+        examples, stats = build_examples([text, short], tokenizer, 32, "drop", Rendering("all"))
     assert stats.num_dropped_too_long == 1 and len(examples) == 1
+    assert "1 of 2 record(s) are longer than data.max_seq_len=32: 0 truncated, 1 dropped" in (
+        caplog.text
+    )
 
 
 def test_worker_processes_tokenise_exactly_like_this_process(tmp_path, tokenizer):
