@@ -93,8 +93,6 @@ def build_examples(
             stats.num_unrenderable += 1
             if len(stats.unrenderable_examples) < 5:
                 stats.unrenderable_examples.append(tokenized.error)
-            lengths.append(0)
-            record_spans.append(())
             continue
         ids, mask = tokenized.input_ids, tokenized.loss_mask
         spans = target_spans(mask)

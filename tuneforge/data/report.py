@@ -120,6 +120,7 @@ def inspect_data(data: DataSection, tokenizer, tokens_per_micro_batch: int) -> D
         conversations += found
         bad += skipped.count
     examples, stats = examples_for(conversations, tokenizer, data, Rendering.of(data))
+    bad += stats.num_unrenderable  # left out by data.on_bad_record: skip, like malformed ones
     return build_report(examples, stats, data.max_seq_len, tokens_per_micro_batch, bad)
 
 
