@@ -190,3 +190,20 @@ def test_a_full_disk_while_saving_the_weights_says_so_and_leaves_no_half_directo
     assert message.startswith(f"{tmp_path / 'base'}: writing the random-init base model failed")
     assert "No space left on device" in message and "GiB free there" in message
     assert not (tmp_path / "base").exists()
+
+
+def test_a_checkpoint_garbled_in_place_is_kept_aside_and_the_one_before_loaded(tmp_path):
+    """Damage the file sizes cannot show (same length, other bytes) is found when loading."""
+    from tuneforge.train.checkpoint import load_intact
+
+    run = tmp_path / "run"
+    first, second = saved(run, step=2), saved(run, step=4)
+    data = second / "dcp" / "__0_0.distcp"
+    data.write_bytes(bytes(len(data.read_bytes())))
+    assert damage(second) is None  # the sizes still match
+    model, optimizer = tiny()
+    with pytest.raises(DamagedCheckpointError):
+        load_intact(second, model, optimizer, Dist(), fall_back=False)
+    state, source = load_intact(second, model, optimizer, Dist(), fall_back=True)
+    assert (state.step, source) == (2, first)
+    assert (run / "checkpoints" / "damaged" / "step_4" / "dcp" / "__0_0.distcp").is_file()
