@@ -31,11 +31,25 @@ CUDA_OLD_FRAGMENTED = """RuntimeError: CUDA out of memory. Tried to allocate 1.5
 39.59 GiB total capacity; 30.10 GiB already allocated; 1.02 GiB free; 37.20 GiB reserved in total \
 by PyTorch)"""
 
+# "Process N" lines are the other processes on the GPU; this process has its own line
 OTHER_PROCESSES = """torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 \
 has a total capacity of 79.15 GiB of which 300.00 MiB is free. Process 4242 has 40.00 GiB memory \
-in use. Process 4343 has 38.80 GiB memory in use. Including non-PyTorch memory, this process has \
-38.80 GiB memory in use. Of the allocated memory 37.50 GiB is allocated by PyTorch, and 600.00 MiB \
-is reserved by PyTorch but unallocated."""
+in use. Including non-PyTorch memory, this process has 38.80 GiB memory in use. Of the allocated \
+memory 37.50 GiB is allocated by PyTorch, and 600.00 MiB is reserved by PyTorch but unallocated."""
+
+SHARED_GPU_WRAPPED = """torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.
+GPU 0 has a total capacity of 79.15 GiB of which 512.00 MiB is free.
+Process 1201 has 40.00 GiB memory in use.
+Process 1377 has 22.40 GiB memory in use.
+Including non-PyTorch memory, this process has 16.00 GiB memory in use. Of the allocated memory
+14.10 GiB is allocated by PyTorch, and 2.40 GiB is reserved by PyTorch but unallocated."""
+
+TORCH_2_1 = """torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.37 GiB. GPU 0 \
+has a total capacty of 79.11 GiB of which 2.93 GiB is free. Including non-PyTorch memory, this \
+process has 76.17 GiB memory in use. Of the allocated memory 68.61 GiB is allocated by PyTorch, \
+and 5.63 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large \
+try setting max_split_size_mb to avoid fragmentation.  See documentation for Memory Management \
+and PYTORCH_CUDA_ALLOC_CONF"""
 
 
 def test_current_cuda_message_with_much_reserved_is_fragmentation():
@@ -44,9 +58,8 @@ def test_current_cuda_message_with_much_reserved_is_fragmentation():
     assert report.requested_gib == 2.0 and report.total_gib == 79.15 and report.free_gib == 1.23
     assert report.allocated_gib == 70.5 and report.reserved_unallocated_gib == 6.2
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in report.actions[0]
-    assert (
-        "PYTORCH_ALLOC_CONF=expandable_segments" in diagnose(CUDA_FRAGMENTED, "2.10.0").actions[0]
-    )
+    # the variable the message names is the failed run's torch's own, whatever runs here
+    assert "export PYTORCH_CUDA_ALLOC_CONF=" in diagnose(CUDA_FRAGMENTED, "2.10.0").actions[0]
 
 
 def test_hip_message_with_little_reserved_is_pressure():
@@ -70,6 +83,36 @@ def test_pre_2023_messages_are_read():
 def test_memory_of_other_processes_is_named():
     report = diagnose(OTHER_PROCESSES)
     assert report.kind == "other_processes" and report.other_processes_gib == pytest.approx(40.0)
+    assert report.this_process_gib == pytest.approx(38.8)
+
+
+def test_a_shared_gpu_is_read_from_a_wrapped_message():
+    report = diagnose(SHARED_GPU_WRAPPED)
+    assert report.other_processes_gib == pytest.approx(62.4) and report.this_process_gib == 16.0
+    assert report.kind == "other_processes" and "62.4 GiB" in report.actions[0]
+    assert report.total_gib == 79.15 and report.requested_gib == 2.0
+
+
+def test_torch_2_1_wording_is_read_and_advised_for_its_version():
+    report = diagnose(TORCH_2_1, "2.1.2")
+    assert report.total_gib == 79.11 and report.kind == "fragmentation"
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in report.actions[0]
+    hip = diagnose(HIP_PRESSURE.replace("820.00 MiB", "5.00 GiB"), "2.10.0")
+    assert "export PYTORCH_HIP_ALLOC_CONF=" in hip.actions[0]  # as the HIP message says
+
+
+def test_out_of_memory_without_the_allocators_figures_is_still_named():
+    runtime = diagnose("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be ...")
+    assert runtime.kind == "runtime" and runtime.platform == "cuda"
+    assert "without the allocator's figures" in runtime.actions[0]
+    assert diagnose("RuntimeError: HIP error: out of memory").platform == "hip"
+    host = diagnose(
+        "RuntimeError: [enforce fail at alloc_cpu.cpp:83] data. DefaultCPUAllocator: not enough "
+        "memory: you tried to allocate 34359738368 bytes."
+    )
+    assert host.kind == "host" and "host memory" in host.actions[0]
+    killed = diagnose("slurmstepd: error: Detected 1 oom_kill event in StepId=4242.0.")
+    assert killed.kind == "host"
 
 
 def test_an_oom_while_resuming_says_so_and_no_message_is_unknown():

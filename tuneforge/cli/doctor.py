@@ -42,12 +42,18 @@ def oom(
     gpus: Annotated[int, typer.Option(min=1, help="GPUs of the run (with --config).")] = 1,
     as_json: JsonOption = False,
 ) -> None:
-    """Fragmentation, memory pressure or other processes, and what to do."""
-    import torch
+    """Fragmentation, memory pressure, other processes, the runtime's or the host's memory, and
+    what to do."""
+    from importlib.metadata import PackageNotFoundError, version
 
     from tuneforge.doctor.oom import diagnose
 
-    report = diagnose(_read(source), torch_version or torch.__version__)
+    if torch_version is None:  # the version only, not torch itself: reading a message is quick
+        try:
+            torch_version = version("torch")
+        except PackageNotFoundError:
+            torch_version = None
+    report = diagnose(_read(source), torch_version)
     if config is not None and report.kind == "pressure":
         from tuneforge.doctor.oom_plan import remedies
 
@@ -63,6 +69,7 @@ def oom(
             ("free", report.free_gib),
             ("allocated", report.allocated_gib),
             ("reserved but unallocated", report.reserved_unallocated_gib),
+            ("this process", report.this_process_gib),
             ("other processes", report.other_processes_gib),
         )
         if value is not None
