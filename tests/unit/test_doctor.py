@@ -261,3 +261,29 @@ def test_a_gpu_at_its_default_limit_and_not_held_down_gets_no_warning():
 
     assert power_findings(0, _Board(700.0, 0x1))[1] == []  # 0x1: idle, not a slowdown
     assert power_findings(0, _Board(690.0, 0x0))[1] == []  # within 5% of the default
+
+
+def test_remedies_size_memory_from_the_datas_lengths_as_plan_does(tmp_path):
+    from tuneforge.config import load_config
+    from tuneforge.data.length_policy import RecordLengths
+    from tuneforge.doctor.oom_plan import remedies
+    from tuneforge.hardware.gpus import GIB
+    from tuneforge.plan.plan import Hardware
+    from tuneforge.plan.planner import plan_run
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "extends: " + str(Path("examples/demo.yaml").resolve()) + "\n"
+        "model: {name: qwen3-8b, dtype: bfloat16, attention: eager}\n"
+        "data: {max_seq_len: 8192}\n"
+        "train: {tokens_per_micro_batch: 8192}\n"
+    )
+    records = RecordLengths([300] * 2000, None)
+    lines = remedies(config, [], gpus=1, capacity_gib=139.0, records=records)
+    planned = plan_run(load_config(config, []), Hardware(gpus=1, memory_gib=139.0), records)
+    assert (
+        lines[0]
+        == f"the planner predicts {planned.memory.total / GIB:.1f} GiB per GPU for this configuration"
+    )
+    assert lines[0] != remedies(config, [], gpus=1, capacity_gib=139.0)[0]  # documents of 8192
+    assert any("micro-batch of 4096 tokens and data.max_seq_len 4096" in line for line in lines)

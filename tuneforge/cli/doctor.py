@@ -54,10 +54,12 @@ def oom(
         except PackageNotFoundError:
             torch_version = None
     report = diagnose(_read(source), torch_version)
-    if config is not None and report.kind == "pressure":
+    if config is not None and report.kind in ("pressure", "runtime"):
+        from tuneforge.cli.data_lengths import record_lengths
         from tuneforge.doctor.oom_plan import remedies
 
-        report.actions += remedies(config, [], gpus, report.total_gib)
+        records = record_lengths(config, [])
+        report.actions += remedies(config, [], gpus, report.total_gib, records)
     if as_json:
         _print(report.as_dict())
         return

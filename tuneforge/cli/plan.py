@@ -2,36 +2,14 @@
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from tuneforge.cli.common import console
+from tuneforge.cli.data_lengths import record_lengths
 from tuneforge.errors import TuneforgeError
-
-if TYPE_CHECKING:
-    from tuneforge.data.length_policy import RecordLengths
-
-
-def _records(config_file: Path, overrides: list[str]) -> "RecordLengths | None":
-    """The training records' lengths and targets (through the cache), or None when unavailable."""
-    from tuneforge.config import load_config
-    from tuneforge.data.training_data import load_training_data
-    from tuneforge.train.build import load_tokenizer
-
-    config = load_config(config_file, overrides)
-    try:
-        tokenizer = load_tokenizer(config)
-        data = load_training_data(
-            config.data, tokenizer, config.train.tokens_per_micro_batch, config.train.seed
-        )
-    except TuneforgeError as error:
-        console.print(
-            f"[yellow]data not used ({error}); documents assumed max_seq_len long[/yellow]"
-        )
-        return None
-    return data.stats.records
 
 
 def plan_command(
@@ -78,7 +56,7 @@ def plan_command(
         raise TuneforgeError(f"--time-limit: {error}") from None
     mfu = measured_mfu(calibrate) if calibrate is not None else None
     hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit, mfu, master_weights)
-    lengths = None if no_data else _records(config, overrides or [])
+    lengths = None if no_data else record_lengths(config, overrides or [])
     plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
     if as_json:
         console.print(

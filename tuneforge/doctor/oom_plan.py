@@ -1,9 +1,10 @@
 """For an out-of-memory run with a known configuration: how much each remedy saves, from the
 planner (the compiled blocks' memory budget, activation checkpointing, ZeRO-3, a halved
-micro-batch), given the GPU's capacity from
-the error message."""
+micro-batch), given the GPU's capacity from the error message. The planner gets the same
+documents `tuneforge plan` gives it (the data's lengths), so the two agree."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuneforge.config import load_config
 from tuneforge.hardware.gpus import GIB
@@ -11,46 +12,63 @@ from tuneforge.plan.memory_options import COMPILE_BUDGET
 from tuneforge.plan.plan import Hardware
 from tuneforge.plan.planner import plan_run
 
-REMEDIES = {
-    "train.activation_checkpointing=full": "activation checkpointing on every block",
-    "parallel.zero_stage=3": "ZeRO-3 (parallel.strategy: fsdp, zero_stage: 3)",
-}
+if TYPE_CHECKING:
+    from tuneforge.data.length_policy import RecordLengths
 
 
 def remedies(
-    config_file: Path, overrides: list[str], gpus: int, capacity_gib: float | None
+    config_file: Path,
+    overrides: list[str],
+    gpus: int,
+    capacity_gib: float | None,
+    records: "RecordLengths | None" = None,
 ) -> list[str]:
     """One line per remedy: predicted GiB per GPU before and after, and whether it then fits."""
     config = load_config(config_file, overrides)
     hardware = Hardware(gpus=gpus, memory_gib=capacity_gib)
-    current = plan_run(config, hardware).memory.total / GIB
+    current = plan_run(config, hardware, records).memory.total / GIB
     train = config.train
-    options = {}
+    options: dict[str, tuple[list[str], str]] = {}
     if (
         train.compile
         and train.activation_checkpointing == "none"
         and train.compile_memory_budget > COMPILE_BUDGET
     ):
-        options[f"train.compile_memory_budget={COMPILE_BUDGET}"] = (
-            f"a memory budget of {COMPILE_BUDGET} for the compiled blocks (about 1% slower)"
+        options["budget"] = (
+            [f"train.compile_memory_budget={COMPILE_BUDGET}"],
+            f"a memory budget of {COMPILE_BUDGET} for the compiled blocks (about 1% slower)",
         )
-    options |= REMEDIES
-    if gpus == 1:
-        options.pop("parallel.zero_stage=3")
-    half = max(config.data.max_seq_len, config.train.tokens_per_micro_batch // 2)
-    if half < config.train.tokens_per_micro_batch:
-        options[f"train.tokens_per_micro_batch={half}"] = (
-            f"a micro-batch of {half} tokens (double grad_accum_steps to keep the global batch)"
+    if train.activation_checkpointing != "full":
+        options["checkpointing"] = (
+            ["train.activation_checkpointing=full"],
+            "activation checkpointing on every block",
         )
+    if gpus > 1:
+        options["zero3"] = (
+            ["parallel.strategy=fsdp", "parallel.zero_stage=3"],
+            "ZeRO-3 (parallel.strategy: fsdp, zero_stage: 3)",
+        )
+    options["half"] = _halved_micro_batch(config.train.tokens_per_micro_batch, config.data)
     lines = [f"the planner predicts {current:.1f} GiB per GPU for this configuration"]
-    for change, label in options.items():
-        extra = [change, "parallel.strategy=fsdp"] if change.startswith("parallel.") else [change]
-        after = (
-            plan_run(load_config(config_file, [*overrides, *extra]), hardware).memory.total / GIB
-        )
+    for changes, label in options.values():
+        changed = load_config(config_file, [*overrides, *changes])
+        after = plan_run(changed, hardware, records).memory.total / GIB
         fits = capacity_gib is None or after <= capacity_gib
         lines.append(
             f"{label}: {current:.1f} -> {after:.1f} GiB ({after - current:+.1f})"
             + ("" if capacity_gib is None else (", fits" if fits else ", still too much"))
         )
     return lines
+
+
+def _halved_micro_batch(tokens: int, data) -> tuple[list[str], str]:
+    """Half the micro-batch's tokens; where its documents already fill it, their length too."""
+    half = tokens // 2
+    keep = "double grad_accum_steps to keep the global batch"
+    if half >= data.max_seq_len:
+        return [f"train.tokens_per_micro_batch={half}"], f"a micro-batch of {half} tokens ({keep})"
+    return (
+        [f"train.tokens_per_micro_batch={half}", f"data.max_seq_len={half}"],
+        f"a micro-batch of {half} tokens and data.max_seq_len {half} ({keep}; longer records "
+        "are cut as data.on_too_long says, or split with data.split_long)",
+    )
