@@ -287,3 +287,46 @@ def test_remedies_size_memory_from_the_datas_lengths_as_plan_does(tmp_path):
     )
     assert lines[0] != remedies(config, [], gpus=1, capacity_gib=139.0)[0]  # documents of 8192
     assert any("micro-batch of 4096 tokens and data.max_seq_len 4096" in line for line in lines)
+
+
+def test_restarts_a_log_states_are_caught():
+    hf = (
+        "{'loss': 1.1, 'learning_rate': 2e-05, 'epoch': 0.4}\n"
+        "***** Running training *****\n"
+        "  Continuing training from checkpoint, will skip to saved global_step\n"
+        "  Continuing training from epoch 0\n"
+        "  Continuing training from global step 0\n"
+    )
+    found = codes(scan_log(hf))["restart_from_step_zero"]
+    assert "Continuing training from global step 0" in found.message
+    deepspeed = (
+        "[WARNING] [engine.py:2903:load_checkpoint] Unable to find latest file at "
+        "/scratch/run/checkpoints/latest, if trying to load latest checkpoint please ensure "
+        "this file exists or pass an explicit checkpoint tag when loading a checkpoint.\n"
+    )
+    assert "restart_from_step_zero" in codes(scan_log(deepspeed))
+    assert "restart_from_step_zero" not in codes(
+        scan_log("  Continuing training from global step 400\n")
+    )
+
+
+def test_step_times_are_read_in_the_unit_each_format_prints():
+    fast_tqdm = "".join(f" {i}/60000 [00:{i:02d}<2:00:00,  2.00it/s]\n" for i in range(1, 40))
+    report = scan_log(fast_tqdm, time_limit_s=4 * 3600)
+    assert report.step_time_s == pytest.approx(0.5) and report.total_steps == 60000
+    assert "eta_exceeds_limit" in codes(report)  # 60,000 steps at 0.5 s is 8.3 h
+    slow_tqdm = "  1%|          | 30/2000 [1:02:30<68:24:10, 125.00s/it]\n"
+    assert scan_log(slow_tqdm).step_time_s == pytest.approx(125.0)
+    megatron = " iteration      10/    100 | elapsed time per iteration (ms): 85.0 |\n"
+    assert scan_log(megatron).step_time_s == pytest.approx(0.085)
+    mixed = slow_tqdm + megatron.replace("85.0", "125000.0")
+    assert scan_log(mixed).step_time_s == pytest.approx(125.0)
+
+
+def test_a_large_log_is_read_as_a_stream_in_one_pass():
+    """Every line once: with 100,000 steps, a scan that looks back over the steps seen takes
+    minutes."""
+    lines = (f"step {i % 50_000 + 1}/50000  loss 1.0  step_s: 0.25\n" for i in range(100_000))
+    report = scan_log(lines)
+    assert report.steps_seen == 50_000 and report.step_time_s == pytest.approx(0.25)
+    assert codes(report)["restart_from_step_zero"].count == 1

@@ -101,7 +101,14 @@ def log(
         limit = parse_duration(time_limit) if time_limit is not None else None
     except ValueError as error:
         raise TuneforgeError(f"--time-limit: {error}") from None
-    report = scan_log(_read(source), limit)
+    if source == "-":
+        report = scan_log(sys.stdin, limit)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise TuneforgeError(f"{path}: no such file")
+        with path.open(encoding="utf-8", errors="replace") as handle:  # streamed, line by line
+            report = scan_log(handle, limit)
     if as_json:
         _print(report.as_dict())
         return
