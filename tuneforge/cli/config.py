@@ -3,6 +3,7 @@
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
 from tuneforge.cli.common import ConfigArg, OverridesArg, console
@@ -49,19 +50,33 @@ def models() -> None:
     from tuneforge.models.catalog import CATALOG
 
     table = Table(
-        "name", "family", "layers", "dim", "heads (kv)", "ffn", "experts", "params", "active"
+        "name",
+        "layers",
+        "dim",
+        "heads/kv",
+        "ffn",
+        "experts",
+        "params",
+        "active",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
+    table.columns[0].min_width = max(map(len, CATALOG))  # a name is what one copies
     for name, args in CATALOG.items():
-        experts = f"{args.moe.top_k} of {args.moe.num_experts}" if args.moe else "-"
+        experts = f"{args.moe.top_k}/{args.moe.num_experts}" if args.moe else "-"
         table.add_row(
             name,
-            args.family,
             str(args.num_layers),
             str(args.dim),
-            f"{args.num_heads} ({args.num_kv_heads})",
+            f"{args.num_heads}/{args.num_kv_heads}",
             str(args.moe.expert_ffn_dim if args.moe else args.ffn_dim),
             experts,
-            f"{args.num_params() / 1e9:.2f} B",
-            f"{args.num_params(active=True) / 1e9:.2f} B",
+            _count(args.num_params()),
+            _count(args.num_params(active=True)),
         )
     console.print(table)
+
+
+def _count(parameters: int) -> str:
+    """1.65 M, 8.03 B: small shapes (the demo's) are not shown as 0.00 B."""
+    return f"{parameters / 1e9:.2f}B" if parameters >= 1e8 else f"{parameters / 1e6:.2f}M"
