@@ -147,9 +147,11 @@ def env(as_json: JsonOption = False) -> None:
         console.print(
             f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_gib']:.0f} GiB{power}", markup=False
         )
+    probe = report.expandable_segments_effective
+    effect = "no GPU here to probe" if probe is None else ("yes" if probe else "no")
     console.print(
         f"allocator env: {report.allocator_env or 'unset'}; expandable segments in effect: "
-        f"{report.expandable_segments_effective}",
+        f"{effect}",
         markup=False,
     )
     console.print(
@@ -157,6 +159,7 @@ def env(as_json: JsonOption = False) -> None:
         f"{report.varlen_attention}, flex attention: {report.flex_attention}"
     )
     console.print(f"NCCL/RCCL variables: {report.collective_env or 'none'}", markup=False)
+    console.print(f"ROCm variables: {report.rocm_env or 'none'}", markup=False)
     console.print(f"CPU runs: {report.cpu_threads}", markup=False)
     console.print(
         f"HF_HOME: {report.hf_home} ({report.hf_home_free_gib or 0:.0f} GiB free)", markup=False

@@ -9,6 +9,13 @@ from pathlib import Path
 
 import torch
 
+from tuneforge.doctor.env_checks import (
+    ALLOCATOR_VARIABLES,
+    allocator_findings,
+    rocm_variables,
+    shared_cache_findings,
+    unresponsive_gpus,
+)
 from tuneforge.hardware.cpu import choose_cpu_threads
 from tuneforge.hardware.gpus import GIB
 from tuneforge.hardware.nvml import Nvml, open_nvml
@@ -18,7 +25,6 @@ from tuneforge.models.attention import resolve_backend
 SMALL_CACHE_GIB = 50.0
 LOWERED_POWER_LIMIT = 0.95
 """A power limit below this share of the board's default is taken as lowered on purpose."""
-ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
 
 @dataclass
@@ -36,6 +42,9 @@ class EnvReport:
     attention_backend: str = "sdpa"
     """What `model.attention: auto` runs here."""
     collective_env: dict[str, str] = field(default_factory=dict)
+    rocm_env: dict[str, str] = field(default_factory=dict)
+    """The ROCm variables that change a run (HSA_*, visible devices, queues, serialisation,
+    MIOpen's and Triton's caches)."""
     cpu_threads: str = ""
     """The threads a run on the CPU here would compute with, and why."""
     hf_home: str = ""
@@ -88,6 +97,8 @@ def inspect_environment() -> EnvReport:
             report.warnings += warnings
         report.gpus.append(gpu)
     report.allocator_env = {k: os.environ[k] for k in ALLOCATOR_VARIABLES if k in os.environ}
+    report.warnings += allocator_findings(os.environ, torch.__version__, platform == "rocm")
+    report.warnings += unresponsive_gpus(torch.cuda.device_count())
     report.expandable_segments_effective = probe_expandable_segments()
     asked = any("expandable_segments:true" in v.lower() for v in report.allocator_env.values())
     if asked and report.expandable_segments_effective is False:
@@ -116,6 +127,10 @@ def inspect_environment() -> EnvReport:
     report.collective_env = {
         k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "RCCL_", "FI_", "GLOO_"))
     }
+    report.rocm_env = rocm_variables(os.environ)
+    mounts = Path("/proc/mounts")
+    if mounts.is_file():
+        report.warnings += shared_cache_findings(os.environ, mounts.read_text())
     report.cpu_threads = choose_cpu_threads().describe()
     home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
     report.hf_home = str(home)
