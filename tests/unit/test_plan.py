@@ -462,3 +462,46 @@ def test_a_step_waits_for_its_slowest_rank_as_the_loader_deals_the_epoch():
     assert eight.step_time_s == pytest.approx(one.step_time_s * eight.slowest_rank_factor)
     assert eight.balanced_slowest_rank_factor < eight.slowest_rank_factor
     assert any("data.balance_ranks: true" in line for line in eight.advice)
+
+
+def test_what_ifs_use_the_plans_step_time_model_recomputation_included():
+    hardware = Hardware(gpus=1, gpu="H200")
+    plan = plan_config(
+        DEMO, LLAMA3_8B_LORA, hardware, None, ["train.activation_checkpointing=full"]
+    )
+    (item,) = plan.what_if
+    changed = plan_run(
+        load_config(DEMO, [*LLAMA3_8B_LORA, "train.activation_checkpointing=full"]), hardware
+    )
+    assert item["speedup"] == pytest.approx(plan.step_time_s / changed.step_time_s)
+    assert item["speedup"] == pytest.approx(0.75)  # every block's forward once more: 4/3 the FLOPs
+    # a change of the micro-batch is judged per token, not per (longer) step
+    (bigger,) = plan_config(
+        DEMO, LLAMA3_8B_LORA, hardware, None, ["train.tokens_per_micro_batch=8192"]
+    ).what_if
+    assert bigger["speedup"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_plan_for_the_cpu_uses_its_cores_and_host_memory(monkeypatch):
+    from tuneforge.cli.plan import _target
+    from tuneforge.hardware.cpu import cpu_cores, host_memory_gib
+    from tuneforge.plan.plan import CPU
+
+    cpu = Hardware(gpu=CPU)
+    assert cpu.gpu_memory_gib == pytest.approx(host_memory_gib())
+    assert cpu.peak_tflops == pytest.approx(cpu_cores() * 0.05)
+    plan = plan_run(load_config(DEMO, []), cpu)
+    assert 0.01 < plan.step_time_s < 10  # on an H100 the demo's step is predicted at ~0 s
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _target(None)[0] == CPU and "no GPU here" in _target(None)[1]
+    assert _target("cpu")[0] == CPU and _target("H200") == ("H200", "H200")
+
+
+def test_no_micro_batch_that_fits_is_said_as_such():
+    plan = plan_run(
+        load_config(DEMO, ["model.name=llama-3-70b", "model.dtype=bfloat16"]),
+        Hardware(gpus=1, gpu="H100"),
+    )
+    assert not plan.fits and plan.largest_micro_batch_tokens == 0
+    assert not any("about 0 tokens" in line for line in plan.advice)
+    assert any(line.startswith("no micro-batch fits") for line in plan.advice)

@@ -18,8 +18,12 @@ def plan_command(
     gpus: Annotated[int, typer.Option(min=1, help="GPUs per node.")] = 1,
     nodes: Annotated[int, typer.Option(min=1, help="Nodes.")] = 1,
     gpu: Annotated[
-        str, typer.Option(help="GPU model: H100, H200, A100, B200, MI250X, MI300X, MI355X.")
-    ] = "H100",
+        str | None,
+        typer.Option(
+            help="GPU model (H100, H200, A100, B200, MI250X, MI300X, MI355X) or CPU; "
+            "default: the GPU here, else this machine's CPU."
+        ),
+    ] = None,
     gpu_mem: Annotated[
         float | None, typer.Option(min=1, help="GPU memory in GiB (default: the model's).")
     ] = None,
@@ -41,14 +45,16 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Predict per-GPU memory, step time, ETA and jobs needed, before launching."""
-    from tuneforge.config.durations import parse_duration
+    from tuneforge.config.durations import format_duration, parse_duration
     from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB
-    from tuneforge.plan.plan import Hardware
+    from tuneforge.plan.plan import CPU, Hardware
     from tuneforge.plan.planner import measured_mfu, plan_config
 
-    if gpu not in GPU_MEMORY_GIB and gpu_mem is None:
+    gpu, target = _target(gpu)
+    if gpu not in GPU_MEMORY_GIB and gpu != CPU and gpu_mem is None:
         raise TuneforgeError(
-            f"--gpu {gpu}: unknown; use one of {', '.join(GPU_MEMORY_GIB)} or give --gpu-mem"
+            f"--gpu {gpu}: unknown; use one of {', '.join(GPU_MEMORY_GIB)} or CPU, or give "
+            "--gpu-mem"
         )
     try:
         limit = parse_duration(time_limit) if time_limit else None
@@ -60,9 +66,13 @@ def plan_command(
     plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
     if as_json:
         console.print(
-            json.dumps(plan.as_dict(), indent=2), markup=False, highlight=False, soft_wrap=True
+            json.dumps(plan.as_dict() | {"planned_for": target}, indent=2),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
         )
         return
+    console.print(f"planned for {target}", markup=False)
     table = Table(
         f"per GPU ({hardware.data_parallel} x {gpu}, {plan.gpu_memory_gib:.0f} GiB)", "GiB"
     )
@@ -76,7 +86,7 @@ def plan_command(
     )
     console.print(
         f"step {plan.step_time_s:.2f} s (MFU {hardware.mfu or 0.4:.0%}{' measured' if mfu else ' assumed'}), "
-        f"{plan.steps} steps, ETA {plan.eta_h:.1f} h"
+        f"{plan.steps} steps, ETA {format_duration(plan.eta_h * 3600)}"
         + (f", {plan.jobs_needed} job(s) under the limit" if plan.jobs_needed else "")
     )
     if hardware.data_parallel > 1:
@@ -104,3 +114,26 @@ def plan_command(
             f"({item['memory_gib']:.1f} GiB, {'fits' if item['fits'] else 'does not fit'})",
             markup=False,
         )
+
+
+def _target(gpu: str | None) -> tuple[str, str]:
+    """The hardware to plan for and how it was chosen: as asked, else the GPU here (by its name
+    in the tables), else this machine's CPU."""
+    from tuneforge.hardware.cpu import cpu_cores
+    from tuneforge.hardware.gpus import GPU_MEMORY_GIB
+    from tuneforge.plan.plan import CPU
+
+    if gpu is not None:
+        name = CPU if gpu.lower() == "cpu" else gpu
+        return name, (f"this machine's CPU ({cpu_cores()} cores)" if name == CPU else name)
+    import torch
+
+    if torch.cuda.is_available():
+        here = torch.cuda.get_device_name()
+        known = next(
+            (key for key in sorted(GPU_MEMORY_GIB, key=len, reverse=True) if key in here), None
+        )
+        if known is not None:
+            return known, f"{known}, the GPU here ({here}); --gpu plans for another"
+        return "H100", f"H100: the GPU here ({here}) is not in the tables; pass --gpu and --gpu-mem"
+    return CPU, f"this machine's CPU ({cpu_cores()} cores, no GPU here); --gpu plans for a GPU"

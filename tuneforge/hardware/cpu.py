@@ -6,6 +6,10 @@ times slower with two threads than with one), so the cores other work keeps busy
 import os
 from dataclasses import dataclass
 
+CPU_PEAK_GFLOPS_PER_CORE = 50.0
+"""fp32 FMAs of one x86 core with AVX2 (two 8-lane FMA units at ~3 GHz): a rough peak for
+planning CPU runs, which run small models far below it anyway."""
+
 
 @dataclass(frozen=True)
 class CpuThreads:
@@ -25,8 +29,7 @@ class CpuThreads:
 
 def choose_cpu_threads(processes: int = 1) -> CpuThreads:
     """Threads for each of `processes` processes computing on this machine's CPUs."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
+    cores = cpu_cores()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     requested = os.environ.get("OMP_NUM_THREADS", "")
     if requested.isdigit() and int(requested) > 0:
@@ -37,3 +40,16 @@ def choose_cpu_threads(processes: int = 1) -> CpuThreads:
     if processes > 1:
         reason += f", shared by {processes} processes"
     return CpuThreads(threads, cores, load, reason)
+
+
+def cpu_cores() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
+def host_memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def cpu_peak_tflops(cores: int) -> float:
+    return cores * CPU_PEAK_GFLOPS_PER_CORE / 1000

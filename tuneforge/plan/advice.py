@@ -92,10 +92,17 @@ def advise(
             "data.balance_ranks: true deals the ranks similar work: "
             f"{plan.balanced_slowest_rank_factor - 1:.0%}"
         )
-    if plan.largest_micro_batch_tokens < train.tokens_per_micro_batch:
+    largest = plan.largest_micro_batch_tokens
+    if 0 < largest < train.tokens_per_micro_batch:
         plan.advice.append(
-            f"the largest micro-batch that fits is about {plan.largest_micro_batch_tokens} tokens "
+            f"the largest micro-batch that fits is about {largest} tokens "
             "(train.tokens_per_micro_batch); keep the global batch with grad_accum_steps"
+        )
+    elif largest == 0 and not plan.fits:
+        plan.advice.append(
+            "no micro-batch fits, not even the smallest: the weights, gradients and optimizer "
+            "states alone leave no room; shard them (more GPUs, ZeRO-3), or train adapters "
+            "(LoRA) instead of every weight"
         )
     if (
         plan.suggested_max_seq_len is not None

@@ -2,9 +2,13 @@
 
 from dataclasses import dataclass, field
 
-from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB, platform_of
+from tuneforge.hardware.cpu import cpu_cores, cpu_peak_tflops, host_memory_gib
+from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB, PEAK_TFLOPS, platform_of
 from tuneforge.plan.memory import Memory
 from tuneforge.plan.workload import Workload
+
+CPU = "CPU"
+"""`Hardware.gpu` for a run on this machine's CPU (its cores and host memory)."""
 
 
 @dataclass(frozen=True)
@@ -12,6 +16,7 @@ class Hardware:
     gpus: int = 1
     nodes: int = 1
     gpu: str = "H100"
+    """A GPU of the tables in `hardware.gpus`, or `CPU`."""
     memory_gib: float | None = None
     time_limit_s: float | None = None
     mfu: float | None = None
@@ -25,7 +30,15 @@ class Hardware:
 
     @property
     def gpu_memory_gib(self) -> float:
+        if self.gpu == CPU:
+            return self.memory_gib or host_memory_gib()
         return self.memory_gib or GPU_MEMORY_GIB.get(self.gpu, 80.0)
+
+    @property
+    def peak_tflops(self) -> float:
+        if self.gpu == CPU:
+            return cpu_peak_tflops(cpu_cores())
+        return PEAK_TFLOPS.get(self.gpu, PEAK_TFLOPS["H100"])
 
     @property
     def platform(self) -> str:
@@ -55,6 +68,8 @@ class Plan:
     balanced_slowest_rank_factor: float = 1.0
     """The same with `data.balance_ranks`."""
     suggested_max_seq_len: int | None = None
+    tokens_per_step: float = 0.0
+    """Real tokens one GPU trains per step (from the packed epoch, else full micro-batches)."""
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)

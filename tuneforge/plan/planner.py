@@ -14,7 +14,7 @@ from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.errors import TuneforgeError
-from tuneforge.hardware.gpus import GIB, PEAK_TFLOPS
+from tuneforge.hardware.gpus import GIB
 from tuneforge.models.api import model_args
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import training_flops_per_token
@@ -177,7 +177,7 @@ def plan_run(
     options = memory_options(setup, capacity, replicated)
     reduce_bytes = 4 if config.parallel.reduce_dtype == "float32" else setup.param_bytes
     needs_checkpointing = options.without_checkpointing > capacity >= options.full_checkpointing
-    peak = PEAK_TFLOPS.get(hardware.gpu, PEAK_TFLOPS["H100"]) * 1e12
+    peak = hardware.peak_tflops * 1e12
     mfu = hardware.mfu or DEFAULT_MFU
     if epoch is not None:
         flops_per_micro_batch = epoch.flops / max(epoch.micro_batches, 1)
@@ -221,6 +221,12 @@ def plan_run(
         strategy_reason=strategy_reason,
         slowest_rank_factor=waits[0],
         balanced_slowest_rank_factor=waits[1],
+        tokens_per_step=train.grad_accum_steps
+        * (
+            epoch.real_tokens / max(epoch.micro_batches, 1)
+            if epoch is not None
+            else train.tokens_per_micro_batch
+        ),
     )
     if records is not None and records.lengths:
         p99 = float(np.percentile(records.lengths, 99))
@@ -244,6 +250,12 @@ def plan_run(
     return plan
 
 
+def _seconds_per_token(plan: Plan) -> float:
+    """A step's predicted time over the real tokens it trains: what a change to the micro-batch,
+    the packing or the recomputation does to the speed, whatever it does to the step count."""
+    return plan.step_time_s / max(plan.tokens_per_step, 1.0)
+
+
 def plan_config(
     config_file: Path,
     overrides: list[str],
@@ -255,8 +267,7 @@ def plan_config(
     base = plan_run(load_config(config_file, overrides), hardware, records)
     for change in what_if:
         changed = plan_run(load_config(config_file, [*overrides, change]), hardware, records)
-        old = base.epoch.flops if base.epoch and changed.epoch else base.step_time_s
-        new = changed.epoch.flops if base.epoch and changed.epoch else changed.step_time_s
+        old, new = _seconds_per_token(base), _seconds_per_token(changed)
         base.what_if.append(
             {
                 "change": change,
