@@ -73,7 +73,9 @@ def test_generate_from_a_directory_that_is_no_run(tmp_path):
 def test_data_inspect_on_a_bad_file_names_the_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"instruction": "i", "output": "o"}\n{"instruction": 5, "output": "o"}\n')
-    result = run_cli("data", "inspect", "--data", str(bad), "--format", "alpaca")
+    result = run_cli(
+        "data", "inspect", "--data", str(bad), "--format", "alpaca", "--tokenizer", "demo"
+    )
     assert_clean_failure(result, f'{bad}:2: field "instruction" must be a string')
 
 
@@ -148,3 +150,18 @@ def test_preview_names_a_conversation_the_template_cannot_render(tmp_path):
     result = run_cli("data", "preview", str(config))
     assert_clean_failure(result, f"{data}:2: the chat template cannot render", "no tool role")
     assert result.stdout.count("⟦") == 1  # the first record is shown
+
+
+def test_preview_shows_every_source(tmp_path):
+    lines = (REPO / "tuneforge" / "assets" / "demo_data" / "eval.jsonl").read_text().splitlines()
+    for name, part in (("first", lines[:5]), ("second", lines[5:10])):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(part) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"extends: {REPO / 'examples' / 'demo.yaml'}\n"
+        f"data:\n  train:\n    - path: {tmp_path / 'first.jsonl'}\n"
+        f"    - path: {tmp_path / 'second.jsonl'}\n"
+    )
+    result = run_cli("data", "preview", str(config), "-n", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("first.jsonl:") == 2 and result.stdout.count("second.jsonl:") == 2

@@ -62,3 +62,24 @@ def test_demo_data_report(tokenizer):
     data = DataSection(train=[DataSource(path=DEMO_DATA_DIR / "eval.jsonl")], max_seq_len=64)
     report = inspect_data(data, tokenizer, 1024)
     assert report.records == report.kept == 300 and report.without_supervised_tokens == 0
+
+
+def test_the_report_counts_the_records_the_run_trains_on(tmp_path, tokenizer):
+    """Weights repeat or sample a source's records, eval_fraction holds some out: the report
+    reads the mix the trainer builds, not the files."""
+    from tuneforge.data.training_data import training_conversations
+
+    lines = (DEMO_DATA_DIR / "eval.jsonl").read_text().splitlines()
+    (tmp_path / "a.jsonl").write_text("\n".join(lines[:100]) + "\n")
+    (tmp_path / "b.jsonl").write_text("\n".join(lines[100:120]) + "\n")
+    data = DataSection(
+        train=[
+            DataSource(path=tmp_path / "a.jsonl"),
+            DataSource(path=tmp_path / "b.jsonl", weight=2.5),
+        ],
+        eval_fraction=0.1,
+        max_seq_len=64,
+    )
+    mix, held_out = training_conversations(data, seed=0)
+    report = inspect_data(data, tokenizer, 1024, seed=0)
+    assert report.records == len(mix) != 120 and len(held_out) == 12

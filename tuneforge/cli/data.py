@@ -31,7 +31,10 @@ def inspect(
     ] = None,
     format: Annotated[str, typer.Option(help="Record format of --data.")] = "openai",
     tokenizer: Annotated[
-        Path | None, typer.Option(help="Tokenizer directory (default: the bundled one).")
+        Path | None,
+        typer.Option(
+            help="Tokenizer directory for --data (the lengths depend on it); `demo`: the bundled one."
+        ),
     ] = None,
     max_seq_len: Annotated[int, typer.Option(min=8, help="Length limit for --data.")] = 2048,
     tokens_per_micro_batch: Annotated[
@@ -44,7 +47,9 @@ def inspect(
 
     if config is not None:
         run_config, tok = _from_config(config, overrides or [])
-        report = inspect_data(run_config.data, tok, run_config.train.tokens_per_micro_batch)
+        report = inspect_data(
+            run_config.data, tok, run_config.train.tokens_per_micro_batch, run_config.train.seed
+        )
     elif data is not None:
         section = _data_section(data, format, max_seq_len)
         report = inspect_data(section, _tokenizer(tokenizer), tokens_per_micro_batch)
@@ -96,20 +101,28 @@ def _data_section(data: Path, format_name: str, max_seq_len: int):
 
 
 def _tokenizer(directory: Path | None):
+    """The tokenizer `inspect --data` measures with: named, never assumed."""
     from transformers import AutoTokenizer
 
     from tuneforge.assets import DEMO_TOKENIZER_DIR
 
-    return AutoTokenizer.from_pretrained(
-        str(directory or DEMO_TOKENIZER_DIR), local_files_only=True
-    )
+    if directory is None:
+        raise TuneforgeError(
+            "--data needs --tokenizer DIR (the model's tokenizer directory: lengths and "
+            "packing depend on it; `--tokenizer demo` for the bundled demo tokenizer)"
+        )
+    if str(directory) == "demo" and not directory.exists():
+        directory = DEMO_TOKENIZER_DIR
+    if not (directory / "tokenizer.json").is_file():
+        raise TuneforgeError(f"--tokenizer {directory}: no tokenizer.json there")
+    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
 
 
 @data_app.command("preview")
 def preview(
     config: Annotated[Path, typer.Argument(help="Run configuration (YAML).")],
     overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides.")] = None,
-    num: Annotated[int, typer.Option("-n", min=1, help="How many records.")] = 3,
+    num: Annotated[int, typer.Option("-n", min=1, help="How many records of each source.")] = 3,
 ) -> None:
     """Rendered records with the tokens that carry loss highlighted (green, between ⟦ ⟧). A
     record the chat template cannot render is named with the reason (exit code 2)."""
@@ -120,9 +133,12 @@ def preview(
 
     run_config, tok = _from_config(config, overrides or [])
     rendering = Rendering.of(run_config.data)
-    conversations, _ = read_source(run_config.data.train[0], run_config.data.on_bad_record)
+    conversations = []
+    for source in run_config.data.train:  # the first records of every source
+        found, _ = read_source(source, run_config.data.on_bad_record)
+        conversations += found[:num]
     failed = 0
-    for conversation in conversations[:num]:
+    for conversation in conversations:
         console.rule(conversation.origin)
         try:
             segments = preview_segments(tok, conversation, rendering)

@@ -109,16 +109,21 @@ def build_report(
     )
 
 
-def inspect_data(data: DataSection, tokenizer, tokens_per_micro_batch: int) -> DataReport:
-    """Read, validate and tokenise the training sources of `data` and report on them."""
+def inspect_data(
+    data: DataSection, tokenizer, tokens_per_micro_batch: int, seed: int = 0
+) -> DataReport:
+    """Read, validate and tokenise the training records of `data` as the run will see them (the
+    sources' weights applied, an `eval_fraction` held out) and report on them."""
     from tuneforge.data.dataset import examples_for
     from tuneforge.data.reading import read_source
+    from tuneforge.data.training_data import mix_of
 
-    conversations, bad = [], 0
+    per_source, bad = [], 0
     for source in data.train:
         found, skipped = read_source(source, data.on_bad_record)
-        conversations += found
+        per_source.append(found)
         bad += skipped.count
+    conversations, _ = mix_of(data, per_source, seed)
     examples, stats = examples_for(conversations, tokenizer, data, Rendering.of(data))
     bad += stats.num_unrenderable  # left out by data.on_bad_record: skip, like malformed ones
     return build_report(examples, stats, data.max_seq_len, tokens_per_micro_batch, bad)

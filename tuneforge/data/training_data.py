@@ -43,7 +43,13 @@ def training_conversations(
 ) -> tuple[list[Conversation], list[Conversation]]:
     """(training mix, held-out): the held-out fraction is taken before weighting, so a repeated
     record can never be on both sides."""
-    per_source = read_sources(data.train, data.on_bad_record)
+    return mix_of(data, read_sources(data.train, data.on_bad_record), seed)
+
+
+def mix_of(
+    data: DataSection, per_source: list[list[Conversation]], seed: int
+) -> tuple[list[Conversation], list[Conversation]]:
+    """`training_conversations` of records already read, one list per source."""
     held_out: list[Conversation] = []
     if data.eval_fraction is not None:
         tagged = [(index, c) for index, found in enumerate(per_source) for c in found]
