@@ -68,3 +68,17 @@ def test_status_reads_jobs_and_metrics(tmp_path):
     status = chain_status(run)
     assert status.steps_done == 60 and status.finished and len(status.jobs) == 2
     assert status.tokens_per_s == pytest.approx(150.5)
+
+
+def test_a_relative_run_directory_is_pinned_absolute_in_the_jobs_command(tmp_path, monkeypatch):
+    """A chain submitted from another directory still trains into the run directory it was
+    written for (run.output_dir relative, or unset: runs/<name>)."""
+    monkeypatch.chdir(tmp_path)
+    demo = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
+    config = load_config(demo, [])
+    spec = ChainSpec(demo, [], 2, "01:00:00", 1, 0, None, None, {})
+    script, _ = write_chain(spec, config, tmp_path / "chain")
+    pinned = tmp_path / "runs" / "demo"
+    assert f"run.output_dir={pinned}" in script.read_text()
+    train_line = next(line for line in script.read_text().splitlines() if "tuneforge train" in line)
+    assert train_line.index("run.output_dir=") < train_line.index("--resume auto")

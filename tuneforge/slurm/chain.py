@@ -57,13 +57,16 @@ def _slurm_time(seconds: int) -> str:
     return f"{days}-{text}" if days else text
 
 
-def train_command(spec: ChainSpec) -> str:
+def train_command(spec: ChainSpec, run_dir: Path) -> str:
+    """The trainer's command line; the run directory is pinned as an absolute path, so a job
+    trains into it wherever `sbatch` was called from."""
     args = [
         "-m",
         "tuneforge",
         "train",
         str(spec.config.resolve()),
         *spec.overrides,
+        f"run.output_dir={run_dir}",
         "--resume",
         "auto",
     ]
@@ -115,7 +118,7 @@ def sbatch_script(spec: ChainSpec, config: RunConfig) -> str:
         "fi",
         f"PYTHON={shlex.quote(spec.python)}",
         f"first_step=$({LATEST_STEP})",
-        f"{train_command(spec)} &",
+        f"{train_command(spec, run_dir)} &",
         "trainer=$!",
         "# SLURM signals this shell (B:USR1): pass it on, then wait again for the real exit code",
         "trap 'interrupted=1; kill -USR1 $trainer 2>/dev/null' USR1",
