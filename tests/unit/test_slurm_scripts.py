@@ -67,7 +67,17 @@ def test_status_reads_jobs_and_metrics(tmp_path):
     (run / "finished").write_text("60\n")
     status = chain_status(run)
     assert status.steps_done == 60 and status.finished and len(status.jobs) == 2
-    assert status.tokens_per_s == pytest.approx(150.5)
+    assert status.tokens_per_s == pytest.approx(150.5) and status.state == "finished"
+
+
+def test_status_before_the_first_logged_step_says_so(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    assert chain_status(run).state == "not started"
+    from tuneforge.config import dump_config
+
+    (run / "config.yaml").write_text(dump_config(load_config(DEMO, [])))
+    assert chain_status(run).state == "no step logged yet"
 
 
 def test_a_relative_run_directory_is_pinned_absolute_in_the_jobs_command(tmp_path, monkeypatch):

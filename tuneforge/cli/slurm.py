@@ -106,10 +106,11 @@ def _status(run_dir: Path) -> None:
 
     status = chain_status(run_dir)
     total = f"/{status.total_steps}" if status.total_steps else ""
-    state = "finished" if status.finished else "in progress"
+    progress = f"step {status.steps_done}{total}, " if status.state != "not started" else ""
+    if status.state == "no step logged yet":
+        progress = ""
     console.print(
-        f"{run_dir}: step {status.steps_done}{total}, {state}, {len(status.jobs)} job(s) used",
-        markup=False,
+        f"{run_dir}: {progress}{status.state}, {len(status.jobs)} job(s) used", markup=False
     )
     for job in status.jobs:
         console.print(

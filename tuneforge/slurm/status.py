@@ -10,6 +10,8 @@ from tuneforge.runs.files import JOBS_FILE, read_metrics
 
 @dataclass
 class ChainStatus:
+    state: str
+    """`not started` (no job has set the run up), `no step logged yet`, `in progress`, `finished`."""
     steps_done: int
     total_steps: int | None
     finished: bool
@@ -31,10 +33,20 @@ def chain_status(run_dir: Path) -> ChainStatus:
 
         total = load_config(run_dir / "config.yaml").train.max_steps
     recent = records[-20:]
+    finished = (run_dir / "finished").is_file()
+    if finished:
+        state = "finished"
+    elif records:
+        state = "in progress"
+    elif (run_dir / "config.yaml").is_file():
+        state = "no step logged yet"
+    else:
+        state = "not started"
     return ChainStatus(
+        state=state,
         steps_done=records[-1]["step"] if records else 0,
         total_steps=total,
-        finished=(run_dir / "finished").is_file(),
+        finished=finished,
         jobs=jobs,
         tokens_per_s=statistics.median(r["tokens_per_s"] for r in recent) if recent else None,
         eta_s=records[-1].get("eta_s") if records else None,
