@@ -10,7 +10,12 @@ from tuneforge.config import ConfigError, load_config
 from tuneforge.config.durations import parse_duration
 from tuneforge.runs.pace import Pace
 from tuneforge.runs.projection import project
-from tuneforge.runs.time_budget import Deadline, find_deadline, time_needed_to_stop
+from tuneforge.runs.time_budget import (
+    Deadline,
+    find_deadline,
+    time_needed_to_stop,
+    training_share,
+)
 
 DEMO = "examples/demo.yaml"
 
@@ -41,9 +46,9 @@ def test_a_bad_time_limit_is_a_config_error():
 def test_the_sooner_of_time_limit_and_slurm_end_wins(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_END_TIME", raising=False)
     assert find_deadline(None, 1000.0).at is None
-    assert find_deadline("10m", 1000.0) == Deadline(1600.0, "train.time_limit")
+    assert find_deadline("10m", 1000.0) == Deadline(1600.0, "train.time_limit", 1000.0)
     monkeypatch.setenv("SLURM_JOB_END_TIME", "1300")
-    assert find_deadline("10m", 1000.0) == Deadline(1300.0, "the SLURM job's end time")
+    assert find_deadline("10m", 1000.0) == Deadline(1300.0, "the SLURM job's end time", 1000.0)
     assert find_deadline("1m", 1000.0).source == "train.time_limit"
 
 
@@ -78,10 +83,30 @@ def test_projection_counts_jobs_and_flags_unreachable_checkpoints():
     lines = project(25, 10000, 50.0, pace(2.0), deadline, started, config, now=50.0)
     text = " ".join(message for _, message in lines)
     assert "the run needs 6 jobs" in text
-    assert "save_steps=2000" in text and "no periodic checkpoint" in text
+    assert "save_steps=2000" in text and "no periodic checkpoint" in text  # step 2000: 66 min away
     assert any(level == logging.WARNING for level, _ in lines)
     finishing = project(25, 100, 50.0, pace(2.0), deadline, started, config, now=50.0)
     assert "finishes within this job" in " ".join(m for _, m in finishing)
+
+
+def test_the_next_periodic_checkpoint_is_counted_from_this_step():
+    """At step 25 with save_steps=30 the next checkpoint is 5 steps away, not 30."""
+    config = load_config(DEMO, ["train.max_steps=100", "checkpoint.save_steps=30"])
+    deadline = Deadline(100.0, "the SLURM job's end time", 0.0)
+    lines = project(25, 100, 50.0, pace(1.0), deadline, 0.0, config, now=50.0)
+    assert not any("periodic checkpoint" in message for _, message in lines)
+    far = project(25, 100, 50.0, pace(1.0), deadline, 0.0, config, now=92.0)
+    assert any("next periodic checkpoint (step 30" in message for _, message in far)
+
+
+def test_a_short_job_keeps_a_margin_in_proportion():
+    configured = 60.0
+    assert Deadline(120.0, "x", 0.0).margin(configured) == 6.0  # a 2-minute job: 5%
+    assert Deadline(20.0, "x", 0.0).margin(configured) == 5.0  # never below 5 s
+    assert Deadline(38 * 3600.0, "x", 0.0).margin(configured) == 60.0
+    assert Deadline(None).margin(configured) == 60.0
+    share = training_share(Deadline(120.0, "x", 0.0), now=108.0)
+    assert share.startswith("training ran 00:01:48 of the 00:02:00 this job had") and "90%" in share
 
 
 def test_plot_draws_several_runs(tmp_path):

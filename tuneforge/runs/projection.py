@@ -34,7 +34,7 @@ def project(
             f"({step_s:.2f} s/step), {format_duration(remaining_steps * step_s)} to go",
         )
     ]
-    margin = config.checkpoint.exit_margin_s
+    margin = deadline.margin(config.checkpoint.exit_margin_s)
     left = deadline.remaining(now)
     save_steps = config.checkpoint.save_steps
     if left is not None and deadline.at is not None:
@@ -59,13 +59,19 @@ def project(
                     "(fewer steps, a larger micro-batch, less checkpointing, more GPUs)"
                 )
             lines.append((logging.WARNING, message))
-        if save_steps is not None and save_steps * step_s > left - margin:
+        to_next_save = save_steps - step % save_steps if save_steps is not None else 0
+        if (
+            save_steps is not None
+            and step + to_next_save < total_steps
+            and to_next_save * step_s > left - margin
+        ):
             lines.append(
                 (
                     logging.WARNING,
-                    f"checkpoint.save_steps={save_steps} is {format_duration(save_steps * step_s)} of "
-                    f"training but this job has {format_duration(left)} left: no periodic checkpoint will "
-                    "be written in it (the save before the time limit still will)",
+                    f"the next periodic checkpoint (step {step + to_next_save}, "
+                    f"checkpoint.save_steps={save_steps}) is {format_duration(to_next_save * step_s)} "
+                    f"of training away but this job has {format_duration(left)} left: no periodic "
+                    "checkpoint will be written in it (the save before the time limit still will)",
                 )
             )
     elif save_steps is not None:

@@ -7,7 +7,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tuneforge.config.durations import parse_duration
+from tuneforge.config.durations import format_duration, parse_duration
+
+MARGIN_SHARE = 0.05
+"""At most this share of a job is kept as its exit margin: a short job would otherwise spend
+most of itself on the margin (a 2-minute job, a 60 s margin)."""
+MIN_MARGIN_S = 5.0
 
 EXIT_FINISHED = 0
 EXIT_RESUME = 75
@@ -19,19 +24,41 @@ class Deadline:
     at: float | None
     """Epoch seconds, or None without a limit."""
     source: str = ""
+    started: float | None = None
+    """When the time this deadline counts began (the loop's start)."""
 
     def remaining(self, now: float | None = None) -> float | None:
         return None if self.at is None else self.at - (now if now is not None else time.time())
+
+    def margin(self, configured_s: float) -> float:
+        """`checkpoint.exit_margin_s`, but at most `MARGIN_SHARE` of the time there was."""
+        if self.at is None or self.started is None:
+            return configured_s
+        return min(configured_s, max(MIN_MARGIN_S, MARGIN_SHARE * (self.at - self.started)))
+
+
+def training_share(deadline: Deadline, now: float | None = None) -> str:
+    """How much of the time the job had when training began went to training, for the log."""
+    if deadline.at is None or deadline.started is None:
+        return ""
+    now = now if now is not None else time.time()
+    had, used = deadline.at - deadline.started, now - deadline.started
+    return (
+        f"training ran {format_duration(used)} of the {format_duration(had)} this job had when "
+        f"it began ({used / had:.0%}; the rest is kept to save and exit)"
+    )
 
 
 def find_deadline(time_limit: str | None, started: float) -> Deadline:
     """The sooner of `started + time_limit` and the SLURM job's end (`SLURM_JOB_END_TIME`)."""
     candidates = []
     if time_limit is not None:
-        candidates.append(Deadline(started + parse_duration(time_limit), "train.time_limit"))
+        candidates.append(
+            Deadline(started + parse_duration(time_limit), "train.time_limit", started)
+        )
     end = os.environ.get("SLURM_JOB_END_TIME", "")
     if end.isdigit():
-        candidates.append(Deadline(float(end), "the SLURM job's end time"))
+        candidates.append(Deadline(float(end), "the SLURM job's end time", started))
     return min(candidates, key=lambda d: d.at or 0.0) if candidates else Deadline(None)
 
 

@@ -45,7 +45,7 @@ from tuneforge.runs.run_dir import (
     replacing,
     run_settings,
 )
-from tuneforge.runs.time_budget import Deadline, StopSignals, find_deadline
+from tuneforge.runs.time_budget import Deadline, StopSignals, find_deadline, training_share
 from tuneforge.train.build import build_model, load_data, load_tokenizer
 from tuneforge.train.checkpoint import (
     LoopState,
@@ -320,6 +320,8 @@ class Trainer:
                 if stop is not None and not plan.last:
                     summary.stopped = stop
                     log.warning("stopping at step %d (%s)", progress.step, stop)
+                    if stop == "time limit":
+                        log.info(training_share(deadline))
                     return summary
         if self.eval_batches:
             self._evaluate(self.total_steps, summary, on_eval)

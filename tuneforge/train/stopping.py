@@ -74,7 +74,7 @@ def local_stop_code(
         return 2
     if deadline.at is not None:
         step_s = pace.steady_step_s or 0.0
-        margin = config.checkpoint.exit_margin_s
+        margin = deadline.margin(config.checkpoint.exit_margin_s)
         needed = step_s + time_needed_to_stop(step_s, checkpoint_s, margin)
         remaining = deadline.remaining()
         if remaining is not None and remaining < needed:
