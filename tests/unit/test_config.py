@@ -268,3 +268,31 @@ def test_a_captured_step_refuses_what_it_cannot_replay(data_dir):
     assert any("attention sdpa" in m for m in messages)
     ok = MINIMAL.replace("max_steps: 10", "max_steps: 10\n  cuda_graph: true")
     assert load_config(write(data_dir / "ok.yaml", ok)).train.cuda_graph
+
+
+def test_checkpoints_that_would_never_be_written_are_said_by_validate():
+    from typer.testing import CliRunner
+
+    from tuneforge.cli.main import app
+    from tuneforge.config import advisories
+
+    never = load_config(
+        REPO / "examples" / "demo.yaml", ["train.max_steps=10", "checkpoint.save_steps=10"]
+    )
+    assert "no periodic checkpoint will be written" in advisories(never)[0]
+    fine = load_config(
+        REPO / "examples" / "demo.yaml", ["train.max_steps=10", "checkpoint.save_steps=5"]
+    )
+    assert advisories(fine) == []
+    result = CliRunner().invoke(
+        app,
+        [
+            "config",
+            "validate",
+            str(REPO / "examples" / "demo.yaml"),
+            "train.max_steps=10",
+            "checkpoint.save_steps=30",
+        ],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0 and "checkpoint.save_steps=30 is not below" in result.output

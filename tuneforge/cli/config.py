@@ -7,7 +7,7 @@ from rich import box
 from rich.table import Table
 
 from tuneforge.cli.common import ConfigArg, OverridesArg, console
-from tuneforge.config import dump_config, load_config
+from tuneforge.config import advisories, dump_config, load_config
 
 config_app = typer.Typer(help="Inspect and check configurations.", no_args_is_help=True)
 
@@ -23,8 +23,10 @@ def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
 @config_app.command("validate")
 def config_validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Check a configuration; every problem is listed at once (exit code 2 if any)."""
-    load_config(config, overrides or [])
+    loaded = load_config(config, overrides or [])
     console.print(f"[green]ok[/green]: {config} is valid")
+    for advisory in advisories(loaded):
+        console.print(f"[yellow]note[/yellow]: {advisory}", highlight=False)
 
 
 @config_app.command("fields")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tuneforge.config import RunConfig, dump_config
+from tuneforge.config import RunConfig, advisories, dump_config
 from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.records import DataError
 from tuneforge.errors import TuneforgeError
@@ -109,6 +109,8 @@ class Trainer:
         """The process group, the run directory, and everything the steps need."""
         config = self.config
         self._refuse_unsupported()
+        for advisory in advisories(config):
+            log.warning(advisory)
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
         if self.device.type == "cpu":
