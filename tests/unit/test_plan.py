@@ -505,3 +505,19 @@ def test_no_micro_batch_that_fits_is_said_as_such():
     assert not plan.fits and plan.largest_micro_batch_tokens == 0
     assert not any("about 0 tokens" in line for line in plan.advice)
     assert any(line.startswith("no micro-batch fits") for line in plan.advice)
+
+
+def test_the_plan_states_moe_against_dense_per_token_and_per_model():
+    """The report's second finding: a MoE with a narrower model can cost less per token than a
+    dense model with fewer parameters; compare active dimensions, not totals."""
+    hardware = Hardware(gpus=8, gpu="MI250X")
+    moe = plan_run(
+        load_config(DEMO, ["model.name=qwen3-30b-a3b", "model.dtype=bfloat16"]), hardware
+    )
+    dense = plan_run(load_config(DEMO, ["model.name=qwen3-8b", "model.dtype=bfloat16"]), hardware)
+    assert moe.model["params_b"] > 3 * dense.model["params_b"]
+    assert moe.model["active_params_b"] < dense.model["active_params_b"]
+    assert moe.per_token["training_gflop"] < dense.per_token["training_gflop"]
+    assert moe.per_token["attention_kib_per_layer"] < dense.per_token["attention_kib_per_layer"]
+    assert moe.model["dim"] < dense.model["dim"]
+    assert {"per_token", "model"} <= set(moe.as_dict())

@@ -70,6 +70,12 @@ class Plan:
     suggested_max_seq_len: int | None = None
     tokens_per_step: float = 0.0
     """Real tokens one GPU trains per step (from the packed epoch, else full micro-batches)."""
+    per_token: dict[str, float] = field(default_factory=dict)
+    """What one token costs: training GFLOP, activations kept without checkpointing (MiB, every
+    layer), attention's share of one layer's (KiB) — the figures that compare a MoE with a dense
+    model (active dimensions, not total parameters)."""
+    model: dict[str, float] = field(default_factory=dict)
+    """The model: parameters and active parameters (billions), width and depth."""
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)
@@ -97,4 +103,7 @@ class Plan:
             "problems": self.problems,
             "advice": self.advice,
             "what_if": self.what_if,
+            "per_token": self.per_token,
+            "model": self.model,
+            "tokens_per_step": self.tokens_per_step,
         }

@@ -17,7 +17,11 @@ from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB
 from tuneforge.models.api import model_args
 from tuneforge.models.args import ModelArgs
-from tuneforge.models.cost import training_flops_per_token
+from tuneforge.models.cost import (
+    activation_bytes_per_token,
+    attention_activation_bytes_per_token,
+    training_flops_per_token,
+)
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.advice import advise
 from tuneforge.plan.memory import Setup, predict_memory
@@ -233,6 +237,7 @@ def plan_run(
         plan.suggested_max_seq_len = max(
             LENGTH_ROUNDING, math.ceil(p99 / LENGTH_ROUNDING) * LENGTH_ROUNDING
         )
+    plan.per_token, plan.model = _per_token_and_model(args, setup)
     margin = config.checkpoint.exit_margin_s
     limit = hardware.time_limit_s or (
         parse_duration(train.time_limit) if train.time_limit else None
@@ -248,6 +253,28 @@ def plan_run(
             )
     advise(plan, config, hardware, stage, options)
     return plan
+
+
+def _per_token_and_model(args: ModelArgs, setup: Setup) -> tuple[dict, dict]:
+    """Per-token costs from the model's formulas, and the model's size."""
+    kept = sum(
+        activation_bytes_per_token(args, layer, "none", setup.param_bytes, setup.lora)
+        for layer in range(args.num_layers)
+    )
+    per_token = {
+        "training_gflop": training_flops_per_token(args, round(setup.mean_doc_len), setup.lora)
+        / 1e9,
+        "activation_mib": kept / 2**20,
+        "attention_kib_per_layer": attention_activation_bytes_per_token(args, setup.param_bytes)
+        / 2**10,
+    }
+    model = {
+        "params_b": args.num_params() / 1e9,
+        "active_params_b": args.num_params(active=True) / 1e9,
+        "dim": args.dim,
+        "layers": args.num_layers,
+    }
+    return per_token, model
 
 
 def _seconds_per_token(plan: Plan) -> float:
