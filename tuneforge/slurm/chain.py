@@ -85,7 +85,7 @@ def train_command(spec: ChainSpec, run_dir: Path) -> str:
 def sbatch_script(spec: ChainSpec, config: RunConfig) -> str:
     seconds = _sbatch_seconds(spec.time)
     run_dir = Path(config.run.directory).resolve()
-    margin = min(spec.signal_margin_s, max(10, seconds // 4))
+    margin = min(spec.signal_margin_s, max(10, seconds // 20))  # a short job trains, too
     lines = [
         "#!/usr/bin/env bash",
         f"#SBATCH --job-name={job_name(config)}",
