@@ -50,28 +50,30 @@ class TokenizedConversation:
     """Why the record could not be rendered (then nothing else is set)."""
 
 
-def _render(tokenizer, messages: list[dict], rendering: Rendering, prompt: bool = False) -> str:
+def _render(
+    tokenizer, messages: list[dict], rendering: Rendering, origin: str, prompt: bool = False
+) -> str:
     extra = {"date_string": rendering.date_string} if rendering.date_string else {}
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=prompt, **extra
-    )
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=prompt, **extra
+        )
+    except Exception as error:  # the template's own refusal (raise_exception) or a Jinja error
+        raise DataError(
+            f"{origin}: the chat template cannot render this conversation ({error})"
+        ) from None
 
 
 def render_spans(
     tokenizer, messages: list[dict], origin: str, rendering: Rendering = Rendering()
 ) -> tuple[str, list[tuple[int, int]]]:
     """The full rendered text and the character span of every assistant reply."""
-    try:
-        full = _render(tokenizer, messages, rendering)
-    except Exception as error:  # the template's own refusal (raise_exception) or a Jinja error
-        raise DataError(
-            f"{origin}: the chat template cannot render this conversation ({error})"
-        ) from None
+    full = _render(tokenizer, messages, rendering, origin)
     spans = []
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:index], rendering, prompt=True)
+        before = _render(tokenizer, messages[:index], rendering, origin, prompt=True)
         if not full.startswith(before):
             raise DataError(
                 f"{origin}: the chat template renders the turns before reply {index} differently "
@@ -94,12 +96,14 @@ def _reply_end(
     """Where reply `index` (with its end-of-turn text) ends in `full`."""
     if index == len(messages) - 1:
         return len(full)
-    through = _render(tokenizer, messages[: index + 1], rendering)
+    through = _render(tokenizer, messages[: index + 1], rendering, origin)
     if full.startswith(through):
         return len(through)
     marked = dict(messages[index], content=str(messages[index]["content"]) + MARKER)
-    in_full = _render(tokenizer, [*messages[:index], marked, *messages[index + 1 :]], rendering)
-    last = _render(tokenizer, [*messages[:index], marked], rendering)
+    in_full = _render(
+        tokenizer, [*messages[:index], marked, *messages[index + 1 :]], rendering, origin
+    )
+    last = _render(tokenizer, [*messages[:index], marked], rendering, origin)
     at = in_full.find(MARKER)
     if at < 0 or in_full != full[:at] + MARKER + full[at:]:
         raise DataError(
