@@ -19,15 +19,18 @@ ALLOWED = {
     "data": {"config"} | LEAVES,
     "assets": LEAVES,
     "peft": {"models", "config"} | LEAVES,
+    "precision": {"models", "config"} | LEAVES,
     "runs": {"models", "peft", "config"} | LEAVES,
-    "plan": {"models", "data", "peft", "runs", "config"} | LEAVES,
-    "parallel": {"plan", "models", "data", "peft", "config"} | LEAVES,
+    "plan": {"models", "data", "peft", "runs", "config", "precision"} | LEAVES,
+    "parallel": {"plan", "models", "data", "peft", "config", "precision"} | LEAVES,
     "doctor": {"plan", "models", "data", "peft", "runs", "config"} | LEAVES,
     "slurm": {"runs", "config"} | LEAVES,
     "export": {"models", "peft", "runs", "config"} | LEAVES,
     "inference": {"models", "peft", "runs", "data", "config"} | LEAVES,
-    "train": {"parallel", "plan", "runs", "peft", "models", "data", "config", "doctor"} | LEAVES,
-    "bench": {"train", "parallel", "plan", "runs", "peft", "models", "data", "config"} | LEAVES,
+    "train": {"parallel", "plan", "runs", "peft", "models", "data", "config", "doctor", "precision"}
+    | LEAVES,
+    "bench": {"train", "parallel", "plan", "runs", "peft", "models", "data", "config", "precision"}
+    | LEAVES,
     "cli": None,  # the command line may call anything
     "__main__": {"cli"},
     "__init__": set(),

@@ -1,0 +1,139 @@
+"""The FP4 formats, exactly as they are defined: E2M1 elements (a sign, two exponent bits, one
+mantissa bit: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}) in blocks along the last dimension that share one
+scale. Blocks never straddle rows.
+
+- MXFP4 (OCP Microscaling Formats v1.0): 32 elements, an E8M0 scale (a power of two, stored as
+  its biased exponent; 0xFF is NaN) of 2^(floor(log2(amax)) - 2), 2 being the largest exponent of
+  E2M1; elements beyond ±6 after scaling saturate.
+- NVFP4: 16 elements, an E4M3 scale of amax / 6, relative to an fp32 tensor scale of
+  amax / (6 * 448) (448: E4M3's largest value), so that the block scales use E4M3's whole range.
+
+Elements round to nearest, ties to even, and saturate at ±6. Two codes share a byte, the first in
+the low nibble (the layout of torch's `float4_e2m1fn_x2`). A block holding NaN or ±Inf gets a NaN
+scale: it dequantises to NaN, the other blocks are untouched.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+E2M1_MAX = 6.0
+E2M1_MAX_EXPONENT = 2
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+"""The magnitudes of codes 0-7; codes 8-15 are the same, negative."""
+_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+E4M3_MAX = 448.0
+E4M3_TINY = 2.0**-6
+"""E4M3's smallest normal value: the least block scale NVFP4 stores."""
+E8M0_BIAS = 127
+E8M0_NAN = 255
+BLOCK_SIZE = {"mxfp4": 32, "nvfp4": 16}
+
+
+def e2m1_codes(values: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (uint8, one per element) of `values`, rounded to nearest, ties to even."""
+    magnitude = values.abs().float().clamp(max=E2M1_MAX)
+    index = torch.zeros(values.shape, dtype=torch.uint8, device=values.device)
+    for k, midpoint in enumerate(_MIDPOINTS):
+        index += (magnitude > midpoint).to(torch.uint8)
+        if k % 2 == 1:  # the code above this midpoint has an even mantissa: a tie goes up
+            index += (magnitude == midpoint).to(torch.uint8)
+    return index | (torch.signbit(values).to(torch.uint8) << 3)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """The values (float32) of 4-bit codes."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    magnitude = table[(codes & 7).long()]
+    return torch.where((codes & 8).bool(), -magnitude, magnitude)
+
+
+def pack_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """Two codes per byte along the last dimension, the first in the low nibble."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_pairs(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+
+
+@dataclass
+class Fp4Tensor:
+    """A tensor in an FP4 format: packed codes, one scale per block, and (NVFP4) a tensor scale."""
+
+    codes: torch.Tensor
+    """uint8 [..., K / 2]: two E2M1 codes per byte."""
+    scales: torch.Tensor
+    """[..., K / block]: E8M0 biased exponents (uint8) for MXFP4, float8_e4m3fn for NVFP4."""
+    recipe: str
+    tensor_scale: torch.Tensor | None = None
+    """NVFP4's fp32 tensor scale (None: the block scales alone)."""
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([*self.codes.shape[:-1], 2 * self.codes.shape[-1]])
+
+    def block_scales(self) -> torch.Tensor:
+        """Each block's scale as float32 (the tensor scale folded in)."""
+        if self.recipe == "mxfp4":
+            exponent = self.scales.float() - E8M0_BIAS
+            scale = torch.exp2(exponent)
+            return torch.where(self.scales == E8M0_NAN, torch.nan, scale)
+        scale = self.scales.float()
+        return scale * self.tensor_scale if self.tensor_scale is not None else scale
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        values = e2m1_values(unpack_pairs(self.codes))
+        block = BLOCK_SIZE[self.recipe]
+        blocks = values.unflatten(-1, (-1, block))
+        return (blocks * self.block_scales().unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+def _blocks(values: torch.Tensor, block: int) -> torch.Tensor:
+    if values.shape[-1] % block:
+        raise ValueError(
+            f"the last dimension ({values.shape[-1]}) is not a multiple of the {block}-element "
+            "blocks: FP4 formats scale whole blocks of a row"
+        )
+    return values.float().unflatten(-1, (-1, block))
+
+
+def quantize_mxfp4(values: torch.Tensor) -> Fp4Tensor:
+    blocks = _blocks(values, BLOCK_SIZE["mxfp4"])
+    amax = blocks.abs().amax(dim=-1)
+    finite = torch.isfinite(amax)
+    # floor(log2(amax)) from the float's exponent field, exactly; 0 and subnormals clamp low
+    exponent_field = (amax.where(finite, 1.0).view(torch.int32) >> 23) & 0xFF
+    exponent = (exponent_field - 127 - E2M1_MAX_EXPONENT).clamp(-E8M0_BIAS, E8M0_BIAS)
+    biased = torch.where(finite, exponent + E8M0_BIAS, E8M0_NAN).to(torch.uint8)
+    scaled = blocks * torch.exp2(-exponent.float()).unsqueeze(-1)
+    codes = e2m1_codes(scaled.clamp(-E2M1_MAX, E2M1_MAX)).flatten(-2)
+    return Fp4Tensor(pack_pairs(codes), biased, "mxfp4")
+
+
+def quantize_nvfp4(values: torch.Tensor, tensor_scale: bool = True) -> Fp4Tensor:
+    blocks = _blocks(values, BLOCK_SIZE["nvfp4"])
+    amax = blocks.abs().amax(dim=-1)
+    finite = torch.isfinite(amax)
+    global_scale = None
+    relative = amax / E2M1_MAX
+    if tensor_scale:
+        largest = amax.where(finite, 0.0).amax()
+        global_scale = (largest / (E2M1_MAX * E4M3_MAX)).clamp(min=torch.finfo(torch.float32).tiny)
+        relative = relative / global_scale
+    # clamped before the cast: torch before 2.13 does not saturate float8 casts
+    stored = relative.clamp(E4M3_TINY, E4M3_MAX).where(finite, torch.nan)
+    scales = stored.to(torch.float8_e4m3fn)
+    block_scale = scales.float() * (global_scale if global_scale is not None else 1.0)
+    scaled = blocks / block_scale.unsqueeze(-1)
+    codes = e2m1_codes(scaled.clamp(-E2M1_MAX, E2M1_MAX)).flatten(-2)
+    return Fp4Tensor(pack_pairs(codes), scales, "nvfp4", global_scale)
+
+
+def quantize_fp4(values: torch.Tensor, recipe: str) -> Fp4Tensor:
+    """`values` in `recipe` (`nvfp4` or `mxfp4`, as `precision.fp4_recipe` names them)."""
+    if recipe == "mxfp4":
+        return quantize_mxfp4(values)
+    if recipe == "nvfp4":
+        return quantize_nvfp4(values)
+    raise ValueError(f"unknown FP4 recipe {recipe!r}: nvfp4 or mxfp4")
