@@ -122,3 +122,34 @@ def test_a_row_that_is_not_whole_blocks_is_refused():
         quantize_mxfp4(torch.ones(2, 48))
     with pytest.raises(ValueError, match="unknown FP4 recipe"):
         quantize_fp4(torch.ones(32), "fp4")
+
+
+def _torchao_formats():
+    try:  # torchao's prototype formats: the reference implementation, where it imports
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+        from torchao.prototype.mx_formats.nvfp4_tensor import (
+            nvfp4_quantize,
+            per_tensor_amax_to_scale,
+        )
+    except Exception as error:  # absent, or built for another torch
+        pytest.skip(f"torchao's mx_formats do not import here ({error})")
+    return to_mx, nvfp4_quantize, per_tensor_amax_to_scale
+
+
+def test_the_codes_and_scales_are_torchaos_bit_for_bit():
+    to_mx, nvfp4_quantize, per_tensor_amax_to_scale = _torchao_formats()
+    generator = torch.Generator().manual_seed(0)
+    magnitudes = torch.logspace(-3, 3, 16).unsqueeze(1)  # six decades, one per pair of rows
+    values = (torch.randn(16, 256, generator=generator) * magnitudes).contiguous()
+    scales, codes = to_mx(values, torch.float4_e2m1fn_x2, 32)
+    mx = quantize_mxfp4(values)
+    assert torch.equal(scales.view(torch.uint8).reshape(mx.scales.shape), mx.scales)
+    assert torch.equal(codes.view(torch.uint8).reshape(mx.codes.shape), mx.codes)
+    tensor_scale = per_tensor_amax_to_scale(values.abs().amax())
+    scales, codes = nvfp4_quantize(values, 16, tensor_scale)
+    nv = quantize_nvfp4(values)
+    assert nv.tensor_scale is not None and nv.tensor_scale.item() == tensor_scale.item()
+    assert torch.equal(
+        scales.view(torch.uint8).reshape(nv.scales.shape), nv.scales.view(torch.uint8)
+    )
+    assert torch.equal(codes.view(torch.uint8).reshape(nv.codes.shape), nv.codes)
