@@ -74,3 +74,15 @@ def test_a_gpu_that_hangs_is_named_and_does_not_hang_doctor(monkeypatch):
     found = unresponsive_gpus(2, timeout_s=3)
     assert len(found) == 1 and found[0].startswith("GPU 1 did not finish a tiny operation")
     assert unresponsive_gpus(0) == []
+
+
+def test_which_gpus_have_fp8_and_fp4_tensor_cores():
+    from tuneforge.hardware.gpus import low_precision_cores
+
+    assert low_precision_cores((8, 0)) == {"fp8": False, "fp4": False}  # A100
+    assert low_precision_cores((8, 9)) == {"fp8": True, "fp4": False}  # L40S
+    assert low_precision_cores((9, 0)) == {"fp8": True, "fp4": False}  # H100, H200
+    assert low_precision_cores((10, 0)) == {"fp8": True, "fp4": True}  # B200
+    assert low_precision_cores((9, 0), "gfx90a:sramecc+:xnack-") == {"fp8": False, "fp4": False}
+    assert low_precision_cores((9, 4), "gfx942:sramecc+:xnack-") == {"fp8": True, "fp4": False}
+    assert low_precision_cores((9, 5), "gfx950") == {"fp8": True, "fp4": True}

@@ -144,8 +144,11 @@ def env(as_json: JsonOption = False) -> None:
             if "power_limit_w" in gpu
             else ""
         )
+        cores = ", ".join(kind.upper() for kind in ("fp8", "fp4") if gpu.get(kind)) or "none"
         console.print(
-            f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_gib']:.0f} GiB{power}", markup=False
+            f"GPU {gpu['index']}: {gpu['name']}, {gpu['memory_gib']:.0f} GiB{power}; "
+            f"low-precision tensor cores: {cores}",
+            markup=False,
         )
     probe = report.expandable_segments_effective
     effect = "no GPU here to probe" if probe is None else ("yes" if probe else "no")

@@ -17,7 +17,7 @@ from tuneforge.doctor.env_checks import (
     unresponsive_gpus,
 )
 from tuneforge.hardware.cpu import choose_cpu_threads
-from tuneforge.hardware.gpus import GIB
+from tuneforge.hardware.gpus import GIB, low_precision_cores
 from tuneforge.hardware.nvml import Nvml, open_nvml
 from tuneforge.models import flash4
 from tuneforge.models.attention import resolve_backend
@@ -89,7 +89,9 @@ def inspect_environment() -> EnvReport:
             "index": index,
             "name": properties.name,
             "memory_gib": properties.total_memory / GIB,
-        }
+        } | low_precision_cores(
+            (properties.major, properties.minor), getattr(properties, "gcnArchName", "")
+        )
         nvml, _ = open_nvml(torch.device("cuda", index))
         if nvml is not None:
             clocks, warnings = power_findings(index, nvml)

@@ -58,3 +58,13 @@ def pick_device() -> "torch.device":
     import torch
 
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def low_precision_cores(capability: tuple[int, int], arch: str = "") -> dict[str, bool]:
+    """Whether a GPU's tensor cores compute in FP8 and in FP4: NVIDIA by compute capability
+    (FP8 from Ada, 8.9, and Hopper, 9.0; FP4 from Blackwell, 10.0), AMD by its gfx target
+    (FP8 on MI300's gfx942 and MI355's gfx950, FP4 on gfx950)."""
+    if arch.startswith("gfx"):
+        target = arch.split(":")[0]
+        return {"fp8": target in ("gfx942", "gfx950"), "fp4": target == "gfx950"}
+    return {"fp8": capability >= (8, 9), "fp4": capability >= (10, 0)}
