@@ -203,16 +203,22 @@ def test_a_clean_log_has_no_findings():
     assert scan_log("step 1/10  loss 2.0\nstep 2/10  loss 1.9\n").findings == []
 
 
+def qwen3_8b_config(tmp_path, *sections: str) -> Path:
+    """A run configuration on the demo's data with documents up to 8,192 tokens."""
+    config = tmp_path / "run.yaml"
+    extends = "extends: " + str(Path("examples/demo.yaml").resolve())
+    config.write_text("\n".join([extends, "data: {max_seq_len: 8192}", *sections]) + "\n")
+    return config
+
+
 def test_with_a_config_each_remedy_is_sized_by_the_planner(tmp_path):
     from tuneforge.doctor.oom_plan import remedies
 
-    config = tmp_path / "run.yaml"
-    config.write_text(
-        "extends: " + str(Path("examples/demo.yaml").resolve()) + "\n"
-        "model: {name: qwen3-8b, dtype: bfloat16}\n"
-        "data: {max_seq_len: 8192}\n"
-        "train: {tokens_per_micro_batch: 16384}\n"
-        "parallel: {strategy: fsdp, zero_stage: 2}\n"
+    config = qwen3_8b_config(
+        tmp_path,
+        "model: {name: qwen3-8b, dtype: bfloat16}",
+        "train: {tokens_per_micro_batch: 16384}",
+        "parallel: {strategy: fsdp, zero_stage: 2}",
     )
     lines = remedies(config, [], gpus=8, capacity_gib=63.98)
     assert lines[0].startswith("the planner predicts")
@@ -271,12 +277,10 @@ def test_remedies_size_memory_from_the_datas_lengths_as_plan_does(tmp_path):
     from tuneforge.plan.plan import Hardware
     from tuneforge.plan.planner import plan_run
 
-    config = tmp_path / "run.yaml"
-    config.write_text(
-        "extends: " + str(Path("examples/demo.yaml").resolve()) + "\n"
-        "model: {name: qwen3-8b, dtype: bfloat16, attention: eager}\n"
-        "data: {max_seq_len: 8192}\n"
-        "train: {tokens_per_micro_batch: 8192}\n"
+    config = qwen3_8b_config(
+        tmp_path,
+        "model: {name: qwen3-8b, dtype: bfloat16, attention: eager}",
+        "train: {tokens_per_micro_batch: 8192}",
     )
     records = RecordLengths([300] * 2000, None)
     lines = remedies(config, [], gpus=1, capacity_gib=139.0, records=records)

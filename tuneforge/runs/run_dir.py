@@ -150,8 +150,8 @@ def prepare_run_dir(
     barrier: Callable[[], None] = lambda: None,
 ) -> Path | None:
     """The checkpoint to resume from, if any; refuses to touch another run's directory. Every
-    rank calls it; the first one (`is_main`) changes the directory between two `barrier`s."""
-    check_resume(resume, overwrite)
+    rank calls it; the first one (`is_main`) changes the directory between two `barrier`s.
+    `resume` and `overwrite` have passed `check_resume` (the trainer checks them when made)."""
     exists = (run_dir / CONFIG_FILE).exists()
     checkpoint: Path | None = None
     damaged: list[tuple[Path, str]] = []

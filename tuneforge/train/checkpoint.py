@@ -273,13 +273,13 @@ def load_checkpoint(
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_state, "optim": optimizer_state}
     weights = checkpoint / WEIGHTS_DIR
-    read_metadata_file(weights / ".metadata")  # refused or damaged: said before DCP starts
+    metadata = read_metadata_file(weights / ".metadata")  # refused or damaged: said at once
     try:
         with _dcp_quiet():
             dcp.load(
                 state,
                 checkpoint_id=weights,
-                storage_reader=SafeReader(weights),
+                storage_reader=SafeReader(weights, metadata),
                 planner=SafeLoadPlanner(weights),
             )
     except CheckpointException as error:  # a BaseException, with every rank's traceback in it

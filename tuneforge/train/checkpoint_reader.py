@@ -53,7 +53,7 @@ class DamagedCheckpointError(TuneforgeError):
 
 
 class _Refused(pickle.UnpicklingError):
-    pass
+    """A global the metadata may not name (told apart from a file that is merely damaged)."""
 
 
 def _refusal(file: Path, error: Exception) -> UnsafeCheckpointError:
@@ -87,12 +87,18 @@ def read_metadata_file(file: Path) -> Metadata:
 
 
 class SafeReader(FileSystemReader):
-    """DCP's file-system reader with the metadata read by `read_metadata_file`."""
+    """DCP's file-system reader with the metadata read by `read_metadata_file` (or given, when
+    the caller read it first to report a refused or damaged file before DCP starts)."""
+
+    def __init__(self, path: Path, metadata: Metadata | None = None) -> None:
+        super().__init__(path)
+        self.metadata = metadata
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
         name = ".metadata" if rank is None else f"__{rank}.metadata"
-        metadata = read_metadata_file(Path(self.path) / name)
+        given = self.metadata if rank is None else None
+        metadata = given if given is not None else read_metadata_file(Path(self.path) / name)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         assert metadata.storage_meta is not None
