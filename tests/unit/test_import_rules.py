@@ -19,7 +19,7 @@ ALLOWED = {
     "data": {"config"} | LEAVES,
     "assets": LEAVES,
     "peft": {"models", "config"} | LEAVES,
-    "precision": {"models", "config"} | LEAVES,
+    "precision": {"peft", "models", "config"} | LEAVES,
     "runs": {"models", "peft", "config"} | LEAVES,
     "plan": {"models", "data", "peft", "runs", "config", "precision"} | LEAVES,
     "parallel": {"plan", "models", "data", "peft", "config", "precision"} | LEAVES,

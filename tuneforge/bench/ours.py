@@ -22,6 +22,7 @@ from tuneforge.parallel.distributed import Dist, init_distributed, parallelize, 
 from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
+from tuneforge.precision.apply import apply_precision
 from tuneforge.train.objective import build_objective
 from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import StepResult, StepRunner
@@ -116,6 +117,7 @@ def run_ours(
             "compute_dtype": "float32" if settings.fp32_lora else "model",
         }
         apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
+        apply_precision(model, settings.precision())
     if settings.offload_embedding:
         embedding_to_host(model, world.world_size)
     train = TrainSection(  # the trainer's own settings for this variant

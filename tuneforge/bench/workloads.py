@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from tuneforge.config.schema import PrecisionSection
 from tuneforge.errors import TuneforgeError
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -38,7 +39,10 @@ class Workload:
     `accumN` (N micro-batches of `tokens` per optimizer step on each GPU, gradients reduced once),
     `tokensN` (N tokens per micro-batch instead of the workload's),
     `samedata` (every GPU trains on the same batches: a multi-GPU run without the ranks' uneven
-    attention work), `balanced` (the ranks' batches dealt as `data.balance_ranks` deals them).
+    attention work), `balanced` (the ranks' batches dealt as `data.balance_ranks` deals them),
+    `fp8` / `fp8hybrid` (the frozen linears in FP8, `precision.fp8: e4m3 | hybrid`), `tensorwise`
+    (`precision.fp8_scaling`), `fp8base` (`precision.fp8_base_weights`), `fp4` and `fp4param`
+    (emulated NVFP4, `precision.fp4`, `precision.fp4_param`).
     A multi-GPU workload also runs each variant's per-GPU work on one GPU
     (`baseline_variant`, suffixed `+1gpu`): its scaling efficiency."""
 
@@ -153,6 +157,11 @@ class Variant:
     tokens: int | None = None
     balanced: bool = False
     autotune: bool = False
+    fp8: str | None = None
+    fp8_scaling: str = "rowwise"
+    fp8_base_weights: bool = False
+    fp4: bool = False
+    fp4_param: bool = False
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -163,7 +172,8 @@ class Variant:
         flags = {"offload": "offload", "zero2": "zero2", "bf16reduce": "bf16_reduce", "ddp": "ddp",
                  "hostembed": "offload_embedding", "onedoc": "one_document",
                  "fp32lora": "fp32_lora", "graph": "cuda_graph", "samedata": "same_data",
-                 "balanced": "balanced", "autotune": "autotune"}  # fmt: skip
+                 "balanced": "balanced", "autotune": "autotune", "fp8base": "fp8_base_weights",
+                 "fp4": "fp4", "fp4param": "fp4_param"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
                 settings["checkpointing"] = option
@@ -171,6 +181,10 @@ class Variant:
                 settings["attention"] = option
             elif option in flags:
                 settings[flags[option]] = True
+            elif option in ("fp8", "fp8hybrid"):
+                settings["fp8"] = "e4m3" if option == "fp8" else "hybrid"
+            elif option == "tensorwise":
+                settings["fp8_scaling"] = option
             elif option.startswith("budget") and _is_share(option.removeprefix("budget")):
                 settings["memory_budget"] = float(option.removeprefix("budget"))
             elif option.startswith("chunk") and option.removeprefix("chunk").isdigit():
@@ -190,9 +204,26 @@ class Variant:
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, "
                     "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph, "
-                    "accum<micro-batches>, tokens<per micro-batch>, samedata, balanced, autotune)"
+                    "accum<micro-batches>, tokens<per micro-batch>, samedata, balanced, autotune, "
+                    "fp8, fp8hybrid, tensorwise, fp8base, fp4, fp4param)"
                 )
-        return cls(**settings)
+        variant = cls(**settings)
+        if (variant.fp8_base_weights or variant.fp8_scaling != "rowwise") and not variant.fp8:
+            raise TuneforgeError(
+                f"variant {name!r}: fp8base and tensorwise go with fp8 or fp8hybrid"
+            )
+        if variant.fp4_param and not variant.fp4:
+            raise TuneforgeError(f"variant {name!r}: fp4param goes with fp4")
+        return variant
+
+    def precision(self) -> PrecisionSection:
+        return PrecisionSection(
+            fp8=self.fp8,
+            fp8_scaling=self.fp8_scaling,
+            fp8_base_weights=self.fp8_base_weights,
+            fp4="e2m1" if self.fp4 else None,
+            fp4_param=self.fp4_param,
+        )
 
 
 PER_GPU_WORK = ("samedata", "accum", "tokens")

@@ -229,9 +229,34 @@ def zero_names_agree(parallel) -> list[tuple[str, str, str]]:
     ]
 
 
-@rule("precision")
-def precision_formats(precision) -> list[tuple[str, str, str]]:
+@rule("precision", "lora", "model")
+def precision_formats(precision, lora, model) -> list[tuple[str, str, str]]:
     problems = []
+    if precision.fp8 and model.dtype != "bfloat16":
+        problems.append(
+            (
+                "precision.fp8",
+                f"FP8 products write bfloat16 outputs; the model is {model.dtype}",
+                "set model.dtype: bfloat16",
+            )
+        )
+    if (precision.fp8 or precision.fp4) and not lora.enabled:
+        problems.append(
+            (
+                "precision.fp8" if precision.fp8 else "precision.fp4",
+                "low precision runs the frozen base linears of LoRA training; full "
+                "fine-tuning in FP8/FP4 is not available in this version",
+                "set lora.enabled: true, or drop the precision setting",
+            )
+        )
+    if precision.fp8_base_weights and not precision.fp8:
+        problems.append(
+            (
+                "precision.fp8_base_weights",
+                "fp8_base_weights requires fp8",
+                "set precision.fp8: e4m3 (or hybrid), or drop fp8_base_weights",
+            )
+        )
     if precision.fp4 and precision.fp8:
         problems.append(
             (

@@ -213,12 +213,16 @@ class TrainSection(Section):
 class PrecisionSection(Section):
     fp8: Literal["e4m3", "hybrid"] | None = None
     """FP8 matmuls (`e4m3` or `hybrid`: E4M3 forward, E5M2 backward); mutually exclusive with fp4."""
+    fp8_scaling: Literal["rowwise", "tensorwise"] = "rowwise"
+    """FP8 scales: one per token and output channel (`rowwise`) or one per tensor (`tensorwise`)."""
+    fp8_base_weights: bool = False
+    """LoRA: keep the frozen base weights only in FP8 (about half the memory); otherwise their bf16 values stay beside the FP8 copy."""
     fp4: Literal["e2m1"] | None = None
-    """FP4 matmuls (E2M1 elements with block scales); mutually exclusive with fp8."""
+    """FP4 numerics (E2M1 elements with block scales) for the frozen base linears, emulated (quantise, dequantise, bf16 product) where the GPU has no FP4 tensor cores; mutually exclusive with fp8."""
     fp4_recipe: Literal["nvfp4", "mxfp4"] = "nvfp4"
     """FP4 block-scaling recipe."""
     fp4_param: bool = False
-    """Keep the base weights in FP4 (requires fp4)."""
+    """Keep the frozen base weights only as FP4 codes and scales, dequantised at each use (requires fp4)."""
     fp4_param_gather: bool = False
     """All-gather weights in FP4 (requires fp4_param)."""
 

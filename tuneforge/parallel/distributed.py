@@ -85,9 +85,10 @@ def parallelize(
         return root
     if strategy == "ddp":
         ids = [world.device.index] if world.device.type == "cuda" else None
-        # gradients as views into the all-reduce buckets: no copy in or out of them
+        # gradients as views into the all-reduce buckets: no copy in or out of them; buffers
+        # (rotary tables, quantised frozen weights) are made alike on every rank, not broadcast
         return nn.parallel.DistributedDataParallel(
-            root, device_ids=ids, gradient_as_bucket_view=True
+            root, device_ids=ids, gradient_as_bucket_view=True, broadcast_buffers=False
         )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -183,7 +183,8 @@ def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight and take the adapters off; returns the model."""
     for name, module in lora_modules(model).items():
         if isinstance(module, LoRALinear):
-            module.base.weight.copy_(module.merged_weight())
+            merged = module.merged_weight()  # refuses a low-precision base
+            cast(nn.Linear, module.base).weight.copy_(merged)
             parent_name, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, leaf, module.base)
             continue

@@ -2,6 +2,7 @@
 scale · B·A·x, with scale = alpha / r (or alpha / √r with rsLoRA) and dropout before A (`pre`,
 as PEFT) or on the update (`post`, as Megatron allows)."""
 
+import abc
 import math
 
 import torch
@@ -62,6 +63,33 @@ class AdapterDropout(nn.Module):
         return self.dropout(update) if self.position == "post" else update
 
 
+class LowPrecisionBase(nn.Module, abc.ABC):
+    """A frozen base linear that computes in a low-precision format (`tuneforge.precision`): it
+    makes its product itself, with a LoRA update accumulated into it where one is given."""
+
+    in_features: int
+    out_features: int
+    bias: nn.Parameter | None
+
+    @abc.abstractmethod
+    def product(
+        self,
+        rows: torch.Tensor,
+        lora_A: torch.Tensor | None = None,
+        lora_B: torch.Tensor | None = None,
+        scaling: float = 0.0,
+    ) -> torch.Tensor:
+        """rows·Wᵀ (+ bias) (+ scaling·(rows·Aᵀ)·Bᵀ) for `rows` [N, in], differentiable in
+        `rows`, A and B."""
+
+    @abc.abstractmethod
+    def weight_bytes(self) -> int:
+        """Bytes of the weight as it is held for the products (values and scales)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return shaped_like(x, self.product(as_rows(x)))
+
+
 class LoRALinear(nn.Module):
     def __init__(
         self,
@@ -77,7 +105,7 @@ class LoRALinear(nn.Module):
         compute_dtype: str = "model",
     ) -> None:
         super().__init__()
-        self.base: nn.Linear = base
+        self.base: nn.Linear | LowPrecisionBase = base
         self.compute_dtype = compute_dtype
         self.fused = True
         """Run `FusedLoRALinear` where it applies (False: the plain reference expression)."""
@@ -108,20 +136,23 @@ class LoRALinear(nn.Module):
             self.lora_B.zero_()
 
     def runs_fused(self, x: torch.Tensor) -> bool:
-        """Whether `FusedLoRALinear` computes this adapter on `x`: frozen base (and bias), no
-        dropout, the adapter computing in the activations' dtype."""
-        bias = self.base.bias
+        """Whether `FusedLoRALinear` (or a low-precision base's own product) computes this
+        adapter on `x`: frozen base (and bias), no dropout, the adapter computing in the
+        activations' dtype."""
         return (
             self.fused
             and adapter_compute_dtype(self.compute_dtype, x, self.lora_A) == x.dtype
             and self.dropout.p == 0
-            and not self.base.weight.requires_grad
-            and (bias is None or not bias.requires_grad)
+            and not any(param.requires_grad for param in self.base.parameters())
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = self.base
+        if isinstance(base, LowPrecisionBase) and self.runs_fused(x):
+            y = base.product(as_rows(x), self.lora_A, self.lora_B, self.scaling)
+            return shaped_like(x, y)
         if self.runs_fused(x):
+            assert isinstance(base, nn.Linear)
             y = FusedLoRALinear.apply(
                 as_rows(x), base.weight, base.bias, self.lora_A, self.lora_B, self.scaling
             )
@@ -141,6 +172,7 @@ class LoRALinear(nn.Module):
             len(linears) < 2
             or len(adapters) < len(linears)
             or not all(adapter.runs_fused(x) for adapter in adapters)
+            or not all(isinstance(adapter.base, nn.Linear) for adapter in adapters)
         ):
             return [linear(x) for linear in linears]
         rows = as_rows(x)
@@ -172,4 +204,9 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def merged_weight(self) -> torch.Tensor:
+        if not isinstance(self.base, nn.Linear):
+            raise TypeError(
+                "this adapter's base computes in a low-precision format: merge into the base "
+                "weights as saved (tuneforge export merge), not into the running model"
+            )
         return (self.base.weight.float() + self.delta_weight()).to(self.base.weight.dtype)

@@ -8,6 +8,8 @@ Stacked only where it holds: plain (unsharded) frozen weights of one dtype and d
 wrapped by a `LoRALinear`. Gate and up are left apart: one wider GEMM is slower there
 (bench/RESULTS.md, the fifth pass's kernel probe)."""
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -30,7 +32,9 @@ def stack_frozen_weights(model: nn.Module) -> int:
 
 
 def _stackable(linears: list) -> bool:
-    if not all(isinstance(linear, LoRALinear) for linear in linears):
+    if not all(
+        isinstance(linear, LoRALinear) and isinstance(linear.base, nn.Linear) for linear in linears
+    ):
         return False
     weights = [linear.base.weight for linear in linears]
     biases = [linear.base.bias for linear in linears]
@@ -51,7 +55,7 @@ def plain_frozen(param: torch.Tensor) -> bool:
 
 @torch.no_grad()
 def _stack(linears: list[LoRALinear]) -> None:
-    bases = [linear.base for linear in linears]
+    bases = [cast(nn.Linear, linear.base) for linear in linears]
     weight = torch.cat([base.weight for base in bases])
     bias = None if bases[0].bias is None else torch.cat([base.bias for base in bases])
     start = 0

@@ -33,6 +33,11 @@ from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.selection import lora_shape
 from tuneforge.peft.stacked_weights import stack_frozen_weights
+from tuneforge.precision.apply import (
+    apply_precision,
+    refuse_sharded,
+    refuse_unsupported_precision,
+)
 from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE, METRICS_FILE, TENSORBOARD_DIR
 from tuneforge.runs.outputs import save_base, save_final
 from tuneforge.runs.pace import WARMUP_STEPS
@@ -108,11 +113,11 @@ class Trainer:
     def setup(self) -> None:
         """The process group, the run directory, and everything the steps need."""
         config = self.config
-        self._refuse_unsupported()
         for advisory in advisories(config):
             log.warning(advisory)
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
+        refuse_unsupported_precision(config.precision, self.device)
         if self.device.type == "cpu":
             threads = choose_cpu_threads(self.world.world_size)
             torch.set_num_threads(threads.threads)
@@ -134,6 +139,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(config)
         self.train_stats = self._load_data()
         self.strategy = choose_strategy(config, self.world, self.train_stats.records)
+        refuse_sharded(config.precision, self.strategy)
         self.model = build_model(config.model, self.device, seed)
         if len(self.tokenizer) > self.model.args.vocab_size:
             raise TuneforgeError(
@@ -142,6 +148,7 @@ class Trainer:
             )
         self.base_model = str(config.model.path) if config.model.path else ""
         self.lora_report = self._apply_lora(fresh=checkpoint is None)
+        apply_precision(self.model, config.precision).log(log)
         train = config.train
         refuse_unsupported_offload(train, self.world.world_size, self.model.args)
         if train.offload_embedding:
@@ -169,13 +176,6 @@ class Trainer:
             (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
         # after the resume: a captured step keeps the optimizer's state tensors
         self.queue_step = StepRunner(self.objective, self.model, self.optimizer, train, self.device)
-
-    def _refuse_unsupported(self) -> None:
-        precision = self.config.precision
-        if precision.fp8 or precision.fp4:
-            raise TuneforgeError(
-                "precision.fp8 / precision.fp4 training is not available in this version"
-            )
 
     def _prepare_run_dir(self) -> Path | None:
         return prepare_run_dir(

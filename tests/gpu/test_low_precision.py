@@ -1,0 +1,124 @@
+"""The low-precision linears on the GPU: the FP8 product through torch._scaled_mm against the
+dequantised operands and the bf16 path, eager and compiled; base weights held only in FP8; and
+short LoRA runs in FP8 and emulated FP4 against the same run in bf16."""
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers import packed_batch
+from tuneforge.config.schema import PrecisionSection
+from tuneforge.models.api import load_model
+from tuneforge.packed import PackedSequences
+from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
+from tuneforge.peft.apply import apply_lora
+from tuneforge.peft.lora import LoRALinear
+from tuneforge.precision.apply import apply_precision
+from tuneforge.precision.fp8 import E4M3, Fp8Recipe, dequantize, quantize
+from tuneforge.precision.frozen_linear import Fp8Linear
+from tuneforge.train.objective import NextTokenObjective
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+    pytest.skip("FP8 needs a GPU with FP8 tensor cores", allow_module_level=True)
+
+
+def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+@pytest.mark.parametrize("fp8", ["e4m3", "hybrid"])
+@pytest.mark.parametrize("scaling", ["rowwise", "tensorwise"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fp8_product_against_the_dequantised_operands_and_bf16(fp8, scaling, compiled):
+    torch.manual_seed(0)
+    linear = nn.Linear(1024, 768, bias=False, device="cuda", dtype=torch.bfloat16)
+    linear.requires_grad_(False)
+    layers = {}
+    for name, base in (
+        ("fp8", Fp8Linear(linear, Fp8Recipe.of(fp8, scaling), True)),
+        ("bf16", linear),
+    ):
+        layer = LoRALinear(linear, rank=16, alpha=32, dtype=torch.float32)
+        torch.manual_seed(1)
+        layer.reset_lora_parameters()
+        nn.init.normal_(layer.lora_B, std=0.02)
+        layer.base = base
+        layers[name] = layer
+    x = torch.randn(3000, 1024, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(3000, 768, device="cuda", dtype=torch.bfloat16)
+    results = {}
+    for name, layer in layers.items():
+        run = torch.compile(layer) if compiled and name == "fp8" else layer
+        rows = x.clone().requires_grad_()
+        y = run(rows)
+        y.backward(grad)
+        results[name] = (y, rows.grad, layer.lora_A.grad, layer.lora_B.grad)
+    y = results["fp8"][0]
+    rowwise = scaling == "rowwise"
+    xq, xs = quantize(x, E4M3, rowwise)
+    wq, ws = quantize(linear.weight, E4M3, rowwise)
+    base = dequantize(xq, xs, torch.float32) @ dequantize(wq, ws, torch.float32).t()
+    A, B = layers["fp8"].lora_A.bfloat16(), layers["fp8"].lora_B.bfloat16()
+    expected = base + 2.0 * ((x @ A.t()) @ B.t()).float()
+    assert _relative(y, expected) < 5e-3
+    bounds = {"y": 0.04, "dx": 0.04 if fp8 == "e4m3" else 0.08, "dA": 0.01, "dB": 0.04}
+    for (name, bound), got, want in zip(bounds.items(), *results.values(), strict=True):
+        assert _relative(got, want) < bound, name
+
+
+def test_fp8_base_weights_only_free_the_bf16_weights():
+    def allocated_after(keep: bool) -> int:
+        torch.cuda.empty_cache()
+        start = torch.cuda.memory_allocated()
+        model = load_model("llama-3.2-1b", num_layers=2, dtype="bfloat16", device="cuda", seed=0)
+        apply_lora(model, {"target_modules": ["all-linear"], "rank": 16, "alpha": 32})
+        apply_precision(model, PrecisionSection(fp8="e4m3", fp8_base_weights=not keep))
+        used = torch.cuda.memory_allocated() - start
+        del model
+        return used
+
+    linears = 2 * (2 * 2048 * 2048 + 2 * 512 * 2048 + 3 * 8192 * 2048)  # q, o; k, v; MLP
+    kept, only = allocated_after(True), allocated_after(False)
+    assert kept - only == pytest.approx(2 * linears, rel=0.02)  # the bf16 weights, 2 bytes each
+
+
+def losses(precision: PrecisionSection, compiled: bool, steps: int = 40) -> list[float]:
+    torch.manual_seed(0)
+    model = load_model("llama-3.2-1b", num_layers=2, dtype="bfloat16", device="cuda", seed=0)
+    lora = {"target_modules": ["all-linear"], "rank": 16, "alpha": 32}
+    apply_lora(model, lora, torch.Generator("cuda").manual_seed(1), torch.float32)
+    apply_precision(model, precision)
+    if compiled:
+        wrap_blocks(model, BlockWrapping(compile=True))
+    objective = NextTokenObjective(model, compiled_loss=compiled)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=2e-3, fused=True)
+    generator = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, 2000, (2048,), generator=generator).cuda()
+    packed = PackedSequences.from_lengths([700, 900, 448], "cuda")
+    history = []
+    for _ in range(steps):
+        loss_sum = objective(packed_batch(tokens, tokens.roll(-1), packed)).loss_sum
+        (loss_sum / tokens.numel()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        history.append(loss_sum.item() / tokens.numel())
+    return history
+
+
+@pytest.mark.parametrize(
+    ("precision", "tolerance"),
+    [
+        (PrecisionSection(fp8="e4m3"), 0.02),
+        (PrecisionSection(fp8="hybrid", fp8_scaling="tensorwise", fp8_base_weights=True), 0.02),
+        (PrecisionSection(fp4="e2m1", fp4_param=True), 0.05),
+    ],
+    ids=["fp8", "fp8-hybrid-tensorwise", "fp4"],
+)
+def test_a_short_low_precision_run_follows_bf16(precision, tolerance):
+    reference = losses(PrecisionSection(), compiled=True)
+    low = losses(precision, compiled=True)
+    assert reference[-1] < reference[0] - 1.0  # it learns
+    assert low[-1] < low[0] - 1.0
+    drop = reference[0] - reference[-1]
+    assert abs(low[-1] - reference[-1]) < tolerance * drop + 0.02

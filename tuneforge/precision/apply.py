@@ -1,0 +1,145 @@
+"""Put a run's precision on its model: the decoder's frozen linears (attention projections and
+MLP, under an adapter or not) swapped for FP8 or FP4 ones, everything else left as it is; and
+say what runs in which precision, or refuse a precision the machine cannot run."""
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from tuneforge.config.schema import PrecisionSection
+from tuneforge.errors import TuneforgeError
+from tuneforge.hardware.gpus import GIB, low_precision_cores
+from tuneforge.models.decoder import Decoder
+from tuneforge.models.moe import ExpertBank
+from tuneforge.peft.lora import LoRALinear, LowPrecisionBase
+from tuneforge.precision.fp4 import BLOCK_SIZE
+from tuneforge.precision.fp8 import Fp8Recipe, fits_scaled_mm
+from tuneforge.precision.frozen_linear import Fp4Linear, Fp8Linear
+
+
+@dataclass
+class PrecisionReport:
+    """What `apply_precision` did, for the log: one line per kind of module."""
+
+    lines: list[str] = field(default_factory=list)
+    weight_bytes: int = 0
+    """Bytes of the low-precision weights and their scales."""
+
+    def log(self, logger: logging.Logger) -> None:
+        for line in self.lines:
+            logger.info("precision: %s", line)
+
+
+def refuse_unsupported_precision(section: PrecisionSection, device: torch.device) -> None:
+    """FP8 needs FP8 tensor cores; FP4 runs emulated anywhere."""
+    if not section.fp8:
+        return
+    if device.type != "cuda":
+        raise TuneforgeError(
+            "precision.fp8 needs a GPU with FP8 tensor cores (NVIDIA from Ada/Hopper, AMD MI300 "
+            f"and later); this process runs on {device.type}: drop precision.fp8 here"
+        )
+    properties = torch.cuda.get_device_properties(device)
+    capability = (properties.major, properties.minor)
+    arch = getattr(properties, "gcnArchName", "") or ""
+    if not low_precision_cores(capability, arch)["fp8"]:
+        raise TuneforgeError(
+            f"precision.fp8 needs FP8 tensor cores, which the {properties.name} lacks "
+            "(NVIDIA from compute capability 8.9, AMD from gfx942): drop precision.fp8, or "
+            "run where `tuneforge doctor env` lists FP8"
+        )
+
+
+def refuse_sharded(section: PrecisionSection, strategy: str) -> None:
+    if (section.fp8 or section.fp4) and strategy == "fsdp":
+        raise TuneforgeError(
+            "precision.fp8 / precision.fp4 with FSDP2 sharding is not available in this "
+            "version: use parallel.strategy: ddp (the LoRA base replicated) or one GPU"
+        )
+
+
+def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionReport:
+    """Swap the decoder blocks' frozen linears for low-precision ones as `section` says."""
+    report = PrecisionReport()
+    if not (section.fp8 or section.fp4):
+        return report
+    swapped: Counter[str] = Counter()
+    left: Counter[str] = Counter()
+    before = after = weights = 0
+    for parent, attribute, leaf, linear in _frozen_linears(model):
+        if not _fits(section, linear):
+            left[leaf] += 1
+            continue
+        low = _low_precision(section, linear)
+        setattr(parent, attribute, low)
+        swapped[leaf] += 1
+        weights += linear.weight.numel()
+        before += linear.weight.numel() * linear.weight.element_size()
+        after += low.weight_bytes()
+    report.weight_bytes = after
+    report.lines.append(f"{_kind(swapped)}: {_describe(section)}")
+    if section.fp8:
+        kept = "kept beside them" if not section.fp8_base_weights else "dropped"
+        report.lines.append(
+            f"base weights: {after / GIB:.2f} GiB in FP8 with their scales (bf16 values {kept}: "
+            f"{before / GIB:.2f} GiB)"
+        )
+    elif section.fp4_param:
+        report.lines.append(
+            f"base weights: {after / GIB:.2f} GiB as FP4 codes and scales "
+            f"({8 * after / max(weights, 1):.2f} bits per weight) instead of {before / GIB:.2f} GiB"
+        )
+    if left:
+        report.lines.append(f"{_kind(left)}: in the model's dtype (widths the format cannot tile)")
+    banks = sum(isinstance(module, ExpertBank) for module in model.modules())
+    stays = "embedding, norms, attention, router, output layer, LoRA adapters"
+    if banks:
+        stays += f", expert banks ({banks}: no low-precision expert product yet)"
+    report.lines.append(f"in the model's dtype: {stays}")
+    return report
+
+
+def _frozen_linears(model: Decoder):
+    """(parent, attribute, kind, linear) of every frozen linear in the decoder blocks: the base of
+    an adapter, or a linear nothing trains."""
+    for module in model.layers.modules():
+        for leaf, child in module.named_children():
+            if isinstance(child, LoRALinear) and isinstance(child.base, nn.Linear):
+                yield child, "base", leaf, child.base
+            elif type(child) is nn.Linear and not any(p.requires_grad for p in child.parameters()):
+                yield module, leaf, leaf, child
+
+
+def _fits(section: PrecisionSection, linear: nn.Linear) -> bool:
+    if section.fp8:
+        return fits_scaled_mm(linear.in_features, linear.out_features)
+    block = BLOCK_SIZE[section.fp4_recipe]
+    return linear.in_features % block == 0 and linear.out_features % block == 0
+
+
+def _low_precision(section: PrecisionSection, linear: nn.Linear) -> LowPrecisionBase:
+    if section.fp8:
+        recipe = Fp8Recipe.of(section.fp8, section.fp8_scaling)
+        return Fp8Linear(linear, recipe, keep_weight=not section.fp8_base_weights)
+    return Fp4Linear(
+        linear, section.fp4_recipe, packed=section.fp4_param, keep_weight=not section.fp4_param
+    )
+
+
+def _kind(counts: Counter[str]) -> str:
+    return "linears " + ", ".join(f"{name} ×{count}" for name, count in sorted(counts.items()))
+
+
+def _describe(section: PrecisionSection) -> str:
+    if section.fp8:
+        recipe = Fp8Recipe.of(section.fp8, section.fp8_scaling)
+        return f"FP8 ({recipe.describe()}) through torch._scaled_mm, weights quantised once"
+    storage = "packed FP4 codes and scales" if section.fp4_param else "dequantised values"
+    return (
+        f"FP4 {section.fp4_recipe.upper()} emulated (inputs and gradients quantised and "
+        f"dequantised, the product in the model's dtype: slower than bf16, for comparing the "
+        f"numerics); weights held as {storage}"
+    )

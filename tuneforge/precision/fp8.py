@@ -1,0 +1,65 @@
+"""FP8 scaling, as `torch._scaled_mm` takes it: a tensor is held as FP8 values q and fp32 scales
+s with x ≈ q · s, the scales dividing each row's (`rowwise`) or the whole tensor's (`tensorwise`)
+largest magnitude by the format's largest value, so that the amax maps onto it. E4M3 (±448,
+3 mantissa bits) for activations and weights; E5M2 (±57,344, 2 mantissa bits) for gradients in
+the `hybrid` recipe, whose range they need more than precision."""
+
+from dataclasses import dataclass
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+AMAX_FLOOR = 1e-12
+"""An all-zero row or tensor gets this amax: its scale stays finite and its values zero."""
+SCALINGS = ("tensorwise", "rowwise")
+GEMM_MULTIPLE = 16
+"""`torch._scaled_mm` needs the reduction and output widths to be multiples of 16."""
+
+
+def largest(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).max
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """`forward`: the activations' and weights' format; `backward`: the output gradients';
+    `scaling`: one scale per row (a token, an output channel) or per tensor."""
+
+    forward: torch.dtype = E4M3
+    backward: torch.dtype = E4M3
+    scaling: str = "rowwise"
+
+    @classmethod
+    def of(cls, fp8: str, scaling: str) -> "Fp8Recipe":
+        if fp8 not in ("e4m3", "hybrid"):
+            raise ValueError(f"precision.fp8 must be e4m3 or hybrid, not {fp8!r}")
+        if scaling not in SCALINGS:
+            raise ValueError(f"precision.fp8_scaling must be one of {SCALINGS}, not {scaling!r}")
+        return cls(E4M3, E5M2 if fp8 == "hybrid" else E4M3, scaling)
+
+    def describe(self) -> str:
+        names = {E4M3: "E4M3", E5M2: "E5M2"}
+        return f"{names[self.forward]} forward, {names[self.backward]} gradients, {self.scaling}"
+
+
+def quantize(
+    values: torch.Tensor, dtype: torch.dtype, rowwise: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`values` [rows, cols] as FP8 and their scales: [rows, 1] rowwise, a 0-d tensor otherwise.
+    Plain torch operations, so that torch.compile fuses them into the kernel that made `values`."""
+    magnitude = values.abs()
+    amax = magnitude.amax(dim=-1, keepdim=True) if rowwise else magnitude.amax()
+    limit = largest(dtype)
+    # in float64: compiled and eager fp32 divisions round differently (torchao does the same)
+    multiplier = (limit / amax.double().clamp(min=AMAX_FLOOR)).float()
+    quantized = (values.float() * multiplier).clamp(-limit, limit).to(dtype)
+    return quantized, multiplier.reciprocal()
+
+
+def dequantize(values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (values.float() * scale).to(dtype)
+
+
+def fits_scaled_mm(in_features: int, out_features: int) -> bool:
+    return in_features % GEMM_MULTIPLE == 0 and out_features % GEMM_MULTIPLE == 0

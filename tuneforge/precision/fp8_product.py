@@ -1,0 +1,126 @@
+"""A frozen linear's product in FP8 with a LoRA update accumulated into it: y = x·Wᵀ through
+`torch._scaled_mm` (x quantised per token or per tensor, W quantised once), then
+y += s·(x·Aᵀ)·Bᵀ in place; in backward dx = g·W the same way, + s·(g·B)·A. The adapters, their
+gradients and the LoRA path's input stay in the activations' dtype.
+
+The weight is held as [out, in] (reduction along its rows, as the forward GEMM needs); the
+input gradient's GEMM reduces along `out`, so it reads a transposed copy made for that GEMM and
+freed after it (Hopper's FP8 tensor cores take both operands with the reduction dimension
+contiguous). With per-output-channel weight scales, the scales are folded into the output
+gradient before it is quantised: g·diag(s_W)·W_q = (g·s_W)·W_q."""
+
+import torch
+
+from tuneforge.precision.fp8 import quantize
+
+OPERATORS = torch.library.Library("tuneforge", "FRAGMENT")
+OPERATORS.define(
+    "scaled_mm_add_low_rank(Tensor left, Tensor right, Tensor left_scale, Tensor right_scale, "
+    "ScalarType out_dtype, Tensor? low=None, Tensor? up=None, float scaling=0.0, "
+    "Tensor? bias=None) -> Tensor"
+)
+
+
+def _scaled_mm_add_low_rank(
+    left: torch.Tensor,
+    right: torch.Tensor,
+    left_scale: torch.Tensor,
+    right_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    low: torch.Tensor | None = None,
+    up: torch.Tensor | None = None,
+    scaling: float = 0.0,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(left·s_left)·(right·s_right) in `out_dtype` (+ bias) + scaling·low·up, accumulated
+    into the FP8 GEMM's output."""
+    out = torch._scaled_mm(left, right, left_scale, right_scale, out_dtype=out_dtype)
+    if bias is not None:
+        out.add_(bias)
+    if low is not None and up is not None:
+        out.addmm_(low, up, alpha=scaling)
+    return out
+
+
+# one opaque operator, as `matmul_add_low_rank`: no full-width copy for the in-place update
+OPERATORS.impl("scaled_mm_add_low_rank", _scaled_mm_add_low_rank, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("tuneforge::scaled_mm_add_low_rank")
+def _(left, right, left_scale, right_scale, out_dtype, low=None, up=None, scaling=0.0, bias=None):
+    return left.new_empty(left.shape[0], right.shape[1], dtype=out_dtype)
+
+
+scaled_mm_add_low_rank = torch.ops.tuneforge.scaled_mm_add_low_rank.default
+
+
+class Fp8LoRAProduct(torch.autograd.Function):
+    """`rows` [N, in]; `weight` [out, in] FP8 and its scales ([1, out] rowwise, 0-d
+    tensorwise); `lora_A`, `lora_B` None for the base product alone."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        rows,
+        weight,
+        weight_scale,
+        bias,
+        lora_A,
+        lora_B,
+        scaling: float,
+        forward_dtype: torch.dtype,
+        backward_dtype: torch.dtype,
+        rowwise: bool,
+    ):
+        quantized, scale = quantize(rows, forward_dtype, rowwise)
+        u = A = B = None
+        if lora_A is not None and lora_B is not None:
+            A, B = lora_A.to(rows.dtype), lora_B.to(rows.dtype)
+            u = rows @ A.t()
+        y = scaled_mm_add_low_rank(
+            quantized,
+            weight.t(),
+            scale,
+            weight_scale,
+            rows.dtype,
+            u,
+            None if B is None else B.t(),
+            scaling,
+            bias,
+        )
+        ctx.save_for_backward(rows if u is not None else None, u, weight, weight_scale, A, B)
+        ctx.scaling, ctx.backward_dtype, ctx.rowwise = scaling, backward_dtype, rowwise
+        ctx.adapter_dtype = None if lora_A is None else lora_A.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, u, weight, weight_scale, A, B = ctx.saved_tensors
+        gu = None if B is None else grad @ B
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = _input_grad(grad, weight, weight_scale, ctx.backward_dtype, ctx.rowwise)
+            if gu is not None:
+                dx.addmm_(gu, A, alpha=ctx.scaling)
+        dA = dB = None
+        if gu is not None:
+            dA = (gu.t() @ rows).mul_(ctx.scaling).to(ctx.adapter_dtype)
+            dB = (grad.t() @ u).mul_(ctx.scaling).to(ctx.adapter_dtype)
+        return dx, None, None, None, dA, dB, None, None, None, None
+
+
+def _input_grad(
+    grad: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    dtype: torch.dtype,
+    rowwise: bool,
+) -> torch.Tensor:
+    """g·W for FP8 W [out, in] with its scales: the per-channel ones folded into g."""
+    columns = weight.t().contiguous().t()  # [out, in] with `out` contiguous
+    if rowwise:
+        quantized, scale = quantize(grad * weight_scale, dtype, rowwise=True)
+        ones = torch.ones(1, weight.shape[1], device=grad.device, dtype=torch.float32)
+        return scaled_mm_add_low_rank(quantized, columns, scale, ones, grad.dtype)
+    quantized, scale = quantize(grad, dtype, rowwise=False)
+    return scaled_mm_add_low_rank(quantized, columns, scale, weight_scale, grad.dtype)
