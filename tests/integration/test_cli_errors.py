@@ -130,6 +130,15 @@ def test_simple_mistakes_get_a_message_not_a_traceback(tmp_path):
     )
 
 
+def test_fp8_is_refused_on_a_machine_without_fp8_before_the_run_directory_exists(tmp_path):
+    settings = ["precision.fp8=e4m3", "model.dtype=bfloat16", "lora.enabled=true"]
+    assert run_cli("config", "validate", "examples/demo.yaml", *settings).returncode == 0
+    run_dir = tmp_path / "run"
+    result = run_cli("train", "examples/demo.yaml", *settings, f"run.output_dir={run_dir}")
+    assert_clean_failure(result, "precision.fp8 needs a GPU with FP8 tensor cores")
+    assert not run_dir.exists()
+
+
 def test_preview_names_a_conversation_the_template_cannot_render(tmp_path):
     data = tmp_path / "chats.jsonl"
     data.write_text(

@@ -1,6 +1,7 @@
 """A shortened demo run end to end: the loss falls, weights change, the run directory is complete."""
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,17 @@ def test_an_overwrite_whose_setup_fails_keeps_the_previous_run(tmp_path):
         Trainer(short_demo(run_dir, *wrong_targets), overwrite=True).setup()
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
     assert not (run_dir / ".replaced").exists()
+
+
+def test_a_lora_run_on_an_emulated_fp4_base_learns_and_says_what_runs(tmp_path, caplog):
+    settings = ["lora.enabled=true", "lora.rank=8", "train.lr=1e-2", "eval.num_samples=0"]
+    fp4 = ["precision.fp4=e2m1", "precision.fp4_param=true", "train.max_steps=12"]
+    trainer = Trainer(short_demo(tmp_path / "run", *settings, *fp4))
+    with caplog.at_level(logging.INFO, logger="tuneforge"):
+        trainer.setup()
+    assert "FP4 NVFP4 emulated" in caplog.text
+    assert "as FP4 codes and scales (4.50 bits per weight)" in caplog.text
+    summary = trainer.train()
+    trainer.save()
+    assert summary.evaluations[-1].loss.loss < summary.evaluations[0].loss.loss - 0.5
+    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
