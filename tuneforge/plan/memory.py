@@ -16,7 +16,7 @@ weight gradient yet unless accumulated), a block's backward, and the end of back
 of weights and optimizer states. `other` is the runtime: context, collective buffers and allocator rounding.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuneforge.hardware.gpus import GIB
 from tuneforge.models.args import ModelArgs
@@ -28,6 +28,7 @@ from tuneforge.models.cost import (
     lora_params,
     working_bytes_per_token,
 )
+from tuneforge.plan.base_weights import BaseWeights, frozen_linears
 from tuneforge.plan.policies import offloaded_blocks, recomputed_blocks
 
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
@@ -70,6 +71,8 @@ class Setup:
     """Blocks (and the loss's softmax) compiled: they keep less than eager autograd."""
     compile_memory_budget: float = 1.0
     """Below 1, compiled blocks keep at most that share of what they could (an upper bound)."""
+    base_weights: BaseWeights = field(default_factory=BaseWeights)
+    """How the frozen base linears are held (FP8, FP4 or the model's dtype)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,8 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
     shard = n if n > 1 else 1
     if setup.lora is not None:
         adapters = lora_params(args, setup.lora)
-        base = total * b
+        linears = frozen_linears(args)[0] * b
+        base = total * b - linears + sum(setup.base_weights.bytes(args, b))
         if setup.offload_embedding and not args.tie_embeddings:
             base -= args.vocab_size * args.dim * b
         weights = (base / shard if stage >= 3 else base) + adapters * 4

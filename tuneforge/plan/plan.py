@@ -76,6 +76,8 @@ class Plan:
     model (active dimensions, not total parameters)."""
     model: dict[str, float] = field(default_factory=dict)
     """The model: parameters and active parameters (billions), width and depth."""
+    base_weights: str | None = None
+    """How the frozen base linears are held, where a precision setting changes it."""
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)
@@ -105,5 +107,6 @@ class Plan:
             "what_if": self.what_if,
             "per_token": self.per_token,
             "model": self.model,
+            "base_weights": self.base_weights,
             "tokens_per_step": self.tokens_per_step,
         }

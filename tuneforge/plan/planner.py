@@ -24,6 +24,7 @@ from tuneforge.models.cost import (
 )
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.advice import advise
+from tuneforge.plan.base_weights import BaseWeights
 from tuneforge.plan.memory import Setup, predict_memory
 from tuneforge.plan.memory_options import memory_options, recomputed
 from tuneforge.plan.plan import Hardware, Plan
@@ -112,6 +113,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         loss_chunk_tokens=config.train.loss_chunk_tokens,
         compiled=config.train.compile,
         compile_memory_budget=config.train.compile_memory_budget,
+        base_weights=BaseWeights.of(config.precision),
     )
 
 
@@ -238,6 +240,7 @@ def plan_run(
             LENGTH_ROUNDING, math.ceil(p99 / LENGTH_ROUNDING) * LENGTH_ROUNDING
         )
     plan.per_token, plan.model = _per_token_and_model(args, setup)
+    plan.base_weights = setup.base_weights.describe(args, setup.param_bytes)
     margin = config.checkpoint.exit_margin_s
     limit = hardware.time_limit_s or (
         parse_duration(train.time_limit) if train.time_limit else None

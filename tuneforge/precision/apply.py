@@ -102,11 +102,17 @@ def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionRepor
     return report
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The decoder's projections (a MoE router, also a linear, stays in the model's dtype)."""
+
+
 def _frozen_linears(model: Decoder):
-    """(parent, attribute, kind, linear) of every frozen linear in the decoder blocks: the base of
-    an adapter, or a linear nothing trains."""
+    """(parent, attribute, kind, linear) of every frozen projection in the decoder blocks: the
+    base of an adapter, or a linear nothing trains."""
     for module in model.layers.modules():
         for leaf, child in module.named_children():
+            if leaf not in PROJECTIONS:
+                continue
             if isinstance(child, LoRALinear) and isinstance(child.base, nn.Linear):
                 yield child, "base", leaf, child.base
             elif type(child) is nn.Linear and not any(p.requires_grad for p in child.parameters()):

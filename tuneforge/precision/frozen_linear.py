@@ -103,4 +103,5 @@ class Fp4Linear(LowPrecisionBase):
         if not self.packed:
             return self.weight_dequantized.numel() * self.weight_dequantized.element_size()
         scale_bytes = self.weight_scales.numel() * self.weight_scales.element_size()
-        return self.weight_codes.numel() + scale_bytes + 4
+        tensor_scale = 0 if self.weight_tensor_scale is None else 4
+        return self.weight_codes.numel() + scale_bytes + tensor_scale

@@ -1,0 +1,62 @@
+"""The planner's count of the frozen base linears a precision setting swaps, against the modules
+`apply_precision` builds on the same shape: weights, scales and bytes."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tuneforge.config.schema import PrecisionSection
+from tuneforge.models.args import ModelArgs
+from tuneforge.models.catalog import MoEArgs
+from tuneforge.models.decoder import Decoder
+from tuneforge.peft.apply import apply_lora
+from tuneforge.plan.base_weights import BaseWeights, frozen_linears
+from tuneforge.plan.memory import Setup, static_bytes
+from tuneforge.precision.apply import apply_precision
+
+DENSE = ModelArgs(vocab_size=64, dim=256, num_layers=2, num_heads=8, num_kv_heads=2, ffn_dim=704)
+MOE = replace(DENSE, moe=MoEArgs(4, 2, 96), family="qwen3_moe")
+SECTIONS = {
+    "fp8": PrecisionSection(fp8="e4m3"),
+    "fp8-only": PrecisionSection(fp8="e4m3", fp8_base_weights=True),
+    "fp8-tensorwise": PrecisionSection(fp8="hybrid", fp8_scaling="tensorwise"),
+    "fp4": PrecisionSection(fp4="e2m1"),
+    "nvfp4": PrecisionSection(fp4="e2m1", fp4_param=True),
+    "mxfp4": PrecisionSection(fp4="e2m1", fp4_param=True, fp4_recipe="mxfp4"),
+}
+
+
+@pytest.mark.parametrize("args", [DENSE, MOE], ids=["dense", "moe"])
+@pytest.mark.parametrize("name", list(SECTIONS))
+def test_the_planned_base_weights_are_what_the_swap_holds(args, name):
+    section = SECTIONS[name]
+    model = Decoder(args, "sdpa").to(torch.bfloat16)
+    linears = [m for n, m in model.layers.named_modules() if n.endswith("_proj")]
+    weights = sum(linear.weight.numel() for linear in linears)
+    apply_lora(model, {"target_modules": ["q_proj", "o_proj"], "rank": 4, "alpha": 8})
+    report = apply_precision(model, section)
+    planned = BaseWeights.of(section)
+    assert frozen_linears(args)[0] == weights
+    held = report.weight_bytes
+    if planned.format == "fp8+model":
+        held += 2 * weights  # the bf16 values stay beside the FP8 copies
+    assert sum(planned.bytes(args, 2)) == held
+    if args.moe is not None:  # the router stays as it was
+        assert all(type(layer.mlp.router) is torch.nn.Linear for layer in model.layers)
+
+
+def test_the_plans_weights_shrink_by_the_swapped_bytes():
+    from tuneforge.models.cost import LoraShape
+
+    setups = {
+        name: Setup(DENSE, 2, 4096, LoraShape(16), base_weights=BaseWeights.of(section))
+        for name, section in {"bf16": PrecisionSection(), **SECTIONS}.items()
+    }
+    bf16 = static_bytes(setups["bf16"])[0]
+    weights, rows, tensors = frozen_linears(DENSE)
+    assert static_bytes(setups["fp8"])[0] - bf16 == weights + 4 * rows  # FP8 values and scales
+    assert bf16 - static_bytes(setups["fp8-only"])[0] == weights - 4 * rows
+    # 4 bits and an E4M3 scale per 16 elements: 4.5 bits instead of 16
+    assert bf16 - static_bytes(setups["nvfp4"])[0] == weights * (2 - 0.5625) - 4 * tensors
+    assert static_bytes(setups["fp4"])[0] == bf16  # dequantised values: as many bytes

@@ -1,0 +1,70 @@
+"""How the decoder's frozen linears are held under a precision setting, and what that costs: the
+formats `tuneforge.precision` swaps in, counted from the model's shape. Biases, norms, the
+embedding, the output layer and expert banks stay in the model's dtype."""
+
+from dataclasses import dataclass
+
+from tuneforge.config.schema import PrecisionSection
+from tuneforge.models.args import ModelArgs
+
+BLOCK = {"nvfp4": 16, "mxfp4": 32}
+SCALE_BYTES = {"nvfp4": 1, "mxfp4": 1}
+"""NVFP4: one E4M3 scale per 16 elements (and an fp32 tensor scale); MXFP4: one E8M0 per 32."""
+
+
+@dataclass(frozen=True)
+class BaseWeights:
+    format: str = "model"
+    """`model` (unchanged), `fp8+model` (FP8 copies beside the model's values), `fp8`, `fp4`
+    (dequantised FP4 values in the model's dtype), `nvfp4` or `mxfp4` (packed codes)."""
+    rowwise: bool = True
+    """FP8: one fp32 scale per output channel (else one per tensor)."""
+
+    @classmethod
+    def of(cls, precision: PrecisionSection) -> "BaseWeights":
+        if precision.fp8:
+            rowwise = precision.fp8_scaling == "rowwise"
+            return cls("fp8" if precision.fp8_base_weights else "fp8+model", rowwise)
+        if precision.fp4:
+            return cls(precision.fp4_recipe if precision.fp4_param else "fp4")
+        return cls()
+
+    def bytes(self, args: ModelArgs, param_bytes: int) -> tuple[float, float]:
+        """(values, scales) bytes of the swapped linears' weights."""
+        weights, rows, tensors = frozen_linears(args)
+        if self.format in ("model", "fp4"):
+            return weights * param_bytes, 0.0
+        if self.format.startswith("fp8"):
+            values = weights * (1 + (param_bytes if self.format == "fp8+model" else 0))
+            return values, 4.0 * (rows if self.rowwise else tensors)
+        scales = weights / BLOCK[self.format] * SCALE_BYTES[self.format]
+        return weights / 2, scales + (4.0 * tensors if self.format == "nvfp4" else 0.0)
+
+    def describe(self, args: ModelArgs, param_bytes: int) -> str | None:
+        if self.format == "model":
+            return None
+        weights = frozen_linears(args)[0]
+        values, scales = self.bytes(args, param_bytes)
+        names = {"fp8+model": "FP8 copies beside the model's values", "fp8": "FP8",
+                 "fp4": "FP4 values dequantised in the model's dtype",
+                 "nvfp4": "NVFP4 codes", "mxfp4": "MXFP4 codes"}  # fmt: skip
+        return (
+            f"{weights / 1e9:.2f} B base-linear weights as {names[self.format]}: "
+            f"{values / 2**30:.2f} GiB + {scales / 2**20:.1f} MiB of scales "
+            f"({weights * param_bytes / 2**30:.2f} GiB in the model's dtype)"
+        )
+
+
+def frozen_linears(args: ModelArgs) -> tuple[int, int, int]:
+    """(weights, output rows, tensors) of the attention projections and dense MLPs."""
+    q, kv = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+    weights = rows = tensors = 0
+    for layer in range(args.num_layers):
+        weights += args.dim * (2 * q + 2 * kv)
+        rows += q + 2 * kv + args.dim
+        tensors += 4
+        if not args.is_sparse_layer(layer):
+            weights += 3 * args.dim * args.ffn_dim
+            rows += 2 * args.ffn_dim + args.dim
+            tensors += 3
+    return weights, rows, tensors
