@@ -296,3 +296,25 @@ def test_checkpoints_that_would_never_be_written_are_said_by_validate():
         env={"COLUMNS": "200"},
     )
     assert result.exit_code == 0 and "checkpoint.save_steps=30 is not below" in result.output
+
+
+def test_the_precision_ab_examples_differ_only_in_precision(tmp_path):
+    import shutil
+
+    for file in (REPO / "examples" / "precision-ab").glob("*.yaml"):
+        shutil.copy(file, tmp_path)
+    (tmp_path / "data").mkdir()
+    for name in ("train", "eval"):
+        shutil.copy(
+            REPO / "tuneforge" / "assets" / "demo_data" / f"{name}.jsonl", tmp_path / "data"
+        )
+    tokenizer = f"tokenizer.path={REPO / 'tuneforge' / 'assets' / 'demo_tokenizer'}"
+    configs = {
+        name: load_config(tmp_path / f"{name}.yaml", [tokenizer]).model_dump(mode="json")
+        for name in ("bf16", "fp8", "fp4")
+    }
+    for name in ("fp8", "fp4"):
+        differing = {key for key, value in configs[name].items() if value != configs["bf16"][key]}
+        assert differing == {"run", "precision"}
+    assert configs["fp8"]["precision"]["fp8"] == "e4m3"
+    assert configs["fp4"]["precision"]["fp4_param"] is True

@@ -5,6 +5,7 @@ import sys
 import typer
 
 from tuneforge.cli.bench import bench_command
+from tuneforge.cli.compare import compare
 from tuneforge.cli.common import EXIT_USAGE, error_console
 from tuneforge.cli.config import config_app, models
 from tuneforge.cli.data import data_app
@@ -33,6 +34,7 @@ app.command("plan")(plan_command)
 app.command("slurm")(slurm_command)
 app.command("bench")(bench_command)
 app.command("plot")(plot)
+app.command("compare")(compare)
 app.command("generate")(generate)
 
 

@@ -1,0 +1,84 @@
+"""`tuneforge compare` on run directories written here: the gaps between smoothed curves, the
+held-out figures, speed and memory, what else differs, and its errors."""
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tuneforge.cli.main import app
+from tuneforge.errors import TuneforgeError
+from tuneforge.runs.compare import compare_runs, smooth
+
+
+def write_run(directory, losses, evals, seed=0, precision=None, speed=1000.0):
+    directory.mkdir(parents=True)
+    config = {
+        "model": {"dtype": "bfloat16"},
+        "train": {"seed": seed},
+        "run": {"name": directory.name},
+    }
+    config["precision"] = precision or {"fp8": None, "fp4": None}
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+    lines = [{"step": step, "eval_loss": value} for step, value in evals]
+    lines += [
+        {
+            "step": step,
+            "loss": loss,
+            "tokens_per_s": speed * (0.1 if step <= 3 else 1.0),
+            "mem_peak_gib": 10.0 + step / 100,
+        }  # fmt: skip
+        for step, loss in enumerate(losses, start=1)
+    ]
+    (directory / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines))
+    return directory
+
+
+def test_smoothing_is_the_debiased_moving_average():
+    assert smooth([2.0, 4.0], 0.5) == [2.0, pytest.approx((0.25 * 2 + 0.5 * 4) / 0.75)]
+    assert smooth([1.0, 5.0, 3.0], 0.0) == [1.0, 5.0, 3.0]
+
+
+def test_a_run_two_percent_above_the_reference_shows_a_two_percent_gap(tmp_path):
+    losses = [3.0 / (1 + 0.1 * step) + 0.05 * (-1) ** step for step in range(40)]
+    reference = write_run(tmp_path / "bf16", losses, [(0, 3.0), (40, 1.5)])
+    fp8 = write_run(
+        tmp_path / "fp8",
+        [1.02 * loss for loss in losses],
+        [(0, 3.0), (20, 1.4), (40, 1.53)],
+        precision={"fp8": "e4m3", "fp8_scaling": "rowwise", "fp8_base_weights": True},
+        speed=1400.0,
+    )
+    first, second = compare_runs([reference, fp8])
+    assert first.mean_gap == pytest.approx(0.0) and first.precision == "bfloat16"
+    assert second.precision == "fp8 e4m3 rowwise, base in FP8 only"
+    assert second.mean_gap == pytest.approx(0.02) and second.max_gap == pytest.approx(0.02)
+    assert second.final_eval_loss == 1.53 and second.best_eval_loss == 1.4
+    assert second.eval_gap == pytest.approx(0.02)
+    assert second.tokens_per_s == 1400.0  # the warm-up steps are left out
+    assert second.peak_gib == pytest.approx(10.4)
+    assert second.differs_in == []
+
+
+def test_other_differences_are_named_and_the_cli_writes_json_and_a_plot(tmp_path):
+    reference = write_run(tmp_path / "a", [3.0, 2.0, 1.5, 1.2], [(4, 1.3)])
+    other = write_run(tmp_path / "b", [3.1, 2.1, 1.6, 1.3], [(4, 1.4)], seed=1)
+    assert compare_runs([reference, other])[1].differs_in == ["train.seed"]
+    image = tmp_path / "ab.png"
+    result = CliRunner().invoke(
+        app, ["compare", str(reference), str(other), "--json", "--out", str(image)]
+    )
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["reference"] == "a" and document["runs"][1]["differs_in"] == ["train.seed"]
+    assert image.stat().st_size > 10_000
+    table = CliRunner().invoke(app, ["compare", str(reference), str(other)])
+    assert "b also differs from a in: train.seed" in table.output
+
+
+def test_a_directory_without_metrics_is_named(tmp_path):
+    with pytest.raises(TuneforgeError, match="has no metrics.jsonl"):
+        compare_runs([tmp_path])
+    with pytest.raises(TuneforgeError, match="smoothing"):
+        compare_runs([tmp_path], smoothing=1.0)

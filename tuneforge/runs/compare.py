@@ -1,0 +1,204 @@
+"""`tuneforge compare`: runs side by side, the first the reference — their precision, final and
+best held-out loss, the gap between their smoothed training curves, speed and peak memory, and
+what else differs in their configurations (an A/B of precisions should differ in nothing else)."""
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuneforge.errors import TuneforgeError
+from tuneforge.runs.files import CONFIG_FILE, METRICS_FILE, read_metrics
+from tuneforge.runs.pace import WARMUP_STEPS
+
+SAME_ANYWHERE = ("run.", "logging.", "checkpoint.", "precision.")
+"""Settings an A/B may change without making the comparison unfair."""
+
+
+@dataclass
+class RunCurves:
+    name: str
+    precision: str
+    steps: list[int]
+    losses: list[float]
+    smoothed: list[float]
+    evals: list[tuple[int, float]]
+    tokens_per_s: float | None
+    peak_gib: float | None
+    config: dict[str, Any] = field(repr=False)
+
+    @property
+    def final_eval(self) -> float | None:
+        return self.evals[-1][1] if self.evals else None
+
+    @property
+    def best_eval(self) -> float | None:
+        return min(value for _, value in self.evals) if self.evals else None
+
+
+@dataclass
+class RunSummary:
+    name: str
+    precision: str
+    steps: int
+    final_loss: float | None
+    """The smoothed training loss at the last step."""
+    final_eval_loss: float | None
+    best_eval_loss: float | None
+    mean_gap: float | None
+    """Mean of |smoothed loss - the reference's| over their common steps, relative to the
+    reference's smoothed loss (0.01 = 1%)."""
+    max_gap: float | None
+    final_gap: float | None
+    eval_gap: float | None
+    """The final held-out loss against the reference's, relative."""
+    tokens_per_s: float | None
+    peak_gib: float | None
+    differs_in: list[str]
+    """Settings other than precision, run, logging and checkpoint that differ from the reference."""
+
+
+def smooth(values: list[float], weight: float) -> list[float]:
+    """An exponential moving average, debiased (TensorBoard's smoothing)."""
+    out, average = [], 0.0
+    for index, value in enumerate(values, start=1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**index) if weight > 0 else value)
+    return out
+
+
+def read_run(run_dir: Path, smoothing: float) -> RunCurves:
+    metrics_file = run_dir / METRICS_FILE
+    if not metrics_file.is_file():
+        raise TuneforgeError(f"{run_dir} has no {METRICS_FILE}: is it a run directory?")
+    records = read_metrics(metrics_file)
+    config_file = run_dir / CONFIG_FILE
+    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+    training = [r for r in records if r.get("loss") is not None]
+    if not training:
+        raise TuneforgeError(f"{metrics_file} holds no training step yet")
+    losses = [float(r["loss"]) for r in training]
+    speeds = [r["tokens_per_s"] for r in training[WARMUP_STEPS:] if r.get("tokens_per_s")]
+    peaks = [r["mem_peak_gib"] for r in records if r.get("mem_peak_gib") is not None]
+    return RunCurves(
+        name=run_dir.name,
+        precision=precision_label(config),
+        steps=[int(r["step"]) for r in training],
+        losses=losses,
+        smoothed=smooth(losses, smoothing),
+        evals=[(int(r["step"]), float(r["eval_loss"])) for r in records if "eval_loss" in r],
+        tokens_per_s=statistics.median(speeds) if speeds else None,
+        peak_gib=max(peaks) if peaks else None,
+        config=config,
+    )
+
+
+def precision_label(config: dict[str, Any]) -> str:
+    precision = config.get("precision") or {}
+    if precision.get("fp8"):
+        only = ", base in FP8 only" if precision.get("fp8_base_weights") else ""
+        return f"fp8 {precision['fp8']} {precision.get('fp8_scaling', 'rowwise')}{only}"
+    if precision.get("fp4"):
+        packed = ", packed" if precision.get("fp4_param") else ""
+        return f"fp4 {precision.get('fp4_recipe', 'nvfp4')} (emulated{packed})"
+    return (config.get("model") or {}).get("dtype", "unknown")
+
+
+def compare_runs(run_dirs: list[Path], smoothing: float = 0.9) -> list[RunSummary]:
+    if not 0 <= smoothing < 1:
+        raise TuneforgeError(f"--smoothing must be in [0, 1), not {smoothing}")
+    runs = [read_run(run_dir, smoothing) for run_dir in run_dirs]
+    reference = runs[0]
+    return [_summary(run, reference) for run in runs]
+
+
+def _summary(run: RunCurves, reference: RunCurves) -> RunSummary:
+    theirs = dict(zip(reference.steps, reference.smoothed, strict=True))
+    gaps = [
+        abs(value - theirs[step]) / abs(theirs[step])
+        for step, value in zip(run.steps, run.smoothed, strict=True)
+        if step in theirs and theirs[step]
+    ]
+    final_gap = gaps[-1] if gaps else None
+    eval_gap = None
+    if run.final_eval is not None and reference.final_eval:
+        eval_gap = (run.final_eval - reference.final_eval) / reference.final_eval
+    return RunSummary(
+        name=run.name,
+        precision=run.precision,
+        steps=run.steps[-1],
+        final_loss=run.smoothed[-1],
+        final_eval_loss=run.final_eval,
+        best_eval_loss=run.best_eval,
+        mean_gap=sum(gaps) / len(gaps) if gaps else None,
+        max_gap=max(gaps) if gaps else None,
+        final_gap=final_gap,
+        eval_gap=eval_gap,
+        tokens_per_s=run.tokens_per_s,
+        peak_gib=run.peak_gib,
+        differs_in=_differences(run.config, reference.config),
+    )
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat |= _flat(value, f"{prefix}{key}.")
+    return flat
+
+
+def _differences(config: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    ours, theirs = _flat(config), _flat(reference)
+    keys = sorted(set(ours) | set(theirs))
+    return [
+        key
+        for key in keys
+        if not key.startswith(SAME_ANYWHERE) and ours.get(key) != theirs.get(key)
+    ]
+
+
+def as_dicts(summaries: list[RunSummary]) -> list[dict[str, Any]]:
+    return [asdict(summary) for summary in summaries]
+
+
+def plot_comparison(run_dirs: list[Path], out: Path, smoothing: float = 0.9) -> Path:
+    """Training loss (raw, faint, and smoothed) and held-out loss of each run, and each run's
+    smoothed gap to the first."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise TuneforgeError('plotting needs matplotlib: pip install "tuneforge[plot]"') from None
+    runs = [read_run(run_dir, smoothing) for run_dir in run_dirs]
+    reference = dict(zip(runs[0].steps, runs[0].smoothed, strict=True))
+    figure, (train, held_out, gap) = plt.subplots(1, 3, figsize=(16, 4.5))
+    for run in runs:
+        label = f"{run.name} ({run.precision})"
+        (line,) = train.plot(run.steps, run.smoothed, label=label)
+        train.plot(run.steps, run.losses, color=line.get_color(), alpha=0.2, linewidth=0.8)
+        if run.evals:
+            steps, values = zip(*run.evals, strict=True)
+            held_out.plot(steps, values, marker="o", color=line.get_color(), label=label)
+        common = [(s, v) for s, v in zip(run.steps, run.smoothed, strict=True) if s in reference]
+        gap.plot(
+            [s for s, _ in common],
+            [100 * (v - reference[s]) / reference[s] for s, v in common],
+            color=line.get_color(),
+        )
+    train.set(title=f"training loss (smoothed {smoothing})", xlabel="step", ylabel="loss (nats)")
+    held_out.set(title="held-out loss", xlabel="step", ylabel="loss (nats)")
+    gap.set(title=f"gap to {runs[0].name}", xlabel="step", ylabel="smoothed loss difference (%)")
+    for axis in (train, held_out, gap):
+        axis.grid(alpha=0.3)
+    train.legend(fontsize=8)
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+    return out
