@@ -28,6 +28,19 @@ def test_every_e2m1_code_has_its_value_and_comes_back():
     assert torch.equal(e2m1_codes(values), codes)
 
 
+def test_stochastic_rounding_picks_a_neighbour_and_is_unbiased():
+    torch.manual_seed(0)
+    values = torch.tensor([0.3, 1.2, 2.6, 5.0, 4.0, -0.1]).repeat(20000, 1)
+    rounded = e2m1_values(e2m1_codes(values, stochastic=True))
+    neighbours = [(0.0, 0.5), (1.0, 1.5), (2.0, 3.0), (4.0, 6.0), (4.0, 4.0), (-0.5, 0.0)]
+    for column, (low, high) in enumerate(neighbours):
+        seen = set(rounded[:, column].tolist())
+        assert seen <= {low, high} and len(seen) == (1 if low == high else 2)
+    # the mean of many roundings is the value (0.3: 0 with p 0.4, 0.5 with p 0.6); to nearest
+    # it would be 0.5, 1.0, 3.0, 4.0
+    torch.testing.assert_close(rounded.mean(0), values[0], atol=0.03, rtol=0)  # 4 sigma
+
+
 def test_rounding_is_to_nearest_with_ties_to_even_and_saturates():
     ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
     # each tie goes to the neighbour whose mantissa bit is 0: 0, 1, 1, 2, 2, 4, 4

@@ -114,14 +114,18 @@ def test_fp4_emulation_is_the_recipes_rounding_and_packed_weights_compute_the_sa
     held = _layer(Fp4Linear(linear, recipe, packed=False, keep_weight=True), torch.float32)
     held.load_state_dict(packed.state_dict(), strict=False)
     x, grad = torch.randn(8, 64), torch.randn(8, 96)
+    torch.manual_seed(7)  # the output gradient rounds stochastically
     y, dx, dA, dB = _run(packed, x, grad)
+    torch.manual_seed(7)
     for got, want in zip((y, dx, dA, dB), _run(held, x, grad), strict=True):
         assert torch.equal(got, want)
     weight = quantize_fp4(linear.weight, recipe).dequantize()
     A, B = packed.lora_A.detach(), packed.lora_B.detach()
     assert torch.allclose(y, fake_quantize(x, recipe) @ weight.t() + 2.0 * (x @ A.t()) @ B.t())
     gu = grad @ B
-    assert torch.allclose(dx, fake_quantize(grad, recipe) @ weight + 2.0 * gu @ A, atol=1e-5)
+    torch.manual_seed(7)
+    rounded = fake_quantize(grad, recipe, stochastic=True)
+    assert torch.allclose(dx, rounded @ weight + 2.0 * gu @ A, atol=1e-5)
     assert torch.allclose(dA, 2.0 * gu.t() @ x, atol=1e-5)  # the adapters see unrounded values
     # 4 bits cost accuracy: the rounding is visible, and bounded
     assert 0.01 < _relative(y, x @ linear.weight.t() + 2.0 * (x @ A.t()) @ B.t()) < 0.3

@@ -30,15 +30,29 @@ E8M0_NAN = 255
 BLOCK_SIZE = {"mxfp4": 32, "nvfp4": 16}
 
 
-def e2m1_codes(values: torch.Tensor) -> torch.Tensor:
-    """4-bit codes (uint8, one per element) of `values`, rounded to nearest, ties to even."""
-    magnitude = values.abs().float().clamp(max=E2M1_MAX)
-    index = torch.zeros(values.shape, dtype=torch.uint8, device=values.device)
-    for k, midpoint in enumerate(_MIDPOINTS):
-        index += (magnitude > midpoint).to(torch.uint8)
-        if k % 2 == 1:  # the code above this midpoint has an even mantissa: a tie goes up
-            index += (magnitude == midpoint).to(torch.uint8)
-    return index | (torch.signbit(values).to(torch.uint8) << 3)
+def e2m1_codes(values: torch.Tensor, stochastic: bool = False) -> torch.Tensor:
+    """4-bit codes (uint8, one per element) of `values`, rounded to nearest, ties to even, or
+    (`stochastic`) up or down with the probability of the distance to the other neighbour, so
+    that the rounding is unbiased on average (gradients in NVFP4 training recipes)."""
+    magnitude = values.abs().float().clamp(max=E2M1_MAX).nan_to_num(0.0)
+    if stochastic:
+        index = _stochastic_index(magnitude)
+    else:
+        midpoints = torch.tensor(_MIDPOINTS, device=values.device)
+        below = torch.bucketize(magnitude, midpoints)  # midpoints strictly below
+        tie = torch.bucketize(magnitude, midpoints, right=True) != below
+        # the code above midpoints 1, 3 and 5 has an even mantissa: a tie there goes up
+        index = below + (tie & (below % 2 == 1))
+    return index.to(torch.uint8) | (torch.signbit(values).to(torch.uint8) << 3)
+
+
+def _stochastic_index(magnitude: torch.Tensor) -> torch.Tensor:
+    grid = torch.tensor(E2M1_VALUES, device=magnitude.device)
+    low = torch.bucketize(magnitude, grid, right=True) - 1  # the grid point at or below
+    high = (low + 1).clamp(max=len(E2M1_VALUES) - 1)
+    span = grid[high] - grid[low]
+    share = torch.where(span > 0, (magnitude - grid[low]) / span.clamp(min=1e-30), 0.0)
+    return low + (torch.rand_like(magnitude) < share).long()
 
 
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
@@ -98,7 +112,7 @@ def _blocks(values: torch.Tensor, block: int) -> torch.Tensor:
     return values.float().unflatten(-1, (-1, block))
 
 
-def quantize_mxfp4(values: torch.Tensor) -> Fp4Tensor:
+def quantize_mxfp4(values: torch.Tensor, stochastic: bool = False) -> Fp4Tensor:
     blocks = _blocks(values, BLOCK_SIZE["mxfp4"])
     amax = blocks.abs().amax(dim=-1)
     finite = torch.isfinite(amax)
@@ -107,11 +121,13 @@ def quantize_mxfp4(values: torch.Tensor) -> Fp4Tensor:
     exponent = (exponent_field - 127 - E2M1_MAX_EXPONENT).clamp(-E8M0_BIAS, E8M0_BIAS)
     biased = torch.where(finite, exponent + E8M0_BIAS, E8M0_NAN).to(torch.uint8)
     scaled = blocks * torch.exp2(-exponent.float()).unsqueeze(-1)
-    codes = e2m1_codes(scaled.clamp(-E2M1_MAX, E2M1_MAX)).flatten(-2)
+    codes = e2m1_codes(scaled.clamp(-E2M1_MAX, E2M1_MAX), stochastic).flatten(-2)
     return Fp4Tensor(pack_pairs(codes), biased, "mxfp4")
 
 
-def quantize_nvfp4(values: torch.Tensor, tensor_scale: bool = True) -> Fp4Tensor:
+def quantize_nvfp4(
+    values: torch.Tensor, tensor_scale: bool = True, stochastic: bool = False
+) -> Fp4Tensor:
     blocks = _blocks(values, BLOCK_SIZE["nvfp4"])
     amax = blocks.abs().amax(dim=-1)
     finite = torch.isfinite(amax)
@@ -126,14 +142,14 @@ def quantize_nvfp4(values: torch.Tensor, tensor_scale: bool = True) -> Fp4Tensor
     scales = stored.to(torch.float8_e4m3fn)
     block_scale = scales.float() * (global_scale if global_scale is not None else 1.0)
     scaled = blocks / block_scale.unsqueeze(-1)
-    codes = e2m1_codes(scaled.clamp(-E2M1_MAX, E2M1_MAX)).flatten(-2)
+    codes = e2m1_codes(scaled.clamp(-E2M1_MAX, E2M1_MAX), stochastic).flatten(-2)
     return Fp4Tensor(pack_pairs(codes), scales, "nvfp4", global_scale)
 
 
-def quantize_fp4(values: torch.Tensor, recipe: str) -> Fp4Tensor:
+def quantize_fp4(values: torch.Tensor, recipe: str, stochastic: bool = False) -> Fp4Tensor:
     """`values` in `recipe` (`nvfp4` or `mxfp4`, as `precision.fp4_recipe` names them)."""
     if recipe == "mxfp4":
-        return quantize_mxfp4(values)
+        return quantize_mxfp4(values, stochastic)
     if recipe == "nvfp4":
-        return quantize_nvfp4(values)
+        return quantize_nvfp4(values, stochastic=stochastic)
     raise ValueError(f"unknown FP4 recipe {recipe!r}: nvfp4 or mxfp4")

@@ -2,16 +2,18 @@
 gradient (backward) quantised in the recipe's blocks along the GEMM's reduction dimension and
 dequantised, the weight dequantised from its FP4 codes, the GEMMs in the activations' dtype.
 This is what an FP4 GEMM computes, up to its accumulation order, on any GPU; it is slower than
-bf16, not faster. The LoRA update reads the unquantised input, as the adapters stay in bf16."""
+bf16, not faster. The output gradients round stochastically, as NVIDIA's NVFP4 training recipe
+rounds them: to nearest, the many entries below a twenty-fourth of their block's largest would all vanish. The
+LoRA update reads the unquantised input, as the adapters stay in bf16."""
 
 import torch
 
 from tuneforge.precision.fp4 import Fp4Tensor, quantize_fp4
 
 
-def fake_quantize(values: torch.Tensor, recipe: str) -> torch.Tensor:
+def fake_quantize(values: torch.Tensor, recipe: str, stochastic: bool = False) -> torch.Tensor:
     """`values` rounded to the FP4 recipe's grid, blocks along the last dimension."""
-    return quantize_fp4(values, recipe).dequantize(values.dtype)
+    return quantize_fp4(values, recipe, stochastic).dequantize(values.dtype)
 
 
 def _weight(stored, scales, tensor_scale, recipe: str, dtype: torch.dtype) -> torch.Tensor:
@@ -50,7 +52,7 @@ class Fp4LoRAProduct(torch.autograd.Function):
         dx = None
         if ctx.needs_input_grad[0]:
             weight = _weight(stored, scales, tensor_scale, ctx.recipe, grad.dtype)
-            dx = fake_quantize(grad, ctx.recipe) @ weight
+            dx = fake_quantize(grad, ctx.recipe, stochastic=True) @ weight
             if gu is not None:
                 dx.addmm_(gu, A, alpha=ctx.scaling)
         dA = dB = None
