@@ -122,3 +122,29 @@ def test_a_short_low_precision_run_follows_bf16(precision, tolerance):
     assert low[-1] < low[0] - 1.0
     drop = reference[0] - reference[-1]
     assert abs(low[-1] - reference[-1]) < tolerance * drop + 0.02
+
+
+def full_losses(precision: PrecisionSection, steps: int = 30) -> list[float]:
+    torch.manual_seed(0)
+    model = load_model("llama-3.2-1b", num_layers=2, dtype="bfloat16", device="cuda", seed=0)
+    apply_precision(model, precision)
+    wrap_blocks(model, BlockWrapping(compile=True))
+    objective = NextTokenObjective(model, compiled_loss=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    tokens = torch.randint(0, 2000, (2048,), generator=torch.Generator().manual_seed(2)).cuda()
+    packed = PackedSequences.from_lengths([700, 900, 448], "cuda")
+    history = []
+    for _ in range(steps):
+        loss_sum = objective(packed_batch(tokens, tokens.roll(-1), packed)).loss_sum
+        (loss_sum / tokens.numel()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        history.append(loss_sum.item() / tokens.numel())
+    return history
+
+
+@pytest.mark.parametrize("fp8", ["e4m3", "hybrid"])
+def test_a_short_full_fine_tune_in_fp8_follows_bf16(fp8):
+    reference, low = full_losses(PrecisionSection()), full_losses(PrecisionSection(fp8=fp8))
+    assert reference[-1] < reference[0] - 1.0 and low[-1] < low[0] - 1.0
+    assert abs(low[-1] - reference[-1]) < 0.03 * (reference[0] - reference[-1]) + 0.02

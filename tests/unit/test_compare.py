@@ -28,7 +28,7 @@ def write_run(directory, losses, evals, seed=0, precision=None, speed=1000.0):
             "loss": loss,
             "tokens_per_s": speed * (0.1 if step <= 3 else 1.0),
             "mem_peak_gib": 10.0 + step / 100,
-        }  # fmt: skip
+        }
         for step, loss in enumerate(losses, start=1)
     ]
     (directory / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines))
@@ -78,7 +78,7 @@ def test_other_differences_are_named_and_the_cli_writes_json_and_a_plot(tmp_path
 
 
 def test_a_directory_without_metrics_is_named(tmp_path):
-    with pytest.raises(TuneforgeError, match="has no metrics.jsonl"):
+    with pytest.raises(TuneforgeError, match=r"has no metrics\.jsonl"):
         compare_runs([tmp_path])
     with pytest.raises(TuneforgeError, match="smoothing"):
         compare_runs([tmp_path], smoothing=1.0)

@@ -5,8 +5,8 @@ import sys
 import typer
 
 from tuneforge.cli.bench import bench_command
-from tuneforge.cli.compare import compare
 from tuneforge.cli.common import EXIT_USAGE, error_console
+from tuneforge.cli.compare import compare
 from tuneforge.cli.config import config_app, models
 from tuneforge.cli.data import data_app
 from tuneforge.cli.doctor import doctor_app

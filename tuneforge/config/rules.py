@@ -240,13 +240,22 @@ def precision_formats(precision, lora, model) -> list[tuple[str, str, str]]:
                 "set model.dtype: bfloat16",
             )
         )
-    if (precision.fp8 or precision.fp4) and not lora.enabled:
+    if precision.fp4 and not lora.enabled:
         problems.append(
             (
-                "precision.fp8" if precision.fp8 else "precision.fp4",
-                "low precision runs the frozen base linears of LoRA training; full "
-                "fine-tuning in FP8/FP4 is not available in this version",
-                "set lora.enabled: true, or drop the precision setting",
+                "precision.fp4",
+                "emulated FP4 runs the frozen base linears of LoRA training; full fine-tuning "
+                "with FP4 numerics is not available in this version",
+                "set lora.enabled: true, or use precision.fp8 for full fine-tuning",
+            )
+        )
+    if precision.fp8_base_weights and not lora.enabled:
+        problems.append(
+            (
+                "precision.fp8_base_weights",
+                "only a frozen LoRA base can be held in FP8 alone; full fine-tuning trains "
+                "the weights in the model's dtype",
+                "drop fp8_base_weights, or set lora.enabled: true",
             )
         )
     if precision.fp8_base_weights and not precision.fp8:

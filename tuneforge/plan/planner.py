@@ -113,7 +113,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         loss_chunk_tokens=config.train.loss_chunk_tokens,
         compiled=config.train.compile,
         compile_memory_budget=config.train.compile_memory_budget,
-        base_weights=BaseWeights.of(config.precision),
+        base_weights=BaseWeights.of(config.precision) if lora is not None else BaseWeights(),
     )
 
 

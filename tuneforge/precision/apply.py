@@ -17,6 +17,7 @@ from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.lora import LoRALinear, LowPrecisionBase
 from tuneforge.precision.fp4 import BLOCK_SIZE
 from tuneforge.precision.fp8 import Fp8Recipe, fits_scaled_mm
+from tuneforge.precision.fp8_training import Fp8TrainingLinear
 from tuneforge.precision.frozen_linear import Fp4Linear, Fp8Linear
 
 
@@ -57,17 +58,36 @@ def refuse_sharded(section: PrecisionSection, strategy: str) -> None:
     if (section.fp8 or section.fp4) and strategy == "fsdp":
         raise TuneforgeError(
             "precision.fp8 / precision.fp4 with FSDP2 sharding is not available in this "
-            "version: use parallel.strategy: ddp (the LoRA base replicated) or one GPU"
+            "version: use parallel.strategy: ddp (the model replicated) or one GPU"
         )
 
 
 def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionReport:
-    """Swap the decoder blocks' frozen linears for low-precision ones as `section` says."""
+    """Swap the decoder blocks' projections for low-precision ones as `section` says: frozen
+    ones (a LoRA base) for FP8 or FP4 ones, trained ones (full fine-tuning) for FP8 ones."""
     report = PrecisionReport()
     if not (section.fp8 or section.fp4):
         return report
-    swapped: Counter[str] = Counter()
     left: Counter[str] = Counter()
+    _swap_frozen(model, section, report, left)
+    if section.fp8:
+        _swap_trained(model, Fp8Recipe.of(section.fp8, section.fp8_scaling), report, left)
+    if left:
+        report.lines.append(f"{_kind(left)}: in the model's dtype (widths the format cannot tile)")
+    banks = sum(isinstance(module, ExpertBank) for module in model.modules())
+    stays = "embedding, norms, attention, router, output layer"
+    if any(isinstance(module, LoRALinear) for module in model.modules()):
+        stays += ", LoRA adapters"
+    if banks:
+        stays += f", expert banks ({banks}: no low-precision expert product yet)"
+    report.lines.append(f"in the model's dtype: {stays}")
+    return report
+
+
+def _swap_frozen(
+    model: Decoder, section: PrecisionSection, report: PrecisionReport, left: Counter[str]
+) -> None:
+    swapped: Counter[str] = Counter()
     before = after = weights = 0
     for parent, attribute, leaf, linear in _frozen_linears(model):
         if not _fits(section, linear):
@@ -79,6 +99,8 @@ def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionRepor
         weights += linear.weight.numel()
         before += linear.weight.numel() * linear.weight.element_size()
         after += low.weight_bytes()
+    if not swapped:
+        return
     report.weight_bytes = after
     report.lines.append(f"{_kind(swapped)}: {_describe(section)}")
     if section.fp8:
@@ -92,14 +114,29 @@ def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionRepor
             f"base weights: {after / GIB:.2f} GiB as FP4 codes and scales "
             f"({8 * after / max(weights, 1):.2f} bits per weight) instead of {before / GIB:.2f} GiB"
         )
-    if left:
-        report.lines.append(f"{_kind(left)}: in the model's dtype (widths the format cannot tile)")
-    banks = sum(isinstance(module, ExpertBank) for module in model.modules())
-    stays = "embedding, norms, attention, router, output layer, LoRA adapters"
-    if banks:
-        stays += f", expert banks ({banks}: no low-precision expert product yet)"
-    report.lines.append(f"in the model's dtype: {stays}")
-    return report
+
+
+def _swap_trained(
+    model: Decoder, recipe: Fp8Recipe, report: PrecisionReport, left: Counter[str]
+) -> None:
+    swapped: Counter[str] = Counter()
+    for module in model.layers.modules():
+        for leaf, child in list(module.named_children()):
+            if leaf not in PROJECTIONS or type(child) is not nn.Linear:
+                continue
+            if not any(param.requires_grad for param in child.parameters()):
+                continue
+            if not fits_scaled_mm(child.in_features, child.out_features):
+                left[leaf] += 1
+                continue
+            setattr(module, leaf, Fp8TrainingLinear(child, recipe))
+            swapped[leaf] += 1
+    if swapped:
+        report.lines.append(
+            f"{_kind(swapped)} (trained): FP8 ({recipe.describe()}) through torch._scaled_mm "
+            "for the output and both gradients, the weights (in the model's dtype) quantised at "
+            "each step"
+        )
 
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

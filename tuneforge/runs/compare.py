@@ -119,7 +119,7 @@ def _summary(run: RunCurves, reference: RunCurves) -> RunSummary:
     gaps = [
         abs(value - theirs[step]) / abs(theirs[step])
         for step, value in zip(run.steps, run.smoothed, strict=True)
-        if step in theirs and theirs[step]
+        if theirs.get(step)
     ]
     final_gap = gaps[-1] if gaps else None
     eval_gap = None
