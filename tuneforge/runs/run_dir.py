@@ -34,7 +34,9 @@ RUN_SETTINGS = (
     ("data", "max_seq_len"),
     ("model", "dtype"),
     ("precision", "fp8"),
+    ("precision", "fp8_base_weights"),
     ("precision", "fp4"),
+    ("precision", "fp4_param"),
 )
 """Settings the schedule or the memory of a run depends on: a resume may not change them
 silently."""
