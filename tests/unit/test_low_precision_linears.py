@@ -175,3 +175,36 @@ def test_fp8_is_refused_without_fp8_tensor_cores_and_fp4_emulation_is_not():
     with pytest.raises(TuneforgeError, match="FP8 tensor cores"):
         refuse_unsupported_precision(PrecisionSection(fp8="e4m3"), torch.device("cpu"))
     refuse_unsupported_precision(PrecisionSection(fp4="e2m1"), torch.device("cpu"))
+
+
+def test_q_k_and_v_stacked_in_fp8_compute_what_they_compute_apart():
+    model = _demo_model(["all-linear"])
+    attention = model.layers[0].attn
+    linears = [attention.q_proj, attention.k_proj, attention.v_proj]
+    for index, linear in enumerate(linears):  # non-zero B, and unequal scalings
+        nn.init.normal_(linear.lora_B, std=0.05, generator=torch.Generator().manual_seed(index))
+    attention.k_proj.scaling = 0.5
+    report = apply_precision(model, PrecisionSection(fp8="e4m3"))
+    assert any(line.startswith("q, k and v of 4 block(s)") for line in report.lines)
+    stack = attention.q_proj.base.stack
+    x = torch.randn(40, model.args.dim, dtype=torch.bfloat16)
+    grads = [torch.randn(40, linear.base.out_features, dtype=torch.bfloat16) for linear in linears]
+
+    def run():
+        for linear in linears:
+            linear.lora_A.grad = linear.lora_B.grad = None
+        rows = x.clone().requires_grad_()
+        outputs = LoRALinear.project_together(rows, linears)
+        torch.autograd.backward(outputs, grads)
+        adapters = [p.grad.clone() for linear in linears for p in (linear.lora_A, linear.lora_B)]
+        return [*outputs, rows.grad, *adapters]
+
+    together = run()
+    attention.q_proj.base.stack = None
+    apart = run()
+    attention.q_proj.base.stack = stack
+    # the input gradient's FP8 operand is quantised once per token across q, k and v, not per
+    # linear: FP8's rounding apart; the outputs and the adapters' gradients agree closely
+    bounds = [5e-3] * 3 + [0.05] + [5e-3] * 6
+    for got, want, bound in zip(together, apart, bounds, strict=True):
+        assert ((got.float() - want.float()).norm() / want.float().norm()).item() < bound

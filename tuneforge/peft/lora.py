@@ -86,6 +86,13 @@ class LowPrecisionBase(nn.Module, abc.ABC):
     def weight_bytes(self) -> int:
         """Bytes of the weight as it is held for the products (values and scales)."""
 
+    def product_together(
+        self, rows: torch.Tensor, adapters: list["LoRALinear"]
+    ) -> list[torch.Tensor] | None:
+        """The outputs of `adapters` reading `rows`, this base the first's, from one product where
+        their weights are stacked with this one's; None where they are not."""
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return shaped_like(x, self.product(as_rows(x)))
 
@@ -172,10 +179,17 @@ class LoRALinear(nn.Module):
             len(linears) < 2
             or len(adapters) < len(linears)
             or not all(adapter.runs_fused(x) for adapter in adapters)
-            or not all(isinstance(adapter.base, nn.Linear) for adapter in adapters)
         ):
             return [linear(x) for linear in linears]
         rows = as_rows(x)
+        first = adapters[0].base
+        if isinstance(first, LowPrecisionBase):
+            together = first.product_together(rows, adapters)
+            if together is None:
+                return [linear(x) for linear in linears]
+            return [shaped_like(x, y) for y in together]
+        if not all(isinstance(adapter.base, nn.Linear) for adapter in adapters):
+            return [linear(x) for linear in linears]
         stacked = adapters[0].stacked_weight
         if stacked is not None:
             y = StackedSharedInputLoRA.apply(

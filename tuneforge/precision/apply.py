@@ -19,6 +19,7 @@ from tuneforge.precision.fp4 import BLOCK_SIZE
 from tuneforge.precision.fp8 import Fp8Recipe, fits_scaled_mm
 from tuneforge.precision.fp8_training import Fp8TrainingLinear
 from tuneforge.precision.frozen_linear import Fp4Linear, Fp8Linear
+from tuneforge.precision.stacked_fp8 import stack_fp8_groups
 
 
 @dataclass
@@ -72,6 +73,11 @@ def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionRepor
     _swap_frozen(model, section, report, left)
     if section.fp8:
         _swap_trained(model, Fp8Recipe.of(section.fp8, section.fp8_scaling), report, left)
+        stacked = stack_fp8_groups(model)
+        if stacked:
+            report.lines.append(
+                f"q, k and v of {stacked} block(s): one stacked FP8 product each way"
+            )
     if left:
         report.lines.append(f"{_kind(left)}: in the model's dtype (widths the format cannot tile)")
     banks = sum(isinstance(module, ExpertBank) for module in model.modules())

@@ -3,6 +3,8 @@
 what trains, and a run's base is the model it loaded. Where the bf16 weight is kept too, it
 stays the module's `weight` parameter, exactly as loaded."""
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -18,6 +20,17 @@ def _keep(module: LowPrecisionBase, base: nn.Linear, keep_weight: bool) -> None:
     module.bias = base.bias
     if keep_weight:
         module.weight = base.weight
+
+
+@dataclass
+class Fp8Stack:
+    """The stacked FP8 weight [Σ out, in], its scales [1, Σ out] and bias of linears reading one
+    input (`precision/stacked_fp8.py`), held by the first."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
+    out_features: list[int]
 
 
 class Fp8Linear(LowPrecisionBase):
@@ -38,6 +51,12 @@ class Fp8Linear(LowPrecisionBase):
         self.register_buffer(
             "weight_scale", scale.reshape(1, -1) if rowwise else scale, persistent=False
         )
+        self.stack: Fp8Stack | None = None
+
+    def _apply(self, fn, recurse=True):
+        # moved or cast, the weights are no longer views of the stacked tensor
+        self.stack = None
+        return super()._apply(fn, recurse)
 
     def product(self, rows, lora_A=None, lora_B=None, scaling=0.0):
         recipe = self.recipe
@@ -56,6 +75,36 @@ class Fp8Linear(LowPrecisionBase):
 
     def weight_bytes(self) -> int:
         return self.weight_fp8.numel() + 4 * self.weight_scale.numel()
+
+    def product_together(self, rows, adapters):
+        """One product for the stacked linears: x·[W_q; W_k; W_v]ᵀ + (x·[A_q; A_k; A_v]ᵀ)·Bᵀ with
+        B block-diagonal (each block scaled by its adapter's scaling where they differ)."""
+        stack = self.stack
+        if stack is None or len(adapters) != len(stack.out_features):
+            return None
+        scalings = [adapter.scaling for adapter in adapters]
+        common = scalings[0] if len(set(scalings)) == 1 else None
+        A = torch.cat([adapter.lora_A for adapter in adapters])
+        B = torch.block_diag(
+            *(
+                adapter.lora_B if common is not None else adapter.lora_B * adapter.scaling
+                for adapter in adapters
+            )
+        )
+        recipe = self.recipe
+        y = Fp8LoRAProduct.apply(
+            rows,
+            stack.weight,
+            stack.scale,
+            stack.bias,
+            A,
+            B,
+            common if common is not None else 1.0,
+            recipe.forward,
+            recipe.backward,
+            True,
+        )
+        return list(y.split(stack.out_features, dim=1))
 
 
 class Fp4Linear(LowPrecisionBase):
