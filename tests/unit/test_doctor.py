@@ -334,3 +334,24 @@ def test_a_large_log_is_read_as_a_stream_in_one_pass():
     report = scan_log(lines)
     assert report.steps_seen == 50_000 and report.step_time_s == pytest.approx(0.25)
     assert codes(report)["restart_from_step_zero"].count == 1
+
+
+def test_a_lora_run_is_offered_its_base_in_fp8_sized_by_the_planner(tmp_path):
+    from tuneforge.doctor.oom_plan import remedies
+    from tuneforge.models.catalog import catalog_shape
+    from tuneforge.plan.base_weights import frozen_linears
+
+    model, batch = (
+        "model: {name: qwen3-8b, dtype: bfloat16}",
+        "train: {tokens_per_micro_batch: 8192}",
+    )
+    config = qwen3_8b_config(tmp_path, model, batch, "lora: {enabled: true}")
+    line = next(line for line in remedies(config, [], 1, 24.0) if "only in FP8" in line)
+    before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", line)[0])
+
+    weights = frozen_linears(catalog_shape("qwen3-8b"))[0]
+    assert before - after == pytest.approx(weights / 2**30, abs=0.1)  # a byte less per weight
+    done = remedies(config, ["precision.fp8=e4m3", "precision.fp8_base_weights=true"], 1, 24.0)
+    assert not any("only in FP8" in line for line in done)
+    full = qwen3_8b_config(tmp_path, model, batch)
+    assert not any("only in FP8" in line for line in remedies(full, [], 1, 24.0))
