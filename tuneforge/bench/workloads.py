@@ -59,6 +59,7 @@ WORKLOADS = {
                 "compiled",
                 "compiled+budget0.8+chunk2048",
                 "compiled+onedoc",
+                "compiled+budget0.8+chunk2048+onedoc+fp8+fp8base",
             ),
         ),
         Workload(
