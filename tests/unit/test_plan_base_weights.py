@@ -11,6 +11,7 @@ from tuneforge.models.args import ModelArgs
 from tuneforge.models.catalog import MoEArgs
 from tuneforge.models.decoder import Decoder
 from tuneforge.peft.apply import apply_lora
+from tuneforge.peft.lora import LowPrecisionBase
 from tuneforge.plan.base_weights import BaseWeights, frozen_linears
 from tuneforge.plan.memory import Setup, static_bytes
 from tuneforge.precision.apply import apply_precision
@@ -38,10 +39,18 @@ def test_the_planned_base_weights_are_what_the_swap_holds(args, name):
     report = apply_precision(model, section)
     planned = BaseWeights.of(section)
     assert frozen_linears(args)[0] == weights
-    held = report.weight_bytes
-    if planned.format == "fp8+model":
-        held += 2 * weights  # the bf16 values stay beside the FP8 copies
-    assert sum(planned.bytes(args, 2)) == held
+    # every tensor the swapped bases hold but their biases: quantised values, scales, and the
+    # model's own values where they are kept (stacked q, k, v: views of one tensor, counted once)
+    held: dict[int, int] = {}
+    for base in model.modules():
+        if isinstance(base, LowPrecisionBase):
+            tensors = [*base.buffers(recurse=False), getattr(base, "weight", None)]
+            for tensor in tensors:
+                if tensor is not None:
+                    storage = tensor.untyped_storage()
+                    held[storage.data_ptr()] = storage.nbytes()
+    assert sum(planned.bytes(args, 2)) == sum(held.values())
+    assert report.weight_bytes <= sum(held.values())
     if args.moe is not None:  # the router stays as it was
         assert all(type(layer.mlp.router) is torch.nn.Linear for layer in model.layers)
 

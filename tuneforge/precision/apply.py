@@ -173,9 +173,7 @@ def _low_precision(section: PrecisionSection, linear: nn.Linear) -> LowPrecision
     if section.fp8:
         recipe = Fp8Recipe.of(section.fp8, section.fp8_scaling)
         return Fp8Linear(linear, recipe, keep_weight=not section.fp8_base_weights)
-    return Fp4Linear(
-        linear, section.fp4_recipe, packed=section.fp4_param, keep_weight=not section.fp4_param
-    )
+    return Fp4Linear(linear, section.fp4_recipe, packed=section.fp4_param, keep_weight=False)
 
 
 def _kind(counts: Counter[str]) -> str:
