@@ -318,3 +318,15 @@ def test_the_precision_ab_examples_differ_only_in_precision(tmp_path):
         assert differing == {"run", "precision"}
     assert configs["fp8"]["precision"]["fp8"] == "e4m3"
     assert configs["fp4"]["precision"]["fp4_param"] is True
+
+
+def test_an_fp4_all_gather_that_cannot_happen_is_said():
+    from tuneforge.config import advisories
+
+    settings = ["lora.enabled=true", "precision.fp4=e2m1", "precision.fp4_param=true"]
+    quiet = load_config(REPO / "examples" / "demo.yaml", settings)
+    gather = load_config(
+        REPO / "examples" / "demo.yaml", [*settings, "precision.fp4_param_gather=true"]
+    )
+    assert advisories(quiet) == []
+    assert "fp4_param_gather has no effect" in advisories(gather)[0]
