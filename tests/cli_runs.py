@@ -11,9 +11,12 @@ from tuneforge.runs.files import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "examples" / "demo.yaml"
 STEPS = 12
+LORA = ["lora.enabled=true", "lora.rank=4", "lora.dropout=0.1", "train.lr=1e-2"]
 MODES = {
     "full": [],
-    "lora": ["lora.enabled=true", "lora.rank=4", "lora.dropout=0.1", "train.lr=1e-2"],
+    "lora": LORA,
+    # emulated FP4 rounds output gradients stochastically: the resume must restore that too
+    "lora-fp4": [*LORA, "precision.fp4=e2m1", "precision.fp4_param=true"],
 }
 
 
