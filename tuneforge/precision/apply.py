@@ -1,6 +1,7 @@
-"""Put a run's precision on its model: the decoder's frozen linears (attention projections and
-MLP, under an adapter or not) swapped for FP8 or FP4 ones, everything else left as it is; and
-say what runs in which precision, or refuse a precision the machine cannot run."""
+"""Put a run's precision on its model: the decoder's projections (attention and MLP) swapped for
+FP8 or FP4 ones — frozen ones, under an adapter or not, and in FP8 trained ones too — everything
+else left as it is; and say what runs in which precision, or refuse a precision the machine
+cannot run."""
 
 import logging
 from collections import Counter
