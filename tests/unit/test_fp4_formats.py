@@ -130,6 +130,22 @@ def test_round_trip_error_is_within_half_a_step_of_each_blocks_grid(recipe):
     assert fp4.codes.shape == (8, 64) and fp4.shape == values.shape
 
 
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp4"])
+def test_square_tiles_quantise_a_matrix_alike_along_both_dimensions(recipe):
+    torch.manual_seed(0)
+    block = 16 if recipe == "nvfp4" else 32
+    weight = torch.randn(2 * block, 3 * block) * torch.logspace(-2, 2, 3 * block)
+    square = quantize_fp4(weight, recipe, square=True)
+    transposed = quantize_fp4(weight.t().contiguous(), recipe, square=True)
+    assert torch.equal(square.dequantize().t(), transposed.dequantize())
+    # one scale per tile: the tile's largest magnitude sets it for all of its rows
+    tiles = square.block_scales().unflatten(0, (-1, block))
+    assert torch.equal(tiles, tiles[:, :1].expand_as(tiles))
+    assert not torch.equal(square.dequantize(), quantize_fp4(weight, recipe).dequantize())
+    with pytest.raises(ValueError, match="rows are a multiple"):
+        quantize_fp4(weight[:-1], recipe, square=True)
+
+
 def test_a_row_that_is_not_whole_blocks_is_refused():
     with pytest.raises(ValueError, match="not a multiple of the 32-element blocks"):
         quantize_mxfp4(torch.ones(2, 48))

@@ -112,9 +112,28 @@ def _blocks(values: torch.Tensor, block: int) -> torch.Tensor:
     return values.float().unflatten(-1, (-1, block))
 
 
-def quantize_mxfp4(values: torch.Tensor, stochastic: bool = False) -> Fp4Tensor:
-    blocks = _blocks(values, BLOCK_SIZE["mxfp4"])
+def _block_amax(blocks: torch.Tensor, square: bool) -> torch.Tensor:
+    """Each block's largest magnitude; `square`: each square tile's (block × block elements of
+    `block` rows), shared by the tile's blocks, so that the values quantise alike along either
+    dimension — one copy of a weight serves both of its products, as NVFP4 training recipes
+    arrange for weights."""
     amax = blocks.abs().amax(dim=-1)
+    if not square:
+        return amax
+    block = blocks.shape[-1]
+    if blocks.dim() < 3 or blocks.shape[-3] % block:
+        raise ValueError(
+            f"square {block} x {block} tiles need a matrix whose rows are a multiple of {block}"
+        )
+    tiles = amax.unflatten(-2, (-1, block)).amax(dim=-2, keepdim=True)
+    return tiles.expand(*tiles.shape[:-2], block, tiles.shape[-1]).flatten(-3, -2)
+
+
+def quantize_mxfp4(
+    values: torch.Tensor, stochastic: bool = False, square: bool = False
+) -> Fp4Tensor:
+    blocks = _blocks(values, BLOCK_SIZE["mxfp4"])
+    amax = _block_amax(blocks, square)
     finite = torch.isfinite(amax)
     # floor(log2(amax)) from the float's exponent field, exactly; 0 and subnormals clamp low
     exponent_field = (amax.where(finite, 1.0).view(torch.int32) >> 23) & 0xFF
@@ -126,10 +145,10 @@ def quantize_mxfp4(values: torch.Tensor, stochastic: bool = False) -> Fp4Tensor:
 
 
 def quantize_nvfp4(
-    values: torch.Tensor, tensor_scale: bool = True, stochastic: bool = False
+    values: torch.Tensor, tensor_scale: bool = True, stochastic: bool = False, square: bool = False
 ) -> Fp4Tensor:
     blocks = _blocks(values, BLOCK_SIZE["nvfp4"])
-    amax = blocks.abs().amax(dim=-1)
+    amax = _block_amax(blocks, square)
     finite = torch.isfinite(amax)
     global_scale = None
     relative = amax / E2M1_MAX
@@ -146,10 +165,12 @@ def quantize_nvfp4(
     return Fp4Tensor(pack_pairs(codes), scales, "nvfp4", global_scale)
 
 
-def quantize_fp4(values: torch.Tensor, recipe: str, stochastic: bool = False) -> Fp4Tensor:
+def quantize_fp4(
+    values: torch.Tensor, recipe: str, stochastic: bool = False, square: bool = False
+) -> Fp4Tensor:
     """`values` in `recipe` (`nvfp4` or `mxfp4`, as `precision.fp4_recipe` names them)."""
     if recipe == "mxfp4":
-        return quantize_mxfp4(values, stochastic)
+        return quantize_mxfp4(values, stochastic, square)
     if recipe == "nvfp4":
-        return quantize_nvfp4(values, stochastic=stochastic)
+        return quantize_nvfp4(values, stochastic=stochastic, square=square)
     raise ValueError(f"unknown FP4 recipe {recipe!r}: nvfp4 or mxfp4")

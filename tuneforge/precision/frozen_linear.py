@@ -109,8 +109,9 @@ class Fp8Linear(LowPrecisionBase):
 
 class Fp4Linear(LowPrecisionBase):
     """FP4 numerics emulated: inputs and output gradients quantised and dequantised at each call,
-    the product in the activations' dtype. The weight quantised once along its input dimension;
-    that one copy serves both GEMMs. `packed`: only its codes and scales are held (about 4.5 bits
+    the product in the activations' dtype. The weight quantised once in square tiles (16 × 16
+    NVFP4, 32 × 32 MXFP4), one scale each, so that the one copy is blocked along the reduction
+    dimension of both of its GEMMs, as FP4 tensor cores need it. `packed`: only its codes and scales are held (about 4.5 bits
     per weight with NVFP4's scales) and it is dequantised at each use; otherwise its dequantised
     values are held in the activations' dtype."""
 
@@ -125,7 +126,7 @@ class Fp4Linear(LowPrecisionBase):
         self.recipe, self.packed = recipe, packed
         self.dtype = base.weight.dtype
         with torch.no_grad():
-            quantized = quantize_fp4(base.weight, recipe)
+            quantized = quantize_fp4(base.weight, recipe, square=True)
         if packed:
             self.register_buffer("weight_codes", quantized.codes, persistent=False)
             self.register_buffer("weight_scales", quantized.scales, persistent=False)
