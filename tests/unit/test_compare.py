@@ -57,6 +57,7 @@ def test_a_run_two_percent_above_the_reference_shows_a_two_percent_gap(tmp_path)
     assert second.final_eval_loss == 1.53 and second.best_eval_loss == 1.4
     assert second.eval_gap == pytest.approx(0.02)
     assert second.tokens_per_s == 1400.0  # the warm-up steps are left out
+    assert second.speedup == pytest.approx(1.4)
     assert second.peak_gib == pytest.approx(10.4)
     assert second.differs_in == []
 
@@ -75,6 +76,7 @@ def test_other_differences_are_named_and_the_cli_writes_json_and_a_plot(tmp_path
     assert image.stat().st_size > 10_000
     table = CliRunner().invoke(app, ["compare", str(reference), str(other)])
     assert "b also differs from a in: train.seed" in table.output
+    assert document["runs"][1]["speedup"] == 1.0
 
 
 def test_a_directory_without_metrics_is_named(tmp_path):

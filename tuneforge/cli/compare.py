@@ -44,7 +44,7 @@ def compare(
             "reference" if reference else _gaps(summary),
             held_out,
             _number(summary.best_eval_loss),
-            f"{summary.tokens_per_s:,.0f}" if summary.tokens_per_s else "",
+            _speed(summary, reference),
             _number(summary.peak_gib, 1),
         )
     console.print(table)
@@ -62,6 +62,13 @@ def compare(
             )
     if written:
         console.print(f"written {written}", markup=False, highlight=False)
+
+
+def _speed(summary, reference: bool) -> str:
+    if not summary.tokens_per_s:
+        return ""
+    ratio = "" if reference or summary.speedup is None else f" ({summary.speedup:.2f}x)"
+    return f"{summary.tokens_per_s:,.0f}{ratio}"
 
 
 def _number(value: float | None, digits: int = 4) -> str:

@@ -55,6 +55,8 @@ class RunSummary:
     eval_gap: float | None
     """The final held-out loss against the reference's, relative."""
     tokens_per_s: float | None
+    speedup: float | None
+    """Tokens/s over the reference's."""
     peak_gib: float | None
     differs_in: list[str]
     """Settings other than precision, run, logging and checkpoint that differ from the reference."""
@@ -137,6 +139,11 @@ def _summary(run: RunCurves, reference: RunCurves) -> RunSummary:
         final_gap=final_gap,
         eval_gap=eval_gap,
         tokens_per_s=run.tokens_per_s,
+        speedup=(
+            run.tokens_per_s / reference.tokens_per_s
+            if run.tokens_per_s and reference.tokens_per_s
+            else None
+        ),
         peak_gib=run.peak_gib,
         differs_in=_differences(run.config, reference.config),
     )
