@@ -6,7 +6,7 @@ import torch
 
 from tuneforge.bench.batches import synthetic_batch
 from tuneforge.bench.report import ratios
-from tuneforge.bench.runner import plan_runs
+from tuneforge.bench.runner import Run, needs_fp8, plan_runs
 from tuneforge.bench.workloads import WORKLOADS
 from tuneforge.data.packing import IGNORE_INDEX
 
@@ -580,3 +580,11 @@ def test_the_allocator_cache_is_split_by_stream_and_waiting_frees_are_counted():
     }
     assert cache["by_stream"]["copies to_device"]["cached_free_gib"] == round(mib / gib, 3)
     assert cache["awaiting_free_peak_gib"] == round(3 * mib / gib, 3)
+
+
+def test_fp8_variants_are_known_so_a_gpu_without_fp8_leaves_them_out():
+    runs = plan_runs([WORKLOADS["llama3-8b-lora"]], ["unsloth"])
+    fp8 = [run.variant for run in runs if needs_fp8(run)]
+    assert fp8 == ["compiled+budget0.8+chunk2048+onedoc+fp8+fp8base"]
+    assert needs_fp8(Run("llama3.2-1b-full-fsdp2-2gpu", "tuneforge", "compiled+fp8hybrid+1gpu"))
+    assert not needs_fp8(Run("llama3-8b-lora", "unsloth", "", False))

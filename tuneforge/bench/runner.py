@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from tuneforge.bench.child import RESULT_PREFIX
-from tuneforge.bench.workloads import WORKLOADS, Workload, baseline_variant
+from tuneforge.bench.workloads import WORKLOADS, Variant, Workload, baseline_variant
 
 PEERS = ("hf+peft", "hf+peft+liger", "unsloth")
 PEER_MODULES = {"hf+peft": "peft", "hf+peft+liger": "liger_kernel", "unsloth": "unsloth"}
@@ -48,6 +48,13 @@ def available_peers(wanted: list[str]) -> tuple[list[str], dict[str, str]]:
         else:
             present.append(peer)
     return present, missing
+
+
+def needs_fp8(run: Run) -> bool:
+    """A tuneforge run whose variant computes in FP8 (it needs FP8 tensor cores)."""
+    if run.system != "tuneforge":
+        return False
+    return Variant.parse(run.variant.removesuffix("+1gpu")).fp8 is not None
 
 
 def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:

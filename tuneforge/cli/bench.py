@@ -83,6 +83,7 @@ def bench_command(
         available_peers,
         execute,
         held_cap,
+        needs_fp8,
         plan_runs,
         run_gpus,
         summarise,
@@ -141,6 +142,13 @@ def bench_command(
             f"[yellow]{run.workload}: {run.variant} left out: it needs "
             f"{run_gpus(run)} GPUs, {gpus} here[/yellow]"
         )
+    if not _fp8_here():
+        for run in [run for run in runs if needs_fp8(run) and run not in too_few]:
+            too_few.append(run)
+            console.print(
+                f"[yellow]{run.workload}: {run.variant} left out: FP8 needs FP8 tensor cores, "
+                "which this GPU lacks[/yellow]"
+            )
     for round_index in range(1, rounds + 1):
         for run in [run for run in runs if run not in too_few]:
             cap = held_cap(WORKLOADS[run.workload], enforce_cap, cap_gib)
@@ -161,6 +169,18 @@ def bench_command(
     if rounds > 1:
         console.print(rounds_table(results))
     console.print(f"results: {file}")
+
+
+def _fp8_here() -> bool:
+    import torch
+
+    from tuneforge.hardware.gpus import low_precision_cores
+
+    if not torch.cuda.is_available():
+        return False
+    properties = torch.cuda.get_device_properties(0)
+    arch = getattr(properties, "gcnArchName", "") or ""
+    return low_precision_cores((properties.major, properties.minor), arch)["fp8"]
 
 
 def _versions() -> dict[str, str]:
