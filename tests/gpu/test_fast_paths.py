@@ -5,7 +5,7 @@ them against one with none."""
 import pytest
 import torch
 
-from tests.helpers import packed_batch
+from tests.helpers import packed_batch, packed_training_losses
 from tuneforge.models.api import load_model
 from tuneforge.packed import PackedSequences
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
@@ -56,18 +56,7 @@ def losses(fast: bool, compiled: bool, attention: str, steps: int = 30) -> list[
     objective = NextTokenObjective(model, compiled_loss=compiled)
     objective.fused_loss = fast
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=2e-3, fused=True)
-    generator = torch.Generator().manual_seed(2)
-    tokens = torch.randint(0, 2000, (2048,), generator=generator).cuda()  # a learnable subset
-    packed = PackedSequences.from_lengths([700, 900, 448], "cuda")
-    history = []
-    for _ in range(steps):
-        loss_sum = objective(packed_batch(tokens, tokens.roll(-1), packed)).loss_sum
-        (loss_sum / tokens.numel()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        history.append(loss_sum.item() / tokens.numel())
-    return history
+    return packed_training_losses(objective, params, 2e-3, steps)
 
 
 @pytest.mark.parametrize("compiled", [False, True])

@@ -6,10 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import packed_batch
+from tests.helpers import packed_training_losses
 from tuneforge.config.schema import PrecisionSection
 from tuneforge.models.api import load_model
-from tuneforge.packed import PackedSequences
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.lora import LoRALinear
@@ -92,18 +91,7 @@ def losses(precision: PrecisionSection, compiled: bool, steps: int = 40) -> list
         wrap_blocks(model, BlockWrapping(compile=True))
     objective = NextTokenObjective(model, compiled_loss=compiled)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=2e-3, fused=True)
-    generator = torch.Generator().manual_seed(2)
-    tokens = torch.randint(0, 2000, (2048,), generator=generator).cuda()
-    packed = PackedSequences.from_lengths([700, 900, 448], "cuda")
-    history = []
-    for _ in range(steps):
-        loss_sum = objective(packed_batch(tokens, tokens.roll(-1), packed)).loss_sum
-        (loss_sum / tokens.numel()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        history.append(loss_sum.item() / tokens.numel())
-    return history
+    return packed_training_losses(objective, params, 2e-3, steps)
 
 
 @pytest.mark.parametrize(
@@ -130,17 +118,7 @@ def full_losses(precision: PrecisionSection, steps: int = 30) -> list[float]:
     apply_precision(model, precision)
     wrap_blocks(model, BlockWrapping(compile=True))
     objective = NextTokenObjective(model, compiled_loss=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
-    tokens = torch.randint(0, 2000, (2048,), generator=torch.Generator().manual_seed(2)).cuda()
-    packed = PackedSequences.from_lengths([700, 900, 448], "cuda")
-    history = []
-    for _ in range(steps):
-        loss_sum = objective(packed_batch(tokens, tokens.roll(-1), packed)).loss_sum
-        (loss_sum / tokens.numel()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        history.append(loss_sum.item() / tokens.numel())
-    return history
+    return packed_training_losses(objective, list(model.parameters()), 3e-4, steps)
 
 
 @pytest.mark.parametrize("fp8", ["e4m3", "hybrid"])

@@ -9,6 +9,7 @@ LoRA update reads the unquantised input, as the adapters stay in bf16."""
 import torch
 
 from tuneforge.precision.fp4 import Fp4Tensor, quantize_fp4
+from tuneforge.precision.low_rank import low_rank_grads, low_rank_input
 
 
 def fake_quantize(values: torch.Tensor, recipe: str, stochastic: bool = False) -> torch.Tensor:
@@ -33,10 +34,8 @@ class Fp4LoRAProduct(torch.autograd.Function):
         y = fake_quantize(rows, recipe) @ weight.t()
         if bias is not None:
             y = y + bias
-        u = A = B = None
-        if lora_A is not None and lora_B is not None:
-            A, B = lora_A.to(rows.dtype), lora_B.to(rows.dtype)
-            u = rows @ A.t()
+        u, A, B = low_rank_input(rows, lora_A, lora_B)
+        if u is not None:
             y = y.addmm_(u, B.t(), alpha=scaling)
         ctx.save_for_backward(
             rows if u is not None else None, u, stored, scales, tensor_scale, A, B
@@ -48,15 +47,13 @@ class Fp4LoRAProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         rows, u, stored, scales, tensor_scale, A, B = ctx.saved_tensors
-        gu = None if B is None else grad @ B
-        dx = None
-        if ctx.needs_input_grad[0]:
+
+        def input_grad() -> torch.Tensor:
             weight = _weight(stored, scales, tensor_scale, ctx.recipe, grad.dtype)
-            dx = fake_quantize(grad, ctx.recipe, stochastic=True) @ weight
-            if gu is not None:
-                dx.addmm_(gu, A, alpha=ctx.scaling)
-        dA = dB = None
-        if gu is not None:
-            dA = (gu.t() @ rows).mul_(ctx.scaling).to(ctx.adapter_dtype)
-            dB = (grad.t() @ u).mul_(ctx.scaling).to(ctx.adapter_dtype)
+            return fake_quantize(grad, ctx.recipe, stochastic=True) @ weight
+
+        dx, dA, dB = low_rank_grads(
+            grad, rows, u, A, B, ctx.scaling, ctx.adapter_dtype,
+            input_grad if ctx.needs_input_grad[0] else None,
+        )  # fmt: skip
         return dx, None, None, None, None, dA, dB, None, None

@@ -12,6 +12,7 @@ gradient before it is quantised: g·diag(s_W)·W_q = (g·s_W)·W_q."""
 import torch
 
 from tuneforge.precision.fp8 import quantize
+from tuneforge.precision.low_rank import low_rank_grads, low_rank_input
 
 OPERATORS = torch.library.Library("tuneforge", "FRAGMENT")
 OPERATORS.define(
@@ -73,10 +74,7 @@ class Fp8LoRAProduct(torch.autograd.Function):
         rowwise: bool,
     ):
         quantized, scale = quantize(rows, forward_dtype, rowwise)
-        u = A = B = None
-        if lora_A is not None and lora_B is not None:
-            A, B = lora_A.to(rows.dtype), lora_B.to(rows.dtype)
-            u = rows @ A.t()
+        u, A, B = low_rank_input(rows, lora_A, lora_B)
         y = scaled_mm_add_low_rank(
             quantized,
             weight.t(),
@@ -96,16 +94,14 @@ class Fp8LoRAProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         rows, u, weight, weight_scale, A, B = ctx.saved_tensors
-        gu = None if B is None else grad @ B
-        dx = None
-        if ctx.needs_input_grad[0]:
-            dx = _input_grad(grad, weight, weight_scale, ctx.backward_dtype, ctx.rowwise)
-            if gu is not None:
-                dx.addmm_(gu, A, alpha=ctx.scaling)
-        dA = dB = None
-        if gu is not None:
-            dA = (gu.t() @ rows).mul_(ctx.scaling).to(ctx.adapter_dtype)
-            dB = (grad.t() @ u).mul_(ctx.scaling).to(ctx.adapter_dtype)
+
+        def input_grad() -> torch.Tensor:
+            return _input_grad(grad, weight, weight_scale, ctx.backward_dtype, ctx.rowwise)
+
+        dx, dA, dB = low_rank_grads(
+            grad, rows, u, A, B, ctx.scaling, ctx.adapter_dtype,
+            input_grad if ctx.needs_input_grad[0] else None,
+        )  # fmt: skip
         return dx, None, None, None, dA, dB, None, None, None, None
 
 
