@@ -196,6 +196,10 @@ def test_one_gpu_standing_in_for_two_trains_on_both_ranks_batches_a_step_of_micr
     assert run_ours(workload, "eager+tokens256", warmup=1, steps=1)["tokens_per_step"] == 256
     single = run_ours(Workload("tiny", "demo-tiny", None, tokens=512), "eager", warmup=1, steps=1)
     assert one["flops_per_step"] > single["flops_per_step"]
+    assert single["precision"] == []
+    # full fine-tuning's linears go FP8 too (CPU torch has `_scaled_mm`), and the results say so
+    fp8 = run_ours(Workload("tiny", "demo-tiny", None, tokens=512), "eager+fp8", warmup=1, steps=1)
+    assert any("(trained): FP8" in line for line in fp8["precision"]), fp8["precision"]
 
 
 def test_variant_names_parse_into_settings_and_typos_are_refused():

@@ -117,7 +117,7 @@ def run_ours(
             "compute_dtype": "float32" if settings.fp32_lora else "model",
         }
         apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
-        apply_precision(model, settings.precision())
+    engaged = apply_precision(model, settings.precision()).lines  # in the results: no silent bf16
     if settings.offload_embedding:
         embedding_to_host(model, world.world_size)
     train = TrainSection(  # the trainer's own settings for this variant
@@ -191,5 +191,6 @@ def run_ours(
         "documents_per_step": documents * accum,
         "padding_share": 0.0,
         "attention": model.attention_backend,
+        "precision": engaged,
         "is_main": world.is_main,
     }
