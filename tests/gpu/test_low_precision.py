@@ -1,6 +1,7 @@
 """The low-precision linears on the GPU: the FP8 product through torch._scaled_mm against the
 dequantised operands and the bf16 path, eager and compiled; base weights held only in FP8; and
-short LoRA runs in FP8 and emulated FP4 against the same run in bf16."""
+short LoRA runs in FP8 and emulated FP4 against the same run in bf16; frozen expert banks through
+the grouped FP8 kernel against the per-expert product."""
 
 import pytest
 import torch
@@ -9,11 +10,13 @@ from torch import nn
 from tests.helpers import packed_training_losses
 from tuneforge.config.schema import PrecisionSection
 from tuneforge.models.api import load_model
+from tuneforge.models.moe import expert_offsets, grouped_linear
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.lora import LoRALinear
 from tuneforge.precision.apply import apply_precision
 from tuneforge.precision.fp8 import E4M3, Fp8Recipe, dequantize, quantize
+from tuneforge.precision.fp8_experts import Fp8ExpertWeights, grouped_fp8_here
 from tuneforge.precision.frozen_linear import Fp8Linear
 from tuneforge.train.objective import NextTokenObjective
 
@@ -81,9 +84,11 @@ def test_fp8_base_weights_only_free_the_bf16_weights():
     assert kept - only == pytest.approx(2 * linears, rel=0.02)  # the bf16 weights, 2 bytes each
 
 
-def losses(precision: PrecisionSection, compiled: bool, steps: int = 40) -> list[float]:
+def losses(
+    precision: PrecisionSection, compiled: bool, steps: int = 40, shape: str = "llama-3.2-1b"
+) -> list[float]:
     torch.manual_seed(0)
-    model = load_model("llama-3.2-1b", num_layers=2, dtype="bfloat16", device="cuda", seed=0)
+    model = load_model(shape, num_layers=2, dtype="bfloat16", device="cuda", seed=0)
     lora = {"target_modules": ["all-linear"], "rank": 16, "alpha": 32}
     apply_lora(model, lora, torch.Generator("cuda").manual_seed(1), torch.float32)
     apply_precision(model, precision)
@@ -110,6 +115,46 @@ def test_a_short_low_precision_run_follows_bf16(precision, tolerance):
     assert low[-1] < low[0] - 1.0
     drop = reference[0] - reference[-1]
     assert abs(low[-1] - reference[-1]) < tolerance * drop + 0.02
+
+
+@pytest.mark.skipif(
+    not grouped_fp8_here(torch.device("cuda")), reason="no grouped FP8 kernel on this GPU"
+)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_grouped_fp8_expert_product_is_the_per_expert_product(compiled):
+    torch.manual_seed(0)
+    counts = torch.tensor([300, 0, 17, 1, 640, 95, 0, 211])  # uneven, some experts idle
+    ids = torch.repeat_interleave(torch.arange(len(counts)), counts).cuda()
+    offsets = expert_offsets(ids, len(counts))
+    weight = torch.randn(len(counts), 768, 1024, device="cuda", dtype=torch.bfloat16) * 0.02
+    bank = Fp8ExpertWeights(weight, rowwise=True)
+    rows = torch.randn(ids.numel(), 1024, device="cuda", dtype=torch.bfloat16)
+    grad = torch.randn(ids.numel(), 768, device="cuda", dtype=torch.bfloat16)
+    grouped = torch.compile(bank.grouped) if compiled else bank.grouped
+    x = rows.clone().requires_grad_()
+    y = grouped(x, offsets)
+    y.backward(grad)
+    # the CPU path: the same operands through one torch._scaled_mm per expert
+    cpu_bank = Fp8ExpertWeights(weight.cpu(), rowwise=True)
+    x_cpu = rows.cpu().requires_grad_()
+    y_cpu = cpu_bank.grouped(x_cpu, offsets.cpu())
+    y_cpu.backward(grad.cpu())
+    assert _relative(y.cpu(), y_cpu) < 5e-3 and _relative(x.grad.cpu(), x_cpu.grad) < 5e-3
+    plain = rows.clone().requires_grad_()
+    reference = grouped_linear(plain, weight, offsets)
+    reference.backward(grad)
+    assert _relative(y, reference) < 0.05 and _relative(x.grad, plain.grad) < 0.05
+
+
+@pytest.mark.skipif(
+    not grouped_fp8_here(torch.device("cuda")), reason="no grouped FP8 kernel on this GPU"
+)
+def test_a_short_moe_lora_run_with_fp8_expert_banks_follows_bf16():
+    shape = "qwen3-30b-a3b"
+    reference = losses(PrecisionSection(), compiled=True, steps=30, shape=shape)
+    low = losses(PrecisionSection(fp8="e4m3", fp8_base_weights=True), True, 30, shape)
+    assert reference[-1] < reference[0] - 1.0 and low[-1] < low[0] - 1.0
+    assert abs(low[-1] - reference[-1]) < 0.02 * (reference[0] - reference[-1]) + 0.02
 
 
 def full_losses(precision: PrecisionSection, steps: int = 30) -> list[float]:

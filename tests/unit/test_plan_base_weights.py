@@ -10,6 +10,7 @@ from tuneforge.config.schema import PrecisionSection
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.catalog import MoEArgs
 from tuneforge.models.decoder import Decoder
+from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.lora import LowPrecisionBase
 from tuneforge.plan.base_weights import BaseWeights, frozen_linears
@@ -41,18 +42,24 @@ def test_the_planned_base_weights_are_what_the_swap_holds(args, name):
     assert frozen_linears(args)[0] == weights
     # every tensor the swapped bases hold but their biases: quantised values, scales, and the
     # model's own values where they are kept (stacked q, k, v: views of one tensor, counted once)
+    # (and in FP8 the frozen expert banks: their FP8 copies, and the bank's weights if kept)
     held: dict[int, int] = {}
     for base in model.modules():
+        tensors = []
         if isinstance(base, LowPrecisionBase):
             tensors = [*base.buffers(recurse=False), getattr(base, "weight", None)]
-            for tensor in tensors:
-                if tensor is not None:
-                    storage = tensor.untyped_storage()
-                    held[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(base, ExpertBank) and base.low_precision:
+            tensors = [*base.low_precision.buffers(), *base.parameters(recurse=False)]
+        for tensor in tensors:
+            if tensor is not None:
+                storage = tensor.untyped_storage()
+                held[storage.data_ptr()] = storage.nbytes()
     assert sum(planned.bytes(args, 2)) == sum(held.values())
     assert report.weight_bytes <= sum(held.values())
-    if args.moe is not None:  # the router stays as it was
+    if args.moe is not None:  # the router stays as it was; FP8 holds the banks in FP8
         assert all(type(layer.mlp.router) is torch.nn.Linear for layer in model.layers)
+        banks = [module for module in model.modules() if isinstance(module, ExpertBank)]
+        assert all(bool(bank.low_precision) == bool(section.fp8) for bank in banks)
 
 
 def test_the_plans_weights_shrink_by_the_swapped_bytes():

@@ -79,8 +79,10 @@ class _Combine(torch.autograd.Function):
         return grad_of_row * weight_of_row, grad_weights, None, None, None
 
 
-class BankAdapter(Protocol):
-    """What an expert bank asks of an adapter on one of its projections (LoRA's `ExpertLoRA`)."""
+class BankProduct(Protocol):
+    """What an expert bank asks of a module on one of its projections: an adapter's update of
+    the projection's output (LoRA's `ExpertLoRA`), or the base product itself in a
+    low-precision format (`tuneforge.precision`)."""
 
     def single(self, x: torch.Tensor, expert: int) -> torch.Tensor: ...
 
@@ -95,14 +97,14 @@ class ExpertBank(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * ffn_dim, dim))
         self.down_proj = nn.Parameter(torch.empty(num_experts, dim, ffn_dim))
         self.implementation = implementation
+        self.num_experts = num_experts
         self.adapters = nn.ModuleDict()
         """Low-rank updates (LoRA) by projection: `gate_up_proj` (gate and up stacked, as
         transformers and PEFT hold them) and `down_proj`; each has `grouped(x, offsets)` and
         `single(x, expert)` returning the update of the projection's output."""
-
-    @property
-    def num_experts(self) -> int:
-        return self.gate_up_proj.shape[0]
+        self.low_precision = nn.ModuleDict()
+        """Base products by projection that replace the weights' own (a frozen bank in FP8);
+        the weight parameter may then be dropped."""
 
     def forward(
         self, x_TD: torch.Tensor, expert_ids_TK: torch.Tensor, weights_TK: torch.Tensor
@@ -120,19 +122,31 @@ class ExpertBank(nn.Module):
             if token.numel() == 0:
                 continue
             h = x[token]
-            gate_up = h @ self.gate_up_proj[expert].t()
+            gate_up = self._base_single("gate_up_proj", h, expert)
             if "gate_up_proj" in self.adapters:
                 gate_up = gate_up + self._adapter("gate_up_proj").single(h, expert)
             gate, up = gate_up.chunk(2, -1)
             act = F.silu(gate) * up
-            y = act @ self.down_proj[expert].t()
+            y = self._base_single("down_proj", act, expert)
             if "down_proj" in self.adapters:
                 y = y + self._adapter("down_proj").single(act, expert)
             out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
         return out
 
-    def _adapter(self, projection: str) -> "BankAdapter":
-        return cast(BankAdapter, self.adapters[projection])
+    def _adapter(self, projection: str) -> BankProduct:
+        return cast(BankProduct, self.adapters[projection])
+
+    def _base_single(self, projection: str, rows: torch.Tensor, expert: int) -> torch.Tensor:
+        if projection in self.low_precision:
+            return cast(BankProduct, self.low_precision[projection]).single(rows, expert)
+        return rows @ getattr(self, projection)[expert].t()
+
+    def _base_grouped(
+        self, projection: str, rows: torch.Tensor, offsets: torch.Tensor
+    ) -> torch.Tensor:
+        if projection in self.low_precision:
+            return cast(BankProduct, self.low_precision[projection]).grouped(rows, offsets)
+        return grouped_linear(rows, getattr(self, projection), offsets)
 
     def _forward_grouped(
         self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
@@ -145,12 +159,12 @@ class ExpertBank(nn.Module):
         )
         offsets = expert_offsets(sorted_ids, self.num_experts)
         h = _Dispatch.apply(x, token_of_row, inverse, top_k)
-        gate_up = grouped_linear(h, self.gate_up_proj, offsets)
+        gate_up = self._base_grouped("gate_up_proj", h, offsets)
         if "gate_up_proj" in self.adapters:
             gate_up = gate_up + self._adapter("gate_up_proj").grouped(h, offsets)
         gate, up = gate_up.chunk(2, -1)
         act = F.silu(gate) * up
-        y = grouped_linear(act, self.down_proj, offsets)
+        y = self._base_grouped("down_proj", act, offsets)
         if "down_proj" in self.adapters:
             y = y + self._adapter("down_proj").grouped(act, offsets)
         return _Combine.apply(y.to(x.dtype), weights, token_of_row, inverse, order)

@@ -14,7 +14,7 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.expert_lora import ExpertLoRA
-from tuneforge.peft.lora import LoRALinear
+from tuneforge.peft.lora import LOW_PRECISION_MERGE, LoRALinear
 from tuneforge.peft.selection import selected_targets
 from tuneforge.peft.targets import Candidate, LoraTargetError, matches, pattern_value
 
@@ -190,6 +190,8 @@ def merge_lora(model: nn.Module) -> nn.Module:
             continue
         bank_name, _, projection = name.rpartition(".adapters.")
         bank = cast(ExpertBank, model.get_submodule(bank_name))
+        if projection in bank.low_precision:
+            raise TypeError(LOW_PRECISION_MERGE)
         _add_in_fp32(getattr(bank, projection), module.delta_weight())
         del bank.adapters[projection]
     return model

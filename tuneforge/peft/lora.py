@@ -63,6 +63,12 @@ class AdapterDropout(nn.Module):
         return self.dropout(update) if self.position == "post" else update
 
 
+LOW_PRECISION_MERGE = (
+    "this adapter's base computes in a low-precision format: merge into the base weights as "
+    "saved (tuneforge export merge), not into the running model"
+)
+
+
 class LowPrecisionBase(nn.Module, abc.ABC):
     """A frozen base linear that computes in a low-precision format (`tuneforge.precision`): it
     makes its product itself, with a LoRA update accumulated into it where one is given."""
@@ -219,8 +225,5 @@ class LoRALinear(nn.Module):
     @torch.no_grad()
     def merged_weight(self) -> torch.Tensor:
         if not isinstance(self.base, nn.Linear):
-            raise TypeError(
-                "this adapter's base computes in a low-precision format: merge into the base "
-                "weights as saved (tuneforge export merge), not into the running model"
-            )
+            raise TypeError(LOW_PRECISION_MERGE)
         return (self.base.weight.float() + self.delta_weight()).to(self.base.weight.dtype)

@@ -1,6 +1,7 @@
 """How the decoder's frozen linears are held under a precision setting, and what that costs: the
-formats `tuneforge.precision` swaps in, counted from the model's shape. Biases, norms, the
-embedding, the output layer and expert banks stay in the model's dtype."""
+formats `tuneforge.precision` swaps in, counted from the model's shape. In FP8 frozen expert banks
+are swapped too (on GPUs with a grouped FP8 kernel: Hopper, MI300 and later). Biases, norms, the
+embedding, the router and the output layer stay in the model's dtype."""
 
 from dataclasses import dataclass
 
@@ -29,9 +30,18 @@ class BaseWeights:
             return cls(precision.fp4_recipe if precision.fp4_param else "fp4")
         return cls()
 
+    def swapped(self, args: ModelArgs) -> tuple[int, int, int]:
+        """(weights, output rows, tensors) this format holds: the dense linears, in FP8 the
+        expert banks too."""
+        dense = frozen_linears(args)
+        if not self.format.startswith("fp8"):
+            return dense
+        banks = expert_banks(args)
+        return dense[0] + banks[0], dense[1] + banks[1], dense[2] + banks[2]
+
     def bytes(self, args: ModelArgs, param_bytes: int) -> tuple[float, float]:
-        """(values, scales) bytes of the swapped linears' weights."""
-        weights, rows, tensors = frozen_linears(args)
+        """(values, scales) bytes of the swapped weights."""
+        weights, rows, tensors = self.swapped(args)
         if self.format in ("model", "fp4"):
             return weights * param_bytes, 0.0
         if self.format.startswith("fp8"):
@@ -43,13 +53,13 @@ class BaseWeights:
     def describe(self, args: ModelArgs, param_bytes: int) -> str | None:
         if self.format == "model":
             return None
-        weights = frozen_linears(args)[0]
+        weights = self.swapped(args)[0]
         values, scales = self.bytes(args, param_bytes)
         names = {"fp8+model": "FP8 copies beside the model's values", "fp8": "FP8",
                  "fp4": "FP4 values dequantised in the model's dtype",
                  "nvfp4": "NVFP4 codes", "mxfp4": "MXFP4 codes"}  # fmt: skip
         return (
-            f"{weights / 1e9:.2f} B base-linear weights as {names[self.format]}: "
+            f"{weights / 1e9:.2f} B base weights as {names[self.format]}: "
             f"{values / 2**30:.2f} GiB + {scales / 2**20:.1f} MiB of scales "
             f"({weights * param_bytes / 2**30:.2f} GiB in the model's dtype)"
         )
@@ -68,3 +78,14 @@ def frozen_linears(args: ModelArgs) -> tuple[int, int, int]:
             rows += 2 * args.ffn_dim + args.dim
             tensors += 3
     return weights, rows, tensors
+
+
+def expert_banks(args: ModelArgs) -> tuple[int, int, int]:
+    """(weights, output rows, tensors) of the MoE layers' expert banks (gate_up and down)."""
+    moe = args.moe
+    if moe is None:
+        return 0, 0, 0
+    layers = sum(args.is_sparse_layer(layer) for layer in range(args.num_layers))
+    per_expert = 3 * args.dim * moe.expert_ffn_dim
+    rows = 2 * moe.expert_ffn_dim + args.dim
+    return (layers * moe.num_experts * per_expert, layers * moe.num_experts * rows, 2 * layers)

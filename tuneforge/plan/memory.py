@@ -28,7 +28,7 @@ from tuneforge.models.cost import (
     lora_params,
     working_bytes_per_token,
 )
-from tuneforge.plan.base_weights import BaseWeights, frozen_linears
+from tuneforge.plan.base_weights import BaseWeights
 from tuneforge.plan.policies import offloaded_blocks, recomputed_blocks
 
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
@@ -129,7 +129,7 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
     shard = n if n > 1 else 1
     if setup.lora is not None:
         adapters = lora_params(args, setup.lora)
-        linears = frozen_linears(args)[0] * b
+        linears = setup.base_weights.swapped(args)[0] * b
         base = total * b - linears + sum(setup.base_weights.bytes(args, b))
         if setup.offload_embedding and not args.tie_embeddings:
             base -= args.vocab_size * args.dim * b

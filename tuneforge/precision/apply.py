@@ -16,8 +16,10 @@ from tuneforge.hardware.gpus import GIB, low_precision_cores
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.lora import LoRALinear, LowPrecisionBase
+from tuneforge.peft.targets import BANK_PROJECTIONS
 from tuneforge.precision.fp4 import BLOCK_SIZE
 from tuneforge.precision.fp8 import Fp8Recipe, fits_scaled_mm
+from tuneforge.precision.fp8_experts import Fp8ExpertWeights, grouped_fp8_here
 from tuneforge.precision.fp8_training import Fp8TrainingLinear
 from tuneforge.precision.frozen_linear import Fp4Linear, Fp8Linear
 from tuneforge.precision.stacked_fp8 import stack_fp8_groups
@@ -72,6 +74,7 @@ def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionRepor
         return report
     left: Counter[str] = Counter()
     _swap_frozen(model, section, report, left)
+    banks_stay = _swap_banks(model, section, report)
     if section.fp8:
         _swap_trained(model, Fp8Recipe.of(section.fp8, section.fp8_scaling), report, left)
         stacked = stack_fp8_groups(model)
@@ -81,12 +84,11 @@ def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionRepor
             )
     if left:
         report.lines.append(f"{_kind(left)}: in the model's dtype (widths the format cannot tile)")
-    banks = sum(isinstance(module, ExpertBank) for module in model.modules())
     stays = "embedding, norms, attention, router, output layer"
     if any(isinstance(module, LoRALinear) for module in model.modules()):
         stays += ", LoRA adapters"
-    if banks:
-        stays += f", expert banks ({banks}: no low-precision expert product yet)"
+    if banks_stay:
+        stays += f", {banks_stay}"
     report.lines.append(f"in the model's dtype: {stays}")
     return report
 
@@ -121,6 +123,40 @@ def _swap_frozen(
             f"base weights: {after / GIB:.2f} GiB as FP4 codes and scales "
             f"({8 * after / max(weights, 1):.2f} bits per weight) instead of {before / GIB:.2f} GiB"
         )
+
+
+def _swap_banks(model: Decoder, section: PrecisionSection, report: PrecisionReport) -> str:
+    """Frozen expert banks to FP8 through the grouped kernel; says which banks stay and why."""
+    banks = [module for module in model.modules() if isinstance(module, ExpertBank)]
+    if not banks:
+        return ""
+    if not section.fp8:
+        return f"expert banks ({len(banks)}: no emulated FP4 expert product)"
+    device = banks[0].gate_up_proj.device
+    if device.type == "cuda" and not grouped_fp8_here(device):
+        return f"expert banks ({len(banks)}: this GPU has no grouped FP8 kernel)"
+    rowwise = section.fp8_scaling == "rowwise"
+    swapped = trained = weight_bytes = 0
+    for bank in banks:
+        for projection in BANK_PROJECTIONS:
+            weight = getattr(bank, projection)
+            if weight.requires_grad or not fits_scaled_mm(weight.shape[2], weight.shape[1]):
+                trained += 1
+                continue
+            low = Fp8ExpertWeights(weight, rowwise)
+            bank.low_precision[projection] = low
+            if section.fp8_base_weights:
+                setattr(bank, projection, None)  # the FP8 copy is the only one
+            swapped += 1
+            weight_bytes += low.weight_bytes()
+    if swapped:
+        report.weight_bytes += weight_bytes
+        report.lines.append(
+            f"expert banks: {swapped} projection(s) in FP8 (E4M3, {section.fp8_scaling}) "
+            f"through torch._scaled_grouped_mm, {weight_bytes / GIB:.2f} GiB (bf16 values "
+            f"{'dropped' if section.fp8_base_weights else 'kept beside them'})"
+        )
+    return f"expert banks ({trained} trained projection(s))" if trained else ""
 
 
 def _swap_trained(
