@@ -327,8 +327,8 @@ def test_an_fp4_all_gather_that_cannot_happen_is_said():
 
     settings = ["lora.enabled=true", "precision.fp4=e2m1", "precision.fp4_param=true"]
     quiet = load_config(REPO / "examples" / "demo.yaml", settings)
-    gather = load_config(
-        REPO / "examples" / "demo.yaml", [*settings, "precision.fp4_param_gather=true"]
-    )
-    assert advisories(quiet) == []
-    assert "fp4_param_gather has no effect" in advisories(gather)[0]
+    gather = [*settings, "precision.fp4_param_gather=true"]
+    sharded = load_config(REPO / "examples" / "demo.yaml", [*gather, "parallel.strategy=fsdp"])
+    replicated = load_config(REPO / "examples" / "demo.yaml", [*gather, "parallel.strategy=ddp"])
+    assert advisories(quiet) == advisories(sharded) == []
+    assert "fp4_param_gather has no effect with parallel.strategy=ddp" in advisories(replicated)[0]

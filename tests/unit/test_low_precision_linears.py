@@ -208,3 +208,31 @@ def test_q_k_and_v_stacked_in_fp8_compute_what_they_compute_apart():
     bounds = [5e-3] * 3 + [0.05] + [5e-3] * 6
     for got, want, bound in zip(together, apart, bounds, strict=True):
         assert ((got.float() - want.float()).norm() / want.float().norm()).item() < bound
+
+
+def test_fp4_param_gather_makes_the_codes_and_scales_what_fsdp2_shards():
+    """With fp4_param_gather under FSDP2 the packed base is frozen byte parameters: each of two
+    ranks holds half of its rows (a fake process group: sharding, not the exchange, which
+    tests/integration/test_distributed.py runs)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    model = _demo_model(["q_proj"])
+    section = PrecisionSection(fp4="e2m1", fp4_param=True, fp4_param_gather=True)
+    report = apply_precision(model, section, sharded=True)
+    assert "all-gathered as FP4" in report.lines[-1]
+    base = model.layers[0].attn.q_proj.base
+    codes, scales = base.weight_codes, base.weight_scales
+    assert isinstance(codes, nn.Parameter) and not codes.requires_grad
+    assert codes.dtype == scales.dtype == torch.uint8
+    assert "layers.0.attn.q_proj.lora_A" in dict(model.named_parameters())
+    dist.init_process_group(backend="fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        fully_shard(model.layers[0])
+        for held in (base.weight_codes, base.weight_scales):
+            assert held.to_local().shape[0] * 2 == held.shape[0]
+    finally:
+        dist.destroy_process_group()
+    unsharded = apply_precision(_demo_model(["q_proj"]), section)  # one process: buffers
+    assert not any("FSDP2" in line for line in unsharded.lines)

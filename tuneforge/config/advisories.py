@@ -14,10 +14,10 @@ def advisories(config: RunConfig) -> list[str]:
             "before a time limit or on a signal); lower checkpoint.save_steps to resume from "
             "within the run"
         )
-    if config.precision.fp4_param_gather:
+    if config.precision.fp4_param_gather and config.parallel.strategy in ("single", "ddp"):
         found.append(
-            "precision.fp4_param_gather has no effect in this version: it would all-gather FP4 "
-            "weights under FSDP2, which low precision does not run under yet (use one GPU or "
-            "parallel.strategy: ddp)"
+            f"precision.fp4_param_gather has no effect with parallel.strategy="
+            f"{config.parallel.strategy}: it shards the FP4 base and all-gathers it as FP4 "
+            "under FSDP2 (parallel.strategy fsdp, or auto on several GPUs)"
         )
     return found

@@ -58,22 +58,18 @@ def refuse_unsupported_precision(section: PrecisionSection, device: torch.device
         )
 
 
-def refuse_sharded(section: PrecisionSection, strategy: str) -> None:
-    if (section.fp8 or section.fp4) and strategy == "fsdp":
-        raise TuneforgeError(
-            "precision.fp8 / precision.fp4 with FSDP2 sharding is not available in this "
-            "version: use parallel.strategy: ddp (the model replicated) or one GPU"
-        )
-
-
-def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionReport:
+def apply_precision(
+    model: Decoder, section: PrecisionSection, sharded: bool = False
+) -> PrecisionReport:
     """Swap the decoder blocks' projections for low-precision ones as `section` says: frozen
-    ones (a LoRA base) for FP8 or FP4 ones, trained ones (full fine-tuning) for FP8 ones."""
+    ones (a LoRA base) for FP8 or FP4 ones, trained ones (full fine-tuning) for FP8 ones.
+    `sharded`: the model is about to be sharded by FSDP2."""
     report = PrecisionReport()
     if not (section.fp8 or section.fp4):
         return report
     left: Counter[str] = Counter()
-    _swap_frozen(model, section, report, left)
+    gathered = sharded and section.fp4_param and section.fp4_param_gather
+    _swap_frozen(model, section, report, left, gathered)
     banks_stay = _swap_banks(model, section, report)
     if section.fp8:
         _swap_trained(model, Fp8Recipe.of(section.fp8, section.fp8_scaling), report, left)
@@ -90,11 +86,30 @@ def apply_precision(model: Decoder, section: PrecisionSection) -> PrecisionRepor
     if banks_stay:
         stays += f", {banks_stay}"
     report.lines.append(f"in the model's dtype: {stays}")
+    if sharded:
+        report.lines.append(_under_fsdp(section, gathered))
     return report
 
 
+def _under_fsdp(section: PrecisionSection, gathered: bool) -> str:
+    if gathered:
+        return (
+            "under FSDP2: the FP4 codes and block scales sharded across the ranks and "
+            "all-gathered as FP4 (fp4_param_gather); trained weights sharded as usual"
+        )
+    held = "FP4 codes" if section.fp4_param else "FP8 weights" if section.fp8 else "FP4 values"
+    return (
+        f"under FSDP2: the frozen base's {held} replicated on every rank (quantised once, not "
+        "sharded); trained weights sharded and all-gathered in the model's dtype"
+    )
+
+
 def _swap_frozen(
-    model: Decoder, section: PrecisionSection, report: PrecisionReport, left: Counter[str]
+    model: Decoder,
+    section: PrecisionSection,
+    report: PrecisionReport,
+    left: Counter[str],
+    gathered: bool,
 ) -> None:
     swapped: Counter[str] = Counter()
     before = after = weights = 0
@@ -102,7 +117,7 @@ def _swap_frozen(
         if not _fits(section, linear):
             left[leaf] += 1
             continue
-        low = _low_precision(section, linear)
+        low = _low_precision(section, linear, gathered)
         setattr(parent, attribute, low)
         swapped[leaf] += 1
         weights += linear.weight.numel()
@@ -206,11 +221,15 @@ def _fits(section: PrecisionSection, linear: nn.Linear) -> bool:
     return linear.in_features % block == 0 and linear.out_features % block == 0
 
 
-def _low_precision(section: PrecisionSection, linear: nn.Linear) -> LowPrecisionBase:
+def _low_precision(
+    section: PrecisionSection, linear: nn.Linear, gathered: bool
+) -> LowPrecisionBase:
     if section.fp8:
         recipe = Fp8Recipe.of(section.fp8, section.fp8_scaling)
         return Fp8Linear(linear, recipe, keep_weight=not section.fp8_base_weights)
-    return Fp4Linear(linear, section.fp4_recipe, packed=section.fp4_param, keep_weight=False)
+    return Fp4Linear(
+        linear, section.fp4_recipe, packed=section.fp4_param, keep_weight=False, sharded=gathered
+    )
 
 
 def _kind(counts: Counter[str]) -> str:

@@ -7,7 +7,7 @@ operands with per-row scales only, so a `hybrid` recipe's gradients stay E4M3 he
 As for a dense linear (`fp8_product.py`), the input gradient's product reduces along `out`: it
 reads a transposed copy of the FP8 weight made for it and freed after it, with the weight's
 per-channel scales folded into the output gradient, (g·s_W[e])·W_q[e] for a row of expert e.
-Off CUDA (tests) one `torch._scaled_mm` per expert stands in for the grouped kernel."""
+Off CUDA (tests) the product of the dequantised operands, per expert, stands in for the kernel."""
 
 import torch
 from torch import nn
@@ -44,18 +44,14 @@ def _scaled_grouped_mm(left, right, left_scale, right_scale, offsets, out_dtype)
             out_dtype=out_dtype,
             use_fast_accum=True,
         )
+    # elsewhere the product of the dequantised operands, one expert at a time
     starts = [0, *offsets.tolist()]
     pieces = [
-        torch._scaled_mm(
-            left[starts[g] : starts[g + 1]],
-            right[g],
-            left_scale[starts[g] : starts[g + 1], None],
-            right_scale[g][None],
-            out_dtype=out_dtype,
-        )
+        (left[starts[g] : starts[g + 1]].float() * left_scale[starts[g] : starts[g + 1], None])
+        @ (right[g].float() * right_scale[g][None])
         for g in range(right.shape[0])
     ]
-    return torch.cat(pieces)
+    return torch.cat(pieces).to(out_dtype)
 
 
 class Fp8GroupedProduct(torch.autograd.Function):

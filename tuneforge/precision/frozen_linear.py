@@ -111,23 +111,38 @@ class Fp4Linear(LowPrecisionBase):
     """FP4 numerics emulated: inputs and output gradients quantised and dequantised at each call,
     the product in the activations' dtype. The weight quantised once in square tiles (16 × 16
     NVFP4, 32 × 32 MXFP4), one scale each, so that the one copy is blocked along the reduction
-    dimension of both of its GEMMs, as FP4 tensor cores need it. `packed`: only its codes and scales are held (about 4.5 bits
-    per weight with NVFP4's scales) and it is dequantised at each use; otherwise its dequantised
-    values are held in the activations' dtype."""
+    dimension of both of its GEMMs, as FP4 tensor cores need it. `packed`: only its codes and
+    scales are held (about 4.5 bits per weight with NVFP4's scales) and it is dequantised at
+    each use; otherwise its dequantised values are held in the activations' dtype. `sharded`:
+    the codes and block scales are frozen parameters (as bytes), which FSDP2 shards and
+    all-gathers as they are: FP4 over the wire."""
 
     weight_codes: torch.Tensor
     weight_scales: torch.Tensor
     weight_tensor_scale: torch.Tensor | None
     weight_dequantized: torch.Tensor
 
-    def __init__(self, base: nn.Linear, recipe: str, packed: bool, keep_weight: bool) -> None:
+    def __init__(
+        self,
+        base: nn.Linear,
+        recipe: str,
+        packed: bool,
+        keep_weight: bool,
+        sharded: bool = False,
+    ) -> None:
         super().__init__()
         _keep(self, base, keep_weight)
         self.recipe, self.packed = recipe, packed
         self.dtype = base.weight.dtype
         with torch.no_grad():
             quantized = quantize_fp4(base.weight, recipe, square=True)
-        if packed:
+        self.scale_dtype = quantized.scales.dtype
+        if packed and sharded:
+            bits = quantized.scales.view(torch.uint8)
+            self.weight_codes = nn.Parameter(quantized.codes, requires_grad=False)
+            self.weight_scales = nn.Parameter(bits, requires_grad=False)
+            self.register_buffer("weight_tensor_scale", quantized.tensor_scale, persistent=False)
+        elif packed:
             self.register_buffer("weight_codes", quantized.codes, persistent=False)
             self.register_buffer("weight_scales", quantized.scales, persistent=False)
             self.register_buffer("weight_tensor_scale", quantized.tensor_scale, persistent=False)
@@ -142,6 +157,8 @@ class Fp4Linear(LowPrecisionBase):
     def product(self, rows, lora_A=None, lora_B=None, scaling=0.0):
         if self.packed:
             stored, scales = self.weight_codes, self.weight_scales
+            if scales.dtype != self.scale_dtype:  # held as bytes to be sharded
+                scales = scales.to(torch.uint8).view(self.scale_dtype)
             tensor_scale = self.weight_tensor_scale
         else:
             stored, scales, tensor_scale = self.weight_dequantized, None, None

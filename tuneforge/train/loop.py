@@ -35,7 +35,6 @@ from tuneforge.peft.selection import lora_shape
 from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.precision.apply import (
     apply_precision,
-    refuse_sharded,
     refuse_unsupported_precision,
 )
 from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE, METRICS_FILE, TENSORBOARD_DIR
@@ -139,7 +138,6 @@ class Trainer:
         self.tokenizer = load_tokenizer(config)
         self.train_stats = self._load_data()
         self.strategy = choose_strategy(config, self.world, self.train_stats.records)
-        refuse_sharded(config.precision, self.strategy)
         self.model = build_model(config.model, self.device, seed)
         if len(self.tokenizer) > self.model.args.vocab_size:
             raise TuneforgeError(
@@ -148,7 +146,7 @@ class Trainer:
             )
         self.base_model = str(config.model.path) if config.model.path else ""
         self.lora_report = self._apply_lora(fresh=checkpoint is None)
-        apply_precision(self.model, config.precision).log(log)
+        apply_precision(self.model, config.precision, self.strategy == "fsdp").log(log)
         train = config.train
         refuse_unsupported_offload(train, self.world.world_size, self.model.args)
         if train.offload_embedding:
