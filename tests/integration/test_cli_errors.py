@@ -128,6 +128,14 @@ def test_simple_mistakes_get_a_message_not_a_traceback(tmp_path):
         run_cli("data", "preview", "examples/demo.yaml", f"tokenizer.path={tokenizer}"),
         f"{tokenizer} has no tokenizer.json",
     )
+    one_process = tmp_path / "one"
+    assert_clean_failure(
+        run_cli(
+            "train", "examples/demo.yaml", "parallel.strategy=fsdp", f"run.output_dir={one_process}"
+        ),
+        "parallel.strategy=fsdp needs processes started by torchrun",
+    )
+    assert not one_process.exists()
 
 
 def test_fp8_is_refused_on_a_machine_without_fp8_before_the_run_directory_exists(tmp_path):

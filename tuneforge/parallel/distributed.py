@@ -66,6 +66,11 @@ def strategy_of(parallel: ParallelSection, world: Dist) -> str:
         raise TuneforgeError(
             f"parallel.strategy=single with {world.world_size} processes: use ddp or fsdp (or auto)"
         )
+    if parallel.strategy != "single" and not dist.is_initialized() and "RANK" not in os.environ:
+        raise TuneforgeError(
+            f"parallel.strategy={parallel.strategy} needs processes started by torchrun (one per "
+            "GPU): this is one process on its own; start it with torchrun, or use single or auto"
+        )
     return parallel.strategy
 
 
