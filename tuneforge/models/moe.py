@@ -81,8 +81,10 @@ class _Combine(torch.autograd.Function):
 
 class BankProduct(Protocol):
     """What an expert bank asks of a module on one of its projections: an adapter's update of
-    the projection's output (LoRA's `ExpertLoRA`), or the base product itself in a
-    low-precision format (`tuneforge.precision`)."""
+    the projection's output (LoRA's `ExpertLoRA`; skipped while not `enabled`), or the base
+    product itself in a low-precision format (`tuneforge.precision`)."""
+
+    enabled: bool
 
     def single(self, x: torch.Tensor, expert: int) -> torch.Tensor: ...
 
@@ -123,15 +125,18 @@ class ExpertBank(nn.Module):
                 continue
             h = x[token]
             gate_up = self._base_single("gate_up_proj", h, expert)
-            if "gate_up_proj" in self.adapters:
+            if self._adapted("gate_up_proj"):
                 gate_up = gate_up + self._adapter("gate_up_proj").single(h, expert)
             gate, up = gate_up.chunk(2, -1)
             act = F.silu(gate) * up
             y = self._base_single("down_proj", act, expert)
-            if "down_proj" in self.adapters:
+            if self._adapted("down_proj"):
                 y = y + self._adapter("down_proj").single(act, expert)
             out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
         return out
+
+    def _adapted(self, projection: str) -> bool:
+        return projection in self.adapters and self._adapter(projection).enabled
 
     def _adapter(self, projection: str) -> BankProduct:
         return cast(BankProduct, self.adapters[projection])
@@ -160,12 +165,12 @@ class ExpertBank(nn.Module):
         offsets = expert_offsets(sorted_ids, self.num_experts)
         h = _Dispatch.apply(x, token_of_row, inverse, top_k)
         gate_up = self._base_grouped("gate_up_proj", h, offsets)
-        if "gate_up_proj" in self.adapters:
+        if self._adapted("gate_up_proj"):
             gate_up = gate_up + self._adapter("gate_up_proj").grouped(h, offsets)
         gate, up = gate_up.chunk(2, -1)
         act = F.silu(gate) * up
         y = self._base_grouped("down_proj", act, offsets)
-        if "down_proj" in self.adapters:
+        if self._adapted("down_proj"):
             y = y + self._adapter("down_proj").grouped(act, offsets)
         return _Combine.apply(y.to(x.dtype), weights, token_of_row, inverse, order)
 

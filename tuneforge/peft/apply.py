@@ -1,8 +1,10 @@
 """Put adapters on a model as a LoRA configuration says, freeze the rest, and take them off
 again by merging."""
 
+import contextlib
 import logging
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -172,6 +174,20 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear | ExpertLoRA]:
         for name, module in model.named_modules()
         if isinstance(module, (LoRALinear, ExpertLoRA))
     }
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """The model without its adapters while inside: the base as loaded (a preference
+    objective's reference for a fresh adapter, with no second copy of the model)."""
+    modules = list(lora_modules(model).values())
+    for module in modules:
+        module.enabled = False
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.enabled = True
 
 
 def _add_in_fp32(weight: torch.Tensor, delta: torch.Tensor) -> None:

@@ -30,6 +30,8 @@ class ExpertLoRA(nn.Module):
     ) -> None:
         super().__init__()
         self.compute_dtype = compute_dtype
+        self.enabled = True
+        """False: the bank runs without this update (`adapters_disabled`)."""
         self.num_experts = num_experts
         self.rank = rank
         self.alpha = alpha

@@ -122,6 +122,8 @@ class LoRALinear(nn.Module):
         self.compute_dtype = compute_dtype
         self.fused = True
         """Run `FusedLoRALinear` where it applies (False: the plain reference expression)."""
+        self.enabled = True
+        """False: the base alone (a preference objective's reference, `adapters_disabled`)."""
         self.rank = rank
         self.alpha = alpha
         self.use_rslora = use_rslora
@@ -154,6 +156,7 @@ class LoRALinear(nn.Module):
         activations' dtype."""
         return (
             self.fused
+            and self.enabled
             and adapter_compute_dtype(self.compute_dtype, x, self.lora_A) == x.dtype
             and self.dropout.p == 0
             and not any(param.requires_grad for param in self.base.parameters())
@@ -161,6 +164,8 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = self.base
+        if not self.enabled:
+            return base(x)
         if isinstance(base, LowPrecisionBase) and self.runs_fused(x):
             y = base.product(as_rows(x), self.lora_A, self.lora_B, self.scaling)
             return shaped_like(x, y)
