@@ -127,11 +127,16 @@ class PackedLoader:
         world_size: int = 1,
         prefetch: int = 2,
         balance: bool = False,
+        bins: list[list[int]] | None = None,
     ) -> None:
+        """`bins`: the micro-batches' documents, where they are made otherwise (whole
+        preference pairs, `data/pairs.py`)."""
         self.store = TokenStore.from_examples(examples)
         lengths = self.store.lengths
         self.padded = strategy == "none"
-        if self.padded:
+        if bins is not None:
+            self.bins = bins
+        elif self.padded:
             self.bins = padded_groups(lengths, budget, seed)
         else:
             self.bins = STRATEGIES[strategy](lengths, budget)
