@@ -332,3 +332,23 @@ def test_an_fp4_all_gather_that_cannot_happen_is_said():
     replicated = load_config(REPO / "examples" / "demo.yaml", [*gather, "parallel.strategy=ddp"])
     assert advisories(quiet) == advisories(sharded) == []
     assert "fp4_param_gather has no effect with parallel.strategy=ddp" in advisories(replicated)[0]
+
+
+def test_preference_training_needs_pairs_packed_whole_and_a_reference_it_can_have(data_dir):
+    dpo = MINIMAL.replace("  max_steps: 10\n", "  max_steps: 10\n  objective: dpo\n")
+    text = dpo.replace(
+        "    - path: data/train.jsonl\n", "    - path: data/train.jsonl\n  packing: none\n"
+    )
+    text += "dpo:\n  reference: adapters_off\nlora:\n  enabled: false\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "dpo.yaml", text))
+    found = issues_of(raised.value)
+    assert "format openai has none" in found["data.train.0.format"]
+    assert "packed whole" in found["data.packing"]
+    assert "needs LoRA" in found["dpo.reference"]
+    pairs = dpo.replace(
+        "    - path: data/train.jsonl\n", "    - path: data/train.jsonl\n      format: preference\n"
+    )
+    config = load_config(write(data_dir / "pairs.yaml", pairs))
+    assert config.train.objective == "dpo" and config.dpo.loss == "sigmoid"
+    assert config.dpo.reference == "auto" and config.dpo.beta == 0.1

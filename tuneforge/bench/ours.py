@@ -23,7 +23,7 @@ from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.precision.apply import apply_precision
-from tuneforge.train.objective import build_objective
+from tuneforge.train.objectives import build_objective
 from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import StepResult, StepRunner
 

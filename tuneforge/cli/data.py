@@ -139,7 +139,12 @@ def preview(
         conversations += found[:num]
     failed = 0
     for conversation in conversations:
-        console.rule(conversation.origin)
+        if len(conversation.origin) + 4 <= console.width:
+            console.rule(conversation.origin)
+        else:  # a rule would cut the path, and the line number with it
+            console.print(
+                f"── {conversation.origin}", soft_wrap=True, markup=False, highlight=False
+            )
         try:
             segments = preview_segments(tok, conversation, rendering)
         except DataError as error:

@@ -108,6 +108,10 @@ def _train(trainer, run_config) -> int:
             parts = [f"step {evaluation.step}"]
             if evaluation.loss is not None:
                 parts.append(f"held-out loss {evaluation.loss.loss:.4f}")
+                if "reward_accuracy" in evaluation.loss.metrics:
+                    parts.append(
+                        f"reward accuracy {evaluation.loss.metrics['reward_accuracy']:.1%}"
+                    )
             if evaluation.accuracy is not None:
                 parts.append(f"exact match {evaluation.accuracy.accuracy:.1%}")
             progress.console.print("eval: " + ", ".join(parts))
@@ -162,6 +166,10 @@ def _print_summary(summary, saved: Path | None) -> None:
         table = Table("held-out", "before", "after")
         if first.loss is not None and last.loss is not None:
             table.add_row("loss", f"{first.loss.loss:.4f}", f"{last.loss.loss:.4f}")
+            for name, value in last.loss.metrics.items():
+                before = first.loss.metrics[name]
+                shown = "{:.1%}" if name == "reward_accuracy" else "{:.4f}"
+                table.add_row(name.replace("_", " "), shown.format(before), shown.format(value))
         if first.accuracy is not None and last.accuracy is not None:
             table.add_row(
                 f"exact match ({last.accuracy.num_total} prompts)",

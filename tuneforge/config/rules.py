@@ -291,3 +291,42 @@ def precision_formats(precision, lora, model) -> list[tuple[str, str, str]]:
             )
         )
     return problems
+
+
+@rule("train", "data", "lora", "dpo")
+def preference_training(train, data, lora, dpo) -> list[tuple[str, str, str]]:
+    if train.objective != "dpo":
+        return []
+    problems = []
+    for group in ("train", "eval"):
+        for index, source in enumerate(getattr(data, group)):
+            if source.format != "preference":
+                problems.append(
+                    (
+                        f"data.{group}.{index}.format",
+                        f"train.objective: dpo trains on pairs, and format {source.format} has "
+                        "none",
+                        "set format: preference (prompt, chosen, rejected)",
+                    )
+                )
+    if data.packing == "none":
+        problems.append(
+            ("data.packing", "pairs are packed whole: packing none is not", "use ffd or bfd")
+        )
+    if train.cuda_graph:
+        problems.append(
+            (
+                "train.cuda_graph",
+                "a preference step (the reference's pass, then the policy's) is not captured",
+                "drop train.cuda_graph",
+            )
+        )
+    if dpo.reference == "adapters_off" and not lora.enabled:
+        problems.append(
+            (
+                "dpo.reference",
+                "adapters_off is the base without its adapters: it needs LoRA",
+                "set lora.enabled: true, or dpo.reference: frozen_copy (or auto)",
+            )
+        )
+    return problems

@@ -146,6 +146,8 @@ class LoraSection(Section):
 
 
 class TrainSection(Section):
+    objective: Literal["sft", "dpo"] = "sft"
+    """What the run trains for: `sft` (next-token cross-entropy on the supervised tokens) or `dpo` (preference pairs: DPO, IPO or SimPO as the `dpo` section says; the data in the preference format)."""
     max_steps: int | None = Field(None, ge=1)
     """Optimizer steps to run; set this or `epochs`."""
     epochs: float | None = Field(None, gt=0)
@@ -227,6 +229,21 @@ class PrecisionSection(Section):
     """All-gather weights in FP4 (requires fp4_param)."""
 
 
+class DpoSection(Section):
+    loss: Literal["sigmoid", "ipo", "simpo"] = "sigmoid"
+    """`sigmoid` (DPO), `ipo`, or `simpo` (reference-free, on the replies' mean log-probabilities, with `simpo_gamma`)."""
+    beta: float = Field(0.1, gt=0)
+    """Strength of the reference's pull (DPO, IPO), or SimPO's reward scale."""
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5)
+    """The probability that a pair's preference is flipped (conservative DPO; sigmoid and simpo)."""
+    simpo_gamma: float = Field(0.5, ge=0)
+    """SimPO's target margin between the chosen and rejected rewards."""
+    sft_weight: float = Field(0.0, ge=0)
+    """Weight of the chosen reply's mean negative log-likelihood added to each pair's loss."""
+    reference: Literal["auto", "adapters_off", "frozen_copy"] = "auto"
+    """The model as it was when preference training started: `adapters_off` (LoRA on a fresh adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy: full fine-tuning), or `auto` (the one that applies)."""
+
+
 class CheckpointSection(Section):
     save_steps: int | None = Field(None, ge=1)
     """Save a checkpoint every N steps (null: only at the end). Keep it below one job's step budget."""
@@ -288,6 +305,8 @@ class RunConfig(Section):
     """Optimisation."""
     precision: PrecisionSection = PrecisionSection()
     """Low-precision matmuls."""
+    dpo: DpoSection = DpoSection()
+    """Preference training (train.objective: dpo)."""
     checkpoint: CheckpointSection = CheckpointSection()
     """Saving."""
     logging: LoggingSection = LoggingSection()

@@ -131,11 +131,11 @@ def build_examples(
             f"{stats.num_dropped_too_long} too long, {stats.num_without_targets} without loss "
             f"tokens, {stats.num_unrenderable} the chat template cannot render"
         )
-    _report_left_out(stats, max_seq_len)
+    report_left_out(stats, max_seq_len)
     return examples, stats
 
 
-def _report_left_out(stats: DatasetStats, max_seq_len: int) -> None:
+def report_left_out(stats: DatasetStats, max_seq_len: int) -> None:
     """Say, always, what the length policy and the template did to records."""
     too_long = stats.num_truncated + stats.num_dropped_too_long + stats.num_split
     if too_long:

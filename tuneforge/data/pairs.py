@@ -1,8 +1,93 @@
 """Preference pairs as documents of a token store: pair p is documents 2p (the chosen reply's
-conversation) and 2p + 1 (the rejected one's), and a micro-batch holds whole pairs, each pair's
-two documents side by side, packed without padding."""
+conversation) and 2p + 1 (the rejected one's, the same prompt), each supervised on its last
+reply only, and a micro-batch holds whole pairs, each pair's two documents side by side, packed
+without padding. A pair is never truncated (that would cut a reply): one too long for
+`data.max_seq_len` or for a micro-batch is left out, or stops the run with
+`data.on_too_long: error`."""
 
+from dataclasses import replace
+
+from tuneforge.config.schema import DataSection
 from tuneforge.data.bin_packing import STRATEGIES
+from tuneforge.data.chat import Rendering
+from tuneforge.data.dataset import DatasetStats, report_left_out
+from tuneforge.data.length_policy import RecordLengths, target_spans
+from tuneforge.data.parallel import tokenize_all, worker_count
+from tuneforge.data.records import Conversation, DataError
+from tuneforge.data.token_store import Example, make_example
+
+
+def pair_conversations(conversations: list[Conversation]) -> list[Conversation]:
+    """[chosen, rejected, chosen, rejected, ...]: each preference record as two conversations
+    that share its prompt."""
+    documents = []
+    for conversation in conversations:
+        if conversation.rejected is None:
+            raise DataError(
+                f"{conversation.origin}: preference training needs pairs, and this record has no "
+                "rejected reply: use data format preference (prompt, chosen, rejected)"
+            )
+        rejected = {"role": "assistant", "content": conversation.rejected}
+        documents.append(conversation)
+        documents.append(replace(conversation, messages=[*conversation.messages[:-1], rejected]))
+    return documents
+
+
+def pair_examples(
+    conversations: list[Conversation],
+    tokenizer,
+    data: DataSection,
+    rendering: Rendering,
+    tokens_per_micro_batch: int,
+) -> tuple[list[Example], DatasetStats]:
+    """The pairs' documents (2 per record, chosen first), each supervised on its last reply."""
+    documents = pair_conversations(conversations)
+    reply_only = replace(rendering, train_on="last_assistant")
+    workers = worker_count(data.tokenize_workers, len(documents))
+    tokenized = list(tokenize_all(tokenizer, documents, reply_only, workers))
+    lengths: list[int] = []
+    spans: list[tuple[int, ...]] = []
+    stats = DatasetStats(records=RecordLengths(lengths, spans))
+    examples: list[Example] = []
+    for index, conversation in enumerate(conversations):
+        pair = tokenized[2 * index : 2 * index + 2]
+        stats.num_records += 1
+        errors = [t.error for t in pair if t.error is not None]
+        if errors:
+            if data.on_bad_record != "skip":
+                raise DataError(f"{errors[0]}; or set data.on_bad_record: skip")
+            stats.num_unrenderable += 1
+            stats.unrenderable_examples.append(errors[0])
+            continue
+        sizes = [len(t.input_ids) for t in pair]
+        lengths.append(sum(sizes))
+        spans.append(target_spans(pair[0].loss_mask))
+        if max(sizes) > data.max_seq_len or sum(sizes) > tokens_per_micro_batch:
+            if data.on_too_long == "error":
+                raise DataError(
+                    f"{conversation.origin}: its pair has {sizes[0]} + {sizes[1]} tokens, more "
+                    f"than data.max_seq_len={data.max_seq_len} for a reply or "
+                    f"train.tokens_per_micro_batch={tokens_per_micro_batch} for both; raise "
+                    "them, or set data.on_too_long: drop (pairs are never truncated)"
+                )
+            stats.num_dropped_too_long += 1
+            continue
+        if not all(any(t.loss_mask) for t in pair):
+            stats.num_without_targets += 1
+            stats.dropped_examples.append(conversation.origin)
+            continue
+        for t in pair:
+            examples.append(make_example(t.input_ids, t.loss_mask))
+            stats.num_tokens += len(t.input_ids)
+            stats.num_loss_tokens += sum(t.loss_mask[1:])
+    if not examples:
+        raise DataError(
+            f"no trainable pairs among {stats.num_records} records: "
+            f"{stats.num_dropped_too_long} too long, {stats.num_without_targets} without a reply "
+            f"to train on, {stats.num_unrenderable} the chat template cannot render"
+        )
+    report_left_out(stats, data.max_seq_len)
+    return examples, stats
 
 
 def pair_bins(lengths: list[int], budget: int, strategy: str = "ffd") -> list[list[int]]:

@@ -10,9 +10,11 @@ from tuneforge.data.cache import cached_examples, default_cache_dir
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import DatasetStats, examples_for
 from tuneforge.data.packing import PackedBatch, PackedLoader
+from tuneforge.data.pairs import pair_bins, pair_examples
 from tuneforge.data.reading import read_source
 from tuneforge.data.records import Conversation
 from tuneforge.data.splits import check_disjoint_files, split_off
+from tuneforge.data.token_store import TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +75,12 @@ def load_training_data(
     seed: int,
     rank: int = 0,
     world_size: int = 1,
+    objective: str = "sft",
 ) -> TrainingData:
     """Read, validate, split, weight, tokenise (through the cache) and pack; raises `DataError`.
-    The loader serves data-parallel rank `rank` of `world_size`."""
+    The loader serves data-parallel rank `rank` of `world_size`. With the `dpo` objective each
+    record is a pair of documents, packed whole (`data/pairs.py`)."""
+    pairs = objective == "dpo"
     split = training_conversations(data, seed) if data.eval_fraction is not None else None
     if data.eval and split is None:
         check_disjoint_files([s.path for s in data.train], [s.path for s in data.eval])
@@ -83,7 +88,16 @@ def load_training_data(
     rendering = Rendering.of(data)
 
     def tokenise(conversations: list[Conversation]):
+        if pairs:
+            return pair_examples(conversations, tokenizer, data, rendering, tokens_per_micro_batch)
         return examples_for(conversations, tokenizer, data, rendering)
+
+    def bins(examples) -> list[list[int]] | None:
+        """Whole pairs per micro-batch for preference training; otherwise the loader packs."""
+        if not pairs:
+            return None
+        lengths = TokenStore.from_examples(examples).lengths
+        return pair_bins(lengths, tokens_per_micro_batch, data.packing)
 
     options = {
         "max_seq_len": data.max_seq_len,
@@ -97,7 +111,9 @@ def load_training_data(
         "weights": [s.weight for s in data.train],
         # the seed only picks records when a fraction is held out or a weight is fractional
         "seed": seed if data.eval_fraction or any(s.weight % 1 for s in data.train) else None,
-    }
+    } | (
+        {"objective": objective, "tokens_per_micro_batch": tokens_per_micro_batch} if pairs else {}
+    )
     examples, stats = cached_examples(
         data.train,
         tokenizer,
@@ -114,6 +130,7 @@ def load_training_data(
         rank,
         world_size,
         balance=data.balance_ranks,
+        bins=bins(examples),
     )
     result = TrainingData(loader, stats)
     if data.eval or held_out:
@@ -122,7 +139,7 @@ def load_training_data(
         ]
         eval_examples, _ = tokenise(result.eval_conversations)
         result.eval_batches = PackedLoader(
-            eval_examples, tokens_per_micro_batch, 0, data.packing
+            eval_examples, tokens_per_micro_batch, 0, data.packing, bins=bins(eval_examples)
         ).fixed_batches()
     log.info(
         "train data: %d records, %d tokens (%d carry loss), %d micro-batches per epoch",

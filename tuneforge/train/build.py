@@ -81,6 +81,7 @@ def load_data(config: RunConfig, tokenizer, world: Dist) -> TrainingData:
             config.train.seed,
             rank=world.rank,
             world_size=world.world_size,
+            objective=config.train.objective,
         )
 
     data, problem = None, None

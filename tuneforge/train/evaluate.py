@@ -1,7 +1,7 @@
 """Held-out loss and exact-match accuracy of greedy replies."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +16,9 @@ from tuneforge.train.objective import objective_of
 class EvalResult:
     loss: float
     num_tokens: int
+    """Units the loss is averaged over: supervised tokens (SFT), pairs (preference training)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The objective's own metrics, averaged over the same units (e.g. `reward_accuracy`)."""
 
     @property
     def perplexity(self) -> float:
@@ -30,13 +33,19 @@ def evaluate_loss(
     FSDP every rank takes part)."""
     was_training = objective.training
     objective.eval()
+    names = objective_of(objective).metric_names
     total, count = 0.0, 0
+    sums = dict.fromkeys(names, 0.0)
     for batch in batches:
         batch = batch.to(device)
-        total += float(objective(batch).loss_sum)
+        output = objective(batch)
+        total += float(output.loss_sum)
+        for name in names:
+            sums[name] += float(output.metrics[name])
         count += objective_of(objective).units(batch)
     objective.train(was_training)
-    return EvalResult(total / max(count, 1), count)
+    units = max(count, 1)
+    return EvalResult(total / units, count, {name: value / units for name, value in sums.items()})
 
 
 @dataclass

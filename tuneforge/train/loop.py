@@ -60,7 +60,8 @@ from tuneforge.train.checkpoint import (
 from tuneforge.train.device_watch import DeviceWatch
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.metrics import MetricsLog, StepLog
-from tuneforge.train.objective import build_objective
+from tuneforge.train.objective import objective_of
+from tuneforge.train.objectives import build_objective, preference_reference
 from tuneforge.train.optim import build_optimizer, learning_rate
 from tuneforge.train.pending import PendingStep
 from tuneforge.train.progress import Progress
@@ -147,13 +148,14 @@ class Trainer:
         self.base_model = str(config.model.path) if config.model.path else ""
         self.lora_report = self._apply_lora(fresh=checkpoint is None)
         apply_precision(self.model, config.precision, self.strategy == "fsdp").log(log)
+        reference = preference_reference(config, self.model)  # before wrapping: as loaded
         train = config.train
         refuse_unsupported_offload(train, self.world.world_size, self.model.args)
         if train.offload_embedding:
             embedding_to_host(self.model, self.world.world_size)
         wrap_blocks(self.model, BlockWrapping.of(train))
         self.objective = parallelize(
-            build_objective(train, self.model),
+            build_objective(train, self.model, config, reference),
             self.model.layers,
             self.strategy,
             config.parallel,
@@ -251,7 +253,10 @@ class Trainer:
             )
         record: dict[str, Any] = {"step": step}
         if loss is not None:
-            record |= {"eval_loss": loss.loss, "eval_ppl": loss.perplexity}
+            record["eval_loss"] = loss.loss
+            if objective_of(self.objective).per_token_loss:
+                record["eval_ppl"] = loss.perplexity
+            record |= {f"eval_{name}": value for name, value in loss.metrics.items()}
         if accuracy is not None:
             record["eval_accuracy"] = accuracy.accuracy
         if self.metrics is not None:

@@ -11,7 +11,6 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from tuneforge.config.schema import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.distributed import gradient_sync, unwrap
@@ -34,6 +33,8 @@ class Objective(nn.Module, ABC):
 
     metric_names: tuple[str, ...] = ()
     """The keys of `ObjectiveOutput.metrics`, in a fixed order for the step's reductions."""
+    per_token_loss = True
+    """The loss is a mean cross-entropy per token (it has a perplexity)."""
 
     def __init__(self, model: Decoder) -> None:
         super().__init__()
@@ -86,11 +87,6 @@ class NextTokenObjective(Objective):
         aux = self.model.aux_loss(batch.real_tokens)
         self.model.record_router_logits(False)
         return ObjectiveOutput(loss_sum, aux if aux is not None else loss_sum.new_zeros(()), {})
-
-
-def build_objective(train: TrainSection, model: Decoder) -> Objective:
-    """The objective the run trains with."""
-    return NextTokenObjective(model, train.loss_chunk_tokens, train.compile)
 
 
 def objective_of(module: nn.Module) -> Objective:

@@ -66,6 +66,7 @@ class FrozenCopyReference(Reference):
 
 class PreferenceObjective(Objective):
     metric_names = METRICS
+    per_token_loss = False
 
     def __init__(
         self,
