@@ -9,7 +9,7 @@ import random
 import subprocess
 import sys
 
-from tests.cli_runs import DEMO, REPO
+from tests.cli_runs import DEMO, REPO, assert_clean_failure
 from tuneforge.runs.files import read_metrics
 
 
@@ -67,6 +67,50 @@ def test_dpo_starts_at_ln_2_and_learns_to_tell_the_pairs_apart(tmp_path):
     assert evals[-1]["eval_reward_accuracy"] > 0.8
     assert evals[-1]["eval_loss"] < 0.5 * math.log(2)
     assert "reward accuracy" in result.stdout
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "tuneforge", "train", *args, "logging.progress=false"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def test_an_adapter_continued_from_an_sft_run_starts_where_it_ended(tmp_path):
+    """SFT, then SFT again from its adapter (held-out loss at step 0 is the first run's last),
+    then DPO from it (the reference a frozen copy of the model with that adapter: ln 2 at the
+    first step); an adapter of another alpha is refused."""
+    data = REPO / "tuneforge" / "assets" / "demo_data"
+    _write_pairs(data / "train.jsonl", tmp_path / "pairs.jsonl", 400)
+    _write_pairs(data / "eval.jsonl", tmp_path / "eval_pairs.jsonl", 50)
+    common = [f"data.cache_dir={tmp_path / 'cache'}", "eval.num_samples=0", "train.eval_steps=15"]
+    common += ["lora.enabled=true", "lora.rank=8", "lora.alpha=16", "logging.log_steps=1"]
+    sft = tmp_path / "sft"
+    first = _train(str(DEMO), f"run.output_dir={sft}", "train.max_steps=15", *common)
+    assert first.returncode == 0, first.stdout + first.stderr
+    adapter = sft / "adapter"
+    again = tmp_path / "again"
+    second = _train(
+        str(DEMO), f"run.output_dir={again}", "train.max_steps=2", f"lora.init_adapter={adapter}",
+        *common,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stdout + second.stderr
+    ended = [r["eval_loss"] for r in read_metrics(sft / "metrics.jsonl") if "eval_loss" in r]
+    started = [r["eval_loss"] for r in read_metrics(again / "metrics.jsonl") if "eval_loss" in r]
+    assert started[0] == pyapprox(ended[-1])
+    dpo = tmp_path / "dpo"
+    pairs = f"data.train=[{{path: {tmp_path / 'pairs.jsonl'}, format: preference}}]"
+    held_out = f"data.eval=[{{path: {tmp_path / 'eval_pairs.jsonl'}, format: preference}}]"
+    third = _train(
+        str(DEMO), f"run.output_dir={dpo}", "train.max_steps=2", f"lora.init_adapter={adapter}",
+        "train.objective=dpo", pairs, held_out, *common,
+    )  # fmt: skip
+    assert third.returncode == 0, third.stdout + third.stderr
+    steps = [r for r in read_metrics(dpo / "metrics.jsonl") if "loss" in r]
+    assert steps[0]["loss"] == pyapprox(math.log(2))
+    other = _train(
+        str(DEMO), f"run.output_dir={tmp_path / 'other'}", f"lora.init_adapter={adapter}",
+        *common, "lora.alpha=32",
+    )  # fmt: skip
+    assert_clean_failure(other, "lora.alpha 32.0 (the adapter's 16.0)")
 
 
 def pyapprox(value):

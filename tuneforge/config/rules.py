@@ -329,4 +329,13 @@ def preference_training(train, data, lora, dpo) -> list[tuple[str, str, str]]:
                 "set lora.enabled: true, or dpo.reference: frozen_copy (or auto)",
             )
         )
+    if dpo.reference == "adapters_off" and lora.enabled and lora.init_adapter is not None:
+        problems.append(
+            (
+                "dpo.reference",
+                "with lora.init_adapter the run starts from that adapter, and adapters_off would "
+                "compare with the base without it",
+                "set dpo.reference: frozen_copy (or auto)",
+            )
+        )
     return problems

@@ -141,6 +141,8 @@ class LoraSection(Section):
     """Modules trained in full and saved with the adapter, by HF name (e.g. embed_tokens, lm_head when tokens were added)."""
     share_expert_adapters: bool = False
     """One adapter shared by all experts of a bank instead of one per expert."""
+    init_adapter: InputPath | None = None
+    """A LoRA adapter directory (PEFT layout, e.g. an earlier run's `adapter/`) whose weights the adapters start from, to continue training it (SFT, or preference training after SFT); its shapes must match this section's."""
     compute_dtype: Literal["model", "float32"] = "model"
     """Precision of the adapter matmuls: the model's (bf16: the adapters' fp32 weights are cast for each matmul, no fp32 copy of the activations) or float32 (PEFT's default: the input is cast to fp32; slower, more memory)."""
 
@@ -241,7 +243,7 @@ class DpoSection(Section):
     sft_weight: float = Field(0.0, ge=0)
     """Weight of the chosen reply's mean negative log-likelihood added to each pair's loss."""
     reference: Literal["auto", "adapters_off", "frozen_copy"] = "auto"
-    """The model as it was when preference training started: `adapters_off` (LoRA on a fresh adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy: full fine-tuning), or `auto` (the one that applies)."""
+    """The model as it was when preference training started: `adapters_off` (LoRA on a fresh adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy: full fine-tuning, or LoRA continuing `lora.init_adapter`), or `auto` (the one that applies)."""
 
 
 class CheckpointSection(Section):

@@ -219,6 +219,28 @@ def lora_config_of(adapter_config: dict) -> LoraSection:
     )
 
 
+def check_continues(adapter_dir: Path, lora: LoraSection) -> None:
+    """Refuse to continue an adapter whose rank, alpha or scaling rule differs from the run's:
+    its weights would load, and compute something else."""
+    config = read_adapter_config(adapter_dir)
+    theirs = {
+        "rank": config["r"],
+        "alpha": float(config["lora_alpha"]),
+        "use_rslora": bool(config.get("use_rslora")),
+    }
+    ours = {"rank": lora.rank, "alpha": float(lora.alpha), "use_rslora": lora.use_rslora}
+    differ = [
+        f"lora.{key} {ours[key]} (the adapter's {theirs[key]})"
+        for key in ours
+        if ours[key] != theirs[key]
+    ]
+    if differ:
+        raise AdapterError(
+            f"lora.init_adapter {adapter_dir}: the run's {', '.join(differ)}: set them as the "
+            "adapter has them"
+        )
+
+
 def load_adapter(
     model: Decoder, adapter_dir: str | os.PathLike, dtype: torch.dtype | None = None
 ) -> torch.nn.Module:

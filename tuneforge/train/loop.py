@@ -30,6 +30,7 @@ from tuneforge.parallel.distributed import (
     strategy_of,
 )
 from tuneforge.parallel.host_embedding import embedding_to_host
+from tuneforge.peft.adapter_io import check_continues, load_adapter_weights
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.selection import lora_shape
 from tuneforge.peft.stacked_weights import stack_frozen_weights
@@ -199,6 +200,10 @@ class Trainer:
         generator = torch.Generator(device=self.device).manual_seed(self.config.train.seed + 1)
         report = apply_lora(self.model, lora, generator, torch.float32)
         report.log(log)
+        if lora.enabled and lora.init_adapter is not None:  # a resume then loads its own
+            check_continues(lora.init_adapter, lora)
+            load_adapter_weights(self.model, lora.init_adapter)
+            log.info("adapters start from %s", lora.init_adapter)
         return report
 
     def _resume(self, checkpoint: Path) -> None:

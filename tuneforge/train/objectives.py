@@ -15,13 +15,13 @@ from tuneforge.train.preference_loss import PreferenceLoss
 
 def preference_reference(config: RunConfig, model: Decoder) -> Reference | None:
     """The reference of a preference run (None for SFT and reference-free SimPO): with `auto`,
-    the base without its adapters for LoRA, a frozen copy for full fine-tuning."""
-    dpo = config.dpo
+    the base without its adapters for LoRA on a fresh adapter, a frozen copy otherwise (full
+    fine-tuning, or an adapter continued from `lora.init_adapter`)."""
+    dpo, lora = config.dpo, config.lora
     if config.train.objective != "dpo" or dpo.loss == "simpo":
         return None
-    adapters_off = dpo.reference == "adapters_off" or (
-        dpo.reference == "auto" and config.lora.enabled
-    )
+    fresh_adapter = lora.enabled and lora.init_adapter is None
+    adapters_off = dpo.reference == "adapters_off" or (dpo.reference == "auto" and fresh_adapter)
     return AdaptersOffReference(model) if adapters_off else FrozenCopyReference(model)
 
 
