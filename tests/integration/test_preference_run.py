@@ -1,11 +1,9 @@
-"""Preference training end to end on the CPU: pairs of the demo's tasks whose rejected reply has a
-mistake, LoRA on the demo model, the base without its adapters as the reference. The first
+"""Preference training end to end on the CPU: the demo's pairs (its tasks, the rejected reply with
+one mistake), LoRA on the demo model, the base without its adapters as the reference. The first
 step's loss is ln 2, and the held-out reward accuracy climbs from 0 (no pair told apart) as the
 run learns to prefer the right replies."""
 
-import json
 import math
-import random
 import subprocess
 import sys
 
@@ -13,30 +11,15 @@ from tests.cli_runs import DEMO, REPO, assert_clean_failure
 from tuneforge.runs.files import read_metrics
 
 
-def _mistake(reply: str, rng: random.Random) -> str:
-    words = reply.split()
-    if len(words) > 1:
-        i, j = rng.sample(range(len(words)), 2)
-        words[i], words[j] = words[j], words[i]
-        if words != reply.split():
-            return " ".join(words)
-    return reply + " 1"
-
-
 def _write_pairs(source, target, count: int) -> None:
-    rng = random.Random(0)
-    with open(source) as lines, open(target, "w") as out:
-        for line, _ in zip(lines, range(count), strict=False):
-            messages = json.loads(line)["messages"]
-            prompt, reply = messages[0]["content"], messages[1]["content"]
-            rejected = _mistake(reply, rng)
-            out.write(json.dumps({"prompt": prompt, "chosen": reply, "rejected": rejected}) + "\n")
+    """The first `count` of the demo's bundled pairs (`tuneforge/assets/build_demo_pairs.py`)."""
+    target.write_text("".join(source.read_text().splitlines(keepends=True)[:count]))
 
 
 def test_dpo_starts_at_ln_2_and_learns_to_tell_the_pairs_apart(tmp_path):
     data = REPO / "tuneforge" / "assets" / "demo_data"
-    _write_pairs(data / "train.jsonl", tmp_path / "pairs.jsonl", 2000)
-    _write_pairs(data / "eval.jsonl", tmp_path / "eval_pairs.jsonl", 100)
+    _write_pairs(data / "pairs_train.jsonl", tmp_path / "pairs.jsonl", 2000)
+    _write_pairs(data / "pairs_eval.jsonl", tmp_path / "eval_pairs.jsonl", 100)
     config = tmp_path / "dpo.yaml"
     config.write_text(
         f"extends: {DEMO}\n"
@@ -79,8 +62,8 @@ def test_an_adapter_continued_from_an_sft_run_starts_where_it_ended(tmp_path):
     then DPO from it (the reference a frozen copy of the model with that adapter: ln 2 at the
     first step); an adapter of another alpha is refused."""
     data = REPO / "tuneforge" / "assets" / "demo_data"
-    _write_pairs(data / "train.jsonl", tmp_path / "pairs.jsonl", 400)
-    _write_pairs(data / "eval.jsonl", tmp_path / "eval_pairs.jsonl", 50)
+    _write_pairs(data / "pairs_train.jsonl", tmp_path / "pairs.jsonl", 400)
+    _write_pairs(data / "pairs_eval.jsonl", tmp_path / "eval_pairs.jsonl", 50)
     common = [f"data.cache_dir={tmp_path / 'cache'}", "eval.num_samples=0", "train.eval_steps=15"]
     common += ["lora.enabled=true", "lora.rank=8", "lora.alpha=16", "logging.log_steps=1"]
     sft = tmp_path / "sft"

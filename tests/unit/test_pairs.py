@@ -58,3 +58,22 @@ def test_pairs_are_never_truncated_and_records_without_a_rejected_reply_are_refu
     )
     with pytest.raises(DataError, match=r"chat\.jsonl:3: preference training needs pairs"):
         pair_examples([plain], tokenizer, _data(), Rendering(), 128)
+
+
+def test_the_demo_pairs_are_its_replies_against_one_mistake_each():
+    import json
+    import random
+
+    from tuneforge.assets import DEMO_DATA_DIR
+    from tuneforge.assets.build_demo_pairs import mistake
+
+    rng = random.Random(0)
+    for prompt, reply in [("add: 0 + 0", "0"), ("max: 7 7", "7"), ("sort: 1 1 2", "1 1 2")]:
+        for _ in range(20):
+            assert mistake(prompt, reply, rng) != reply
+    source = (DEMO_DATA_DIR / "train.jsonl").read_text().splitlines()
+    pairs = (DEMO_DATA_DIR / "pairs_train.jsonl").read_text().splitlines()
+    for line, pair_line in zip(source, pairs, strict=False):
+        messages, pair = json.loads(line)["messages"], json.loads(pair_line)
+        assert (pair["prompt"], pair["chosen"]) == (messages[0]["content"], messages[1]["content"])
+        assert pair["rejected"] != pair["chosen"]
