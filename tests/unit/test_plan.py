@@ -521,3 +521,35 @@ def test_the_plan_states_moe_against_dense_per_token_and_per_model():
     assert moe.per_token["attention_kib_per_layer"] < dense.per_token["attention_kib_per_layer"]
     assert moe.model["dim"] < dense.model["dim"]
     assert {"per_token", "model"} <= set(moe.as_dict())
+
+
+def test_a_preference_run_adds_the_references_forward_and_its_frozen_copy():
+    from tuneforge.assets import DEMO_DATA_DIR
+    from tuneforge.models.cost import forward_flops_per_token, training_flops_per_token
+    from tuneforge.plan.planner import run_model_args
+
+    hardware = Hardware(gpus=1, gpu="H100")
+    pairs = f"[{{path: {DEMO_DATA_DIR / 'pairs_train.jsonl'}, format: preference}}]"
+    common = ["model.name=qwen3-8b", "model.dtype=bfloat16", "data.max_seq_len=4096"]
+    common += ["train.tokens_per_micro_batch=4096", "train.max_steps=10", "data.eval=[]"]
+    common += ["eval.num_samples=0"]
+
+    def plans(*settings: str):
+        sft = plan_config(DEMO, [*common, *settings], hardware, None, [])
+        dpo = plan_config(
+            DEMO, [*common, *settings, "train.objective=dpo", f"data.train={pairs}"], hardware,
+            None, [],
+        )  # fmt: skip
+        return sft, dpo
+
+    sft, dpo = plans("lora.enabled=false")  # full fine-tuning: a frozen copy
+    shape = run_model_args(load_config(DEMO, ["model.name=qwen3-8b"]))
+    copy = shape.num_params() * 2  # bf16
+    assert dpo.memory.weights - sft.memory.weights == pytest.approx(copy)
+    ratio = 1 + forward_flops_per_token(shape, 4096) / training_flops_per_token(shape, 4096)
+    assert dpo.step_time_s / sft.step_time_s == pytest.approx(ratio)
+    assert "frozen_copy" in dpo.objective and "frozen copy" in dpo.objective
+    sft, dpo = plans("lora.enabled=true")  # a fresh adapter: the base itself, no copy
+    assert dpo.memory.weights == sft.memory.weights and dpo.step_time_s > sft.step_time_s
+    assert "adapters_off" in dpo.objective and "frozen copy" not in dpo.objective
+    assert sft.objective is None

@@ -101,6 +101,8 @@ def plan_command(
     )
     if plan.base_weights:
         console.print(f"precision: {plan.base_weights}", markup=False, highlight=False)
+    if plan.objective:
+        console.print(f"objective: {plan.objective}", markup=False, highlight=False)
     if hardware.data_parallel > 1:
         console.print(
             f"parallel.strategy {plan.strategy} ({plan.strategy_reason}); collectives: "

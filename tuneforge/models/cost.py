@@ -93,6 +93,11 @@ def forward_matmul_flops_per_token(args: ModelArgs) -> float:
     return 2 * (args.num_params(active=True) - embedding)
 
 
+def forward_flops_per_token(args: ModelArgs, doc_len: int) -> float:
+    """A forward pass without gradients (a preference reference's): matmuls and attention."""
+    return forward_matmul_flops_per_token(args) + attention_flops_per_token(args, doc_len)
+
+
 def training_flops_per_token(args: ModelArgs, doc_len: int, lora: LoraShape | None = None) -> float:
     """Forward + backward FLOPs per token. Full fine-tuning: backward = 2x forward (gradients of
     activations and of weights). LoRA: frozen weights need no weight gradient, so their backward

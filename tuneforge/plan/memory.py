@@ -73,6 +73,8 @@ class Setup:
     """Below 1, compiled blocks keep at most that share of what they could (an upper bound)."""
     base_weights: BaseWeights = field(default_factory=BaseWeights)
     """How the frozen base linears are held (FP8, FP4 or the model's dtype)."""
+    frozen_copy: bool = False
+    """Preference training's reference held as a frozen, unsharded copy of the model."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,8 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
         weights = total * b / (shard if stage >= 3 else 1)
         gradients = total * b / (shard if stage >= 2 else 1)
         optimizer = total * master / (shard if stage >= 1 else 1)
+    if setup.frozen_copy:
+        weights += total * b
     if stage >= 3 and n > 1:
         # the gathered working set: this block and the prefetched next, and the root, which
         # stays gathered through its forward, i.e. the whole step

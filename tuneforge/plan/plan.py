@@ -78,6 +78,8 @@ class Plan:
     """The model: parameters and active parameters (billions), width and depth."""
     base_weights: str | None = None
     """How the frozen base linears are held, where a precision setting changes it."""
+    objective: str | None = None
+    """What a non-SFT objective adds to a step (a preference run's reference)."""
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)
@@ -108,5 +110,6 @@ class Plan:
             "per_token": self.per_token,
             "model": self.model,
             "base_weights": self.base_weights,
+            "objective": self.objective,
             "tokens_per_step": self.tokens_per_step,
         }

@@ -20,6 +20,7 @@ from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
     activation_bytes_per_token,
     attention_activation_bytes_per_token,
+    forward_flops_per_token,
     training_flops_per_token,
 )
 from tuneforge.peft.selection import lora_shape
@@ -114,7 +115,18 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         compiled=config.train.compile,
         compile_memory_budget=config.train.compile_memory_budget,
         base_weights=BaseWeights.of(config.precision) if lora is not None else BaseWeights(),
+        frozen_copy=reference_of(config) == "frozen_copy",
     )
+
+
+def reference_of(config: RunConfig) -> str | None:
+    """The reference a preference run holds (as `train/objectives.py` picks it), or None."""
+    dpo, lora = config.dpo, config.lora
+    if config.train.objective != "dpo" or dpo.loss == "simpo":
+        return None
+    if dpo.reference != "auto":
+        return dpo.reference
+    return "adapters_off" if lora.enabled and lora.init_adapter is None else "frozen_copy"
 
 
 def largest_budget(setup: Setup, capacity_gib: float) -> int:
@@ -193,6 +205,11 @@ def plan_run(
             args, data.max_seq_len, setup.lora
         )
         micro_batches_per_epoch = None
+    reference = reference_of(config)
+    if reference is not None:  # the reference's forward of every token, without gradients
+        length = round(setup.mean_doc_len) or data.max_seq_len
+        train_flops = training_flops_per_token(args, length, setup.lora)
+        flops_per_micro_batch *= 1 + forward_flops_per_token(args, length) / train_flops
     if setup.checkpointing != "none":  # recomputation: another forward of the checkpointed blocks
         share = len([i for i in range(args.num_layers) if i in recomputed(setup)]) / max(
             args.num_layers, 1
@@ -241,6 +258,12 @@ def plan_run(
         )
     plan.per_token, plan.model = _per_token_and_model(args, setup)
     plan.base_weights = setup.base_weights.describe(args, setup.param_bytes)
+    if reference is not None:
+        copy = f", its frozen copy {args.num_params() * setup.param_bytes / GIB:.2f} GiB"
+        plan.objective = (
+            f"preference pairs ({config.dpo.loss}): the reference ({reference}) runs a forward "
+            f"of every token each step{copy if setup.frozen_copy else ''}"
+        )
     margin = config.checkpoint.exit_margin_s
     limit = hardware.time_limit_s or (
         parse_duration(train.time_limit) if train.time_limit else None
