@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,20 @@ def test_full_fine_tuning_learns_and_leaves_a_complete_run_directory(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
+
+    # the DPO demo's configuration on this model: its bundled pairs load, and DPO starts at ln 2
+    dpo_config = load_config(
+        REPO / "examples" / "demo-dpo.yaml",
+        [f"model.path={run / 'final'}", f"run.output_dir={tmp_path / 'dpo'}",
+         f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=2", "train.eval_steps=2",
+         "eval.num_samples=0", "logging.log_steps=1"],
+    )  # fmt: skip
+    dpo = Trainer(dpo_config)
+    dpo.setup()
+    dpo_summary = dpo.train()
+    first_step = next(m for m in read_metrics(tmp_path / "dpo" / "metrics.jsonl") if "loss" in m)
+    assert first_step["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert dpo_summary.evaluations[0].loss.metrics["reward_accuracy"] == 0.0
 
 
 def test_lora_run_trains_only_adapters_and_saves_a_peft_adapter(tmp_path):
