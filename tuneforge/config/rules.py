@@ -339,3 +339,30 @@ def preference_training(train, data, lora, dpo) -> list[tuple[str, str, str]]:
             )
         )
     return problems
+
+
+@rule("train", "distill")
+def distillation_needs_a_teacher(train, distill) -> list[tuple[str, str, str]]:
+    problems = []
+    if train.objective == "distill" and distill.teacher is None:
+        problems.append(
+            (
+                "distill.teacher",
+                "train.objective: distill needs a teacher",
+                "set distill.teacher.path to a model directory (or .name to a catalog shape)",
+            )
+        )
+    teacher = distill.teacher
+    if teacher is not None and (teacher.name is None) == (teacher.path is None):
+        problems.append(
+            (
+                "distill.teacher",
+                "set exactly one of distill.teacher.name and distill.teacher.path",
+                "path loads a local model directory; name builds a catalog shape",
+            )
+        )
+    if train.objective == "distill" and train.cuda_graph:
+        problems.append(
+            ("train.cuda_graph", "a distillation step is not captured", "drop train.cuda_graph")
+        )
+    return problems

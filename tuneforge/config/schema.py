@@ -148,8 +148,8 @@ class LoraSection(Section):
 
 
 class TrainSection(Section):
-    objective: Literal["sft", "dpo"] = "sft"
-    """What the run trains for: `sft` (next-token cross-entropy on the supervised tokens) or `dpo` (preference pairs: DPO, IPO or SimPO as the `dpo` section says; the data in the preference format)."""
+    objective: Literal["sft", "dpo", "distill"] = "sft"
+    """What the run trains for: `sft` (next-token cross-entropy on the supervised tokens), `dpo` (preference pairs: DPO, IPO or SimPO as the `dpo` section says; the data in the preference format) or `distill` (the supervised tokens' next-token distributions of the `distill` section's teacher, with cross-entropy)."""
     max_steps: int | None = Field(None, ge=1)
     """Optimizer steps to run; set this or `epochs`."""
     epochs: float | None = Field(None, gt=0)
@@ -246,6 +246,21 @@ class DpoSection(Section):
     """The model as it was when preference training started: `adapters_off` (LoRA on a fresh adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy: full fine-tuning, or LoRA continuing `lora.init_adapter`), or `auto` (the one that applies)."""
 
 
+class DistillSection(Section):
+    teacher: ModelSection | None = None
+    """The teacher: a local model directory (`path`) or a catalog shape (`name`, random weights: a proxy for measuring), with its own `dtype` and `num_layers`; it must share the student's vocabulary."""
+    loss: Literal["forward_kl", "reverse_kl", "jsd"] = "forward_kl"
+    """KL(teacher ‖ student), KL(student ‖ teacher), or the generalised Jensen-Shannon divergence with `jsd_beta`."""
+    jsd_beta: float = Field(0.5, gt=0, lt=1)
+    """The JSD's mixture weight of the teacher."""
+    temperature: float = Field(1.0, gt=0)
+    """Both distributions are softened by it; the loss is multiplied by its square."""
+    kd_weight: float = Field(0.5, ge=0, le=1)
+    """Share of the distillation loss in each token's loss; the cross-entropy on the data takes the rest."""
+    top_k: int | None = Field(None, ge=1)
+    """Distil over the teacher's k likeliest tokens only (renormalised), as a cache of its logits keeps them."""
+
+
 class CheckpointSection(Section):
     save_steps: int | None = Field(None, ge=1)
     """Save a checkpoint every N steps (null: only at the end). Keep it below one job's step budget."""
@@ -309,6 +324,8 @@ class RunConfig(Section):
     """Low-precision matmuls."""
     dpo: DpoSection = DpoSection()
     """Preference training (train.objective: dpo)."""
+    distill: DistillSection = DistillSection()
+    """Knowledge distillation (train.objective: distill)."""
     checkpoint: CheckpointSection = CheckpointSection()
     """Saving."""
     logging: LoggingSection = LoggingSection()

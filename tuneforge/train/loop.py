@@ -62,7 +62,11 @@ from tuneforge.train.device_watch import DeviceWatch
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.metrics import MetricsLog, StepLog
 from tuneforge.train.objective import objective_of
-from tuneforge.train.objectives import build_objective, preference_reference
+from tuneforge.train.objectives import (
+    build_objective,
+    distillation_teacher,
+    preference_reference,
+)
 from tuneforge.train.optim import build_optimizer, learning_rate
 from tuneforge.train.pending import PendingStep
 from tuneforge.train.progress import Progress
@@ -150,13 +154,14 @@ class Trainer:
         self.lora_report = self._apply_lora(fresh=checkpoint is None)
         apply_precision(self.model, config.precision, self.strategy == "fsdp").log(log)
         reference = preference_reference(config, self.model)  # before wrapping: as loaded
+        teacher = distillation_teacher(config, self.model, self.device)
         train = config.train
         refuse_unsupported_offload(train, self.world.world_size, self.model.args)
         if train.offload_embedding:
             embedding_to_host(self.model, self.world.world_size)
         wrap_blocks(self.model, BlockWrapping.of(train))
         self.objective = parallelize(
-            build_objective(train, self.model, config, reference),
+            build_objective(train, self.model, config, reference, teacher),
             self.model.layers,
             self.strategy,
             config.parallel,

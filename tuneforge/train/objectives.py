@@ -1,8 +1,16 @@
-"""Which objective a run trains with, from its configuration: next-token SFT, or preference
-training with its reference (made before the model is wrapped, as the model is then)."""
+"""Which objective a run trains with, from its configuration: next-token SFT, preference
+training with its reference (made before the model is wrapped, as the model is then), or
+distillation from a teacher."""
+
+import logging
+
+import torch
 
 from tuneforge.config.schema import RunConfig, TrainSection
 from tuneforge.models.decoder import Decoder
+from tuneforge.train.build import build_model
+from tuneforge.train.distill import DistillObjective, Teacher
+from tuneforge.train.distill_loss import DistillLoss
 from tuneforge.train.objective import NextTokenObjective, Objective
 from tuneforge.train.preference import (
     AdaptersOffReference,
@@ -25,13 +33,41 @@ def preference_reference(config: RunConfig, model: Decoder) -> Reference | None:
     return AdaptersOffReference(model) if adapters_off else FrozenCopyReference(model)
 
 
+log = logging.getLogger(__name__)
+
+
+def distillation_teacher(
+    config: RunConfig, student: Decoder, device: torch.device
+) -> Teacher | None:
+    """The teacher of a distillation run, loaded frozen on `device` (None otherwise)."""
+    section = config.distill.teacher
+    if config.train.objective != "distill" or section is None:
+        return None
+    model = build_model(section, device, config.train.seed)
+    teacher = Teacher(model, student)
+    log.info(
+        "teacher: %s, %.2f B parameters, %s", section.path or section.name,
+        model.args.num_params() / 1e9, section.dtype,
+    )  # fmt: skip
+    return teacher
+
+
 def build_objective(
     train: TrainSection,
     model: Decoder,
     config: RunConfig | None = None,
     reference: Reference | None = None,
+    teacher: Teacher | None = None,
 ) -> Objective:
-    """The objective the run trains with (`config` for a preference run's settings)."""
+    """The objective the run trains with (`config` for a preference or distillation run's
+    settings)."""
+    if train.objective == "distill":
+        assert config is not None and teacher is not None
+        distill = config.distill
+        setting = DistillLoss(distill.loss, distill.temperature, distill.jsd_beta)
+        return DistillObjective(
+            model, teacher, setting, distill.kd_weight, distill.top_k, train.loss_chunk_tokens
+        )
     if train.objective == "dpo":
         assert config is not None
         dpo = config.dpo
