@@ -64,15 +64,15 @@ def build_objective(
     if train.objective == "distill":
         assert config is not None and teacher is not None
         distill = config.distill
-        setting = DistillLoss(distill.loss, distill.temperature, distill.jsd_beta)
+        divergence = DistillLoss(distill.loss, distill.temperature, distill.jsd_beta)
         return DistillObjective(
-            model, teacher, setting, distill.kd_weight, distill.top_k, train.loss_chunk_tokens
+            model, teacher, divergence, distill.kd_weight, distill.top_k, train.loss_chunk_tokens
         )
     if train.objective == "dpo":
         assert config is not None
         dpo = config.dpo
-        setting = PreferenceLoss(
+        preference = PreferenceLoss(
             dpo.loss, dpo.beta, dpo.label_smoothing, dpo.simpo_gamma, dpo.sft_weight
         )
-        return PreferenceObjective(model, setting, reference, train.loss_chunk_tokens)
+        return PreferenceObjective(model, preference, reference, train.loss_chunk_tokens)
     return NextTokenObjective(model, train.loss_chunk_tokens, train.compile)
