@@ -553,3 +553,25 @@ def test_a_preference_run_adds_the_references_forward_and_its_frozen_copy():
     assert dpo.memory.weights == sft.memory.weights and dpo.step_time_s > sft.step_time_s
     assert "adapters_off" in dpo.objective and "frozen copy" not in dpo.objective
     assert sft.objective is None
+
+
+def test_a_distillation_run_adds_its_teachers_weights_and_forward():
+    from tuneforge.models.cost import forward_flops_per_token, training_flops_per_token
+    from tuneforge.plan.planner import run_model_args, section_model_args
+
+    hardware = Hardware(gpus=1, gpu="H100")
+    common = ["model.name=qwen3-1.7b", "model.dtype=bfloat16", "data.max_seq_len=4096"]
+    common += ["train.tokens_per_micro_batch=4096", "train.max_steps=10", "lora.enabled=false"]
+    sft = plan_config(DEMO, common, hardware, None, [])
+    teacher = ["train.objective=distill", "distill.teacher.name=qwen3-8b"]
+    distill = plan_config(DEMO, [*common, *teacher], hardware, None, [])
+    teacher_args = section_model_args(load_config(DEMO, teacher).distill.teacher)
+    student_args = run_model_args(load_config(DEMO, common))
+    assert distill.memory.weights - sft.memory.weights == pytest.approx(
+        teacher_args.num_params() * 2
+    )
+    ratio = 1 + forward_flops_per_token(teacher_args, 4096) / training_flops_per_token(
+        student_args, 4096
+    )
+    assert distill.step_time_s / sft.step_time_s == pytest.approx(ratio)
+    assert "distillation: the teacher" in distill.objective

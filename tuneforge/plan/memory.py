@@ -75,6 +75,8 @@ class Setup:
     """How the frozen base linears are held (FP8, FP4 or the model's dtype)."""
     frozen_copy: bool = False
     """Preference training's reference held as a frozen, unsharded copy of the model."""
+    extra_weight_bytes: float = 0.0
+    """Weights of another model held beside this one, unsharded (a distillation teacher)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,7 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
         optimizer = total * master / (shard if stage >= 1 else 1)
     if setup.frozen_copy:
         weights += total * b
+    weights += setup.extra_weight_bytes
     if stage >= 3 and n > 1:
         # the gathered working set: this block and the prefetched next, and the root, which
         # stays gathered through its forward, i.e. the whole step

@@ -12,6 +12,7 @@ import numpy as np
 
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
+from tuneforge.config.schema import ModelSection
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB
@@ -50,10 +51,23 @@ MOE_ZERO2_MAX_PARAMS = 30e9
 
 
 def run_model_args(config: RunConfig) -> ModelArgs:
-    section = config.model
+    return section_model_args(config.model)
+
+
+def section_model_args(section: ModelSection) -> ModelArgs:
     source = section.path if section.path is not None else section.name
     assert source is not None  # guaranteed by the config rules
     return model_args(source, section.num_layers)
+
+
+def teacher_cost(config: RunConfig, length: int) -> tuple[float, float] | None:
+    """A distillation run's teacher: (its weights' bytes, its forward FLOPs per token)."""
+    teacher = config.distill.teacher
+    if config.train.objective != "distill" or teacher is None:
+        return None
+    args = section_model_args(teacher)
+    param_bytes = 4 if teacher.dtype == "float32" else 2
+    return args.num_params() * param_bytes, forward_flops_per_token(args, length)
 
 
 def fsdp_stage_of(config: RunConfig, hardware: Hardware) -> int:
@@ -116,6 +130,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         compile_memory_budget=config.train.compile_memory_budget,
         base_weights=BaseWeights.of(config.precision) if lora is not None else BaseWeights(),
         frozen_copy=reference_of(config) == "frozen_copy",
+        extra_weight_bytes=(teacher_cost(config, 1) or (0.0, 0.0))[0],
     )
 
 
@@ -210,6 +225,10 @@ def plan_run(
         length = round(setup.mean_doc_len) or data.max_seq_len
         train_flops = training_flops_per_token(args, length, setup.lora)
         flops_per_micro_batch *= 1 + forward_flops_per_token(args, length) / train_flops
+    length = round(setup.mean_doc_len) or data.max_seq_len
+    teacher = teacher_cost(config, length)
+    if teacher is not None:  # the teacher's forward of every token, without gradients
+        flops_per_micro_batch *= 1 + teacher[1] / training_flops_per_token(args, length, setup.lora)
     if setup.checkpointing != "none":  # recomputation: another forward of the checkpointed blocks
         share = len([i for i in range(args.num_layers) if i in recomputed(setup)]) / max(
             args.num_layers, 1
@@ -258,6 +277,11 @@ def plan_run(
         )
     plan.per_token, plan.model = _per_token_and_model(args, setup)
     plan.base_weights = setup.base_weights.describe(args, setup.param_bytes)
+    if teacher is not None:
+        plan.objective = (
+            f"distillation: the teacher ({teacher[0] / GIB:.2f} GiB of weights) runs a forward of "
+            "every token each step"
+        )
     if reference is not None:
         copy = f", its frozen copy {args.num_params() * setup.param_bytes / GIB:.2f} GiB"
         plan.objective = (
