@@ -19,20 +19,49 @@ def plot(
 
 
 def generate(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory of a finished training run.")],
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="User message to answer.")],
+    run_dir: Annotated[
+        Path, typer.Argument(help="Run directory of a finished run, or a model directory.")
+    ],
+    prompt: Annotated[
+        str | None, typer.Option("--prompt", "-p", help="User message to answer.")
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="A .jsonl of prompts ({prompt} or {messages}) to answer, all of them."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="With --data: the .jsonl to write (openai messages).")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
+    batch_size: Annotated[int, typer.Option(min=1, help="Prompts answered at once.")] = 32,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest reply.")] = 64,
-    temperature: Annotated[float, typer.Option(help="0 for greedy decoding.")] = 0.0,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 for greedy decoding.")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for sampling.")] = 0,
 ) -> None:
-    """Answer a prompt with a trained run (base + adapter, or full weights)."""
+    """Answer a prompt, or a whole file of prompts (an SFT dataset of the replies: sequence-level
+    distillation), with a trained run (base + adapter, or full weights) or a model directory."""
     import torch
 
+    from tuneforge.errors import TuneforgeError
     from tuneforge.hardware.gpus import pick_device
+    from tuneforge.inference.replies import read_prompts
     from tuneforge.inference.trained import load_trained
     from tuneforge.models.generate import generate as generate_tokens
 
+    if (prompt is None) == (data is None):
+        raise TuneforgeError("give --prompt TEXT or --data FILE (with --out FILE)")
+    if data is not None:
+        if out is None:
+            raise TuneforgeError("--data needs --out: the .jsonl to write the replies to")
+        if out.exists() and not overwrite:
+            raise TuneforgeError(f"--out {out} exists: choose another file, or add --overwrite")
+    conversations = read_prompts(data) if data is not None else []  # before the model loads
     model, tokenizer = load_trained(run_dir, pick_device())
+    if out is not None and conversations:
+        _answer_file(
+            model, tokenizer, conversations, out, batch_size, max_new_tokens, temperature, seed
+        )
+        return
     messages = [{"role": "user", "content": prompt}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -40,3 +69,20 @@ def generate(
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     reply = generate_tokens(model, [ids], max_new_tokens, stop, temperature, generator)[0]
     console.print(tokenizer.decode(reply, skip_special_tokens=True), markup=False, highlight=False)
+
+
+def _answer_file(
+    model, tokenizer, conversations, out, batch_size, max_new_tokens, temperature, seed
+) -> None:
+    from rich.progress import Progress
+
+    from tuneforge.inference.replies import write_replies
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("answering", total=len(conversations))
+        written = write_replies(
+            model, tokenizer, conversations, out, batch_size=batch_size,
+            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+            advance=lambda n: progress.advance(task, n),
+        )  # fmt: skip
+    console.print(f"{written} replies written to {out}", markup=False, highlight=False)

@@ -14,11 +14,20 @@ from tuneforge.runs.files import ADAPTER_DIR, CONFIG_FILE, FINAL_DIR
 
 
 def load_trained(run_dir: Path, device: torch.device) -> tuple[Decoder, Any]:
-    """The trained model of `run_dir` and its tokenizer."""
+    """The trained model of `run_dir` (or the model of a Hugging Face model directory) and its
+    tokenizer."""
     from transformers import AutoTokenizer
 
+    if not (run_dir / CONFIG_FILE).is_file() and (run_dir / "config.json").is_file():
+        dtype = "bfloat16" if device.type == "cuda" else "float32"  # a model directory
+        model = load_hf_model(run_dir, dtype, "sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(str(run_dir), local_files_only=True)
+        return model.to(device).eval(), tokenizer
     if not (run_dir / CONFIG_FILE).is_file():
-        raise TuneforgeError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
+        raise TuneforgeError(
+            f"{run_dir} is neither a run directory (no {CONFIG_FILE}) nor a model directory "
+            "(no config.json)"
+        )
     config = load_config(run_dir / CONFIG_FILE)
     dtype = config.model.dtype
     if (run_dir / ADAPTER_DIR).is_dir():
