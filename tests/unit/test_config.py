@@ -220,6 +220,7 @@ def test_every_example_validates(example, tmp_path, monkeypatch):
 
     save_tiny_llama(tmp_path / "model")
     monkeypatch.setenv("MODEL_DIR", str(tmp_path / "model"))
+    monkeypatch.setenv("DEMO_SFT", str(tmp_path / "model"))  # the SFT demo's model, elsewhere
     monkeypatch.setenv("DATA", str(REPO / "tuneforge" / "assets" / "demo_data" / "train.jsonl"))
     load_config(example)
 

@@ -10,7 +10,6 @@ import copy
 from abc import ABC, abstractmethod
 
 import torch
-from torch import nn
 
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
 from tuneforge.models.decoder import Decoder
@@ -106,9 +105,3 @@ class PreferenceObjective(Objective):
         return ObjectiveOutput(
             loss_sum, aux if aux is not None else loss_sum.new_zeros(()), metrics
         )
-
-
-def reference_for(model: nn.Module, fresh_adapter: bool) -> Reference:
-    """The base with adapters disabled for a fresh adapter, a frozen copy otherwise."""
-    assert isinstance(model, Decoder)
-    return AdaptersOffReference(model) if fresh_adapter else FrozenCopyReference(model)
