@@ -67,7 +67,9 @@ def test_help_commands(command):
 
 def test_generate_from_a_directory_that_is_no_run(tmp_path):
     result = run_cli("generate", str(tmp_path), "--prompt", "hi")
-    assert_clean_failure(result, "is not a run directory")
+    assert_clean_failure(
+        result, "is neither a run directory (no config.yaml) nor a model directory"
+    )
 
 
 def test_data_inspect_on_a_bad_file_names_the_line(tmp_path):
