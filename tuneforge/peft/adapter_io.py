@@ -11,6 +11,7 @@ load here:
 """
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -31,6 +32,9 @@ from tuneforge.peft.targets import BANK_PROJECTIONS, candidates
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
+
+
+log = logging.getLogger(__name__)
 
 
 class AdapterError(TuneforgeError):
@@ -217,6 +221,13 @@ def lora_config_of(adapter_config: dict) -> LoraSection:
         alpha_pattern=suffix_regex(adapter_config.get("alpha_pattern")),
         modules_to_save=list(adapter_config.get("modules_to_save") or []),
     )
+
+
+def continue_adapter(model: Decoder, adapter_dir: Path, lora: LoraSection) -> None:
+    """Start the model's adapters (made as `lora` says) from the weights in `adapter_dir`."""
+    check_continues(adapter_dir, lora)
+    load_adapter_weights(model, adapter_dir)
+    log.info("adapters start from %s", adapter_dir)
 
 
 def check_continues(adapter_dir: Path, lora: LoraSection) -> None:

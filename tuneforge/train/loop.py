@@ -30,7 +30,7 @@ from tuneforge.parallel.distributed import (
     strategy_of,
 )
 from tuneforge.parallel.host_embedding import embedding_to_host
-from tuneforge.peft.adapter_io import check_continues, load_adapter_weights
+from tuneforge.peft.adapter_io import continue_adapter
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.selection import lora_shape
 from tuneforge.peft.stacked_weights import stack_frozen_weights
@@ -62,11 +62,7 @@ from tuneforge.train.device_watch import DeviceWatch
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.metrics import MetricsLog, StepLog
 from tuneforge.train.objective import objective_of
-from tuneforge.train.objectives import (
-    build_objective,
-    distillation_teacher,
-    preference_reference,
-)
+from tuneforge.train.objectives import build_objective, distillation_teacher, preference_reference
 from tuneforge.train.optim import build_optimizer, learning_rate
 from tuneforge.train.pending import PendingStep
 from tuneforge.train.progress import Progress
@@ -206,9 +202,7 @@ class Trainer:
         report = apply_lora(self.model, lora, generator, torch.float32)
         report.log(log)
         if lora.enabled and lora.init_adapter is not None:  # a resume then loads its own
-            check_continues(lora.init_adapter, lora)
-            load_adapter_weights(self.model, lora.init_adapter)
-            log.info("adapters start from %s", lora.init_adapter)
+            continue_adapter(self.model, lora.init_adapter, lora)
         return report
 
     def _resume(self, checkpoint: Path) -> None:
