@@ -55,6 +55,8 @@ def generate(
             raise TuneforgeError("--data needs --out: the .jsonl to write the replies to")
         if out.exists() and not overwrite:
             raise TuneforgeError(f"--out {out} exists: choose another file, or add --overwrite")
+        if not out.parent.is_dir():
+            raise TuneforgeError(f"--out {out}: there is no directory {out.parent}")
     conversations = read_prompts(data) if data is not None else []  # before the model loads
     model, tokenizer = load_trained(run_dir, pick_device())
     if out is not None and conversations:
