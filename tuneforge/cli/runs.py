@@ -42,6 +42,7 @@ def generate(
     distillation), with a trained run (base + adapter, or full weights) or a model directory."""
     import torch
 
+    from tuneforge.data.chat import prompt_ids, stop_ids
     from tuneforge.errors import TuneforgeError
     from tuneforge.hardware.gpus import pick_device
     from tuneforge.inference.replies import read_prompts
@@ -64,12 +65,12 @@ def generate(
             model, tokenizer, conversations, out, batch_size, max_new_tokens, temperature, seed
         )
         return
-    messages = [{"role": "user", "content": prompt}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    stop = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    assert prompt is not None  # one of --prompt and --data, checked above
+    ids = prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    reply = generate_tokens(model, [ids], max_new_tokens, stop, temperature, generator)[0]
+    reply = generate_tokens(
+        model, [ids], max_new_tokens, stop_ids(tokenizer), temperature, generator
+    )[0]
     console.print(tokenizer.decode(reply, skip_special_tokens=True), markup=False, highlight=False)
 
 

@@ -211,3 +211,14 @@ def _loss_mask(token_starts: np.ndarray, spans: list[tuple[int, int]], train_on:
     for span_start, span_end in spans:
         mask |= (token_starts >= span_start) & (token_starts < span_end)
     return mask
+
+
+def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of `messages` rendered with the chat template, ready for the assistant's reply."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def stop_ids(tokenizer) -> set[int]:
+    """The tokens a reply ends at."""
+    return {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()

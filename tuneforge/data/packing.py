@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from tuneforge.data.bin_packing import STRATEGIES, padded_groups
+from tuneforge.data.pairs import pair_bins
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
 from tuneforge.data.records import DataError
 from tuneforge.data.token_store import IGNORE_INDEX, Example, TokenStore, make_example
@@ -127,15 +128,15 @@ class PackedLoader:
         world_size: int = 1,
         prefetch: int = 2,
         balance: bool = False,
-        bins: list[list[int]] | None = None,
+        pairs: bool = False,
     ) -> None:
-        """`bins`: the micro-batches' documents, where they are made otherwise (whole
-        preference pairs, `data/pairs.py`)."""
+        """`pairs`: documents 2p and 2p + 1 are a preference pair, packed whole
+        (`data/pairs.py`)."""
         self.store = TokenStore.from_examples(examples)
         lengths = self.store.lengths
         self.padded = strategy == "none"
-        if bins is not None:
-            self.bins = bins
+        if pairs:
+            self.bins = pair_bins(lengths, budget, strategy)
         elif self.padded:
             self.bins = padded_groups(lengths, budget, seed)
         else:

@@ -10,11 +10,10 @@ from tuneforge.data.cache import cached_examples, default_cache_dir
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import DatasetStats, examples_for
 from tuneforge.data.packing import PackedBatch, PackedLoader
-from tuneforge.data.pairs import pair_bins, pair_examples
+from tuneforge.data.pairs import pair_examples
 from tuneforge.data.reading import read_source
 from tuneforge.data.records import Conversation
 from tuneforge.data.splits import check_disjoint_files, split_off
-from tuneforge.data.token_store import TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +91,6 @@ def load_training_data(
             return pair_examples(conversations, tokenizer, data, rendering, tokens_per_micro_batch)
         return examples_for(conversations, tokenizer, data, rendering)
 
-    def bins(examples) -> list[list[int]] | None:
-        """Whole pairs per micro-batch for preference training; otherwise the loader packs."""
-        if not pairs:
-            return None
-        lengths = TokenStore.from_examples(examples).lengths
-        return pair_bins(lengths, tokens_per_micro_batch, data.packing)
-
     options = {
         "max_seq_len": data.max_seq_len,
         "split_long": data.split_long,
@@ -130,7 +122,7 @@ def load_training_data(
         rank,
         world_size,
         balance=data.balance_ranks,
-        bins=bins(examples),
+        pairs=pairs,
     )
     result = TrainingData(loader, stats)
     if data.eval or held_out:
@@ -139,7 +131,7 @@ def load_training_data(
         ]
         eval_examples, _ = tokenise(result.eval_conversations)
         result.eval_batches = PackedLoader(
-            eval_examples, tokens_per_micro_batch, 0, data.packing, bins=bins(eval_examples)
+            eval_examples, tokens_per_micro_batch, 0, data.packing, pairs=pairs
         ).fixed_batches()
     log.info(
         "train data: %d records, %d tokens (%d carry loss), %d micro-batches per epoch",

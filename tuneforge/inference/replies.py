@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from tuneforge.data.chat import prompt_ids, stop_ids
 from tuneforge.data.records import DataError, RecordError, iter_raw_records
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.decoder import Decoder
@@ -68,21 +69,13 @@ def write_replies(
             f"{tokenizer.name_or_path}: the tokenizer has no chat template to render the prompts "
             "with: use a chat model's directory (or a run of one)"
         )
-    stop = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    stop = stop_ids(tokenizer)
     generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed)
     partial = out.with_name(out.name + ".partial")
     written = 0
     with partial.open("w") as handle:
         for batch in batches(conversations, batch_size):
-            prompts = [
-                tokenizer(
-                    tokenizer.apply_chat_template(
-                        messages, tokenize=False, add_generation_prompt=True
-                    ),
-                    add_special_tokens=False,
-                )["input_ids"]
-                for messages in batch
-            ]
+            prompts = [prompt_ids(tokenizer, messages) for messages in batch]
             replies = generate(model, prompts, max_new_tokens, stop, temperature, generator)
             for messages, reply in zip(batch, replies, strict=True):
                 text = tokenizer.decode(reply, skip_special_tokens=True)

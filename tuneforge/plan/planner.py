@@ -12,6 +12,7 @@ import numpy as np
 
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
+from tuneforge.config.objectives import preference_reference_kind
 from tuneforge.config.schema import ModelSection
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.errors import TuneforgeError
@@ -129,19 +130,9 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         compiled=config.train.compile,
         compile_memory_budget=config.train.compile_memory_budget,
         base_weights=BaseWeights.of(config.precision) if lora is not None else BaseWeights(),
-        frozen_copy=reference_of(config) == "frozen_copy",
+        frozen_copy=preference_reference_kind(config) == "frozen_copy",
         extra_weight_bytes=(teacher_cost(config, 1) or (0.0, 0.0))[0],
     )
-
-
-def reference_of(config: RunConfig) -> str | None:
-    """The reference a preference run holds (as `train/objectives.py` picks it), or None."""
-    dpo, lora = config.dpo, config.lora
-    if config.train.objective != "dpo" or dpo.loss == "simpo":
-        return None
-    if dpo.reference != "auto":
-        return dpo.reference
-    return "adapters_off" if lora.enabled and lora.init_adapter is None else "frozen_copy"
 
 
 def largest_budget(setup: Setup, capacity_gib: float) -> int:
@@ -220,15 +211,16 @@ def plan_run(
             args, data.max_seq_len, setup.lora
         )
         micro_batches_per_epoch = None
-    reference = reference_of(config)
-    if reference is not None:  # the reference's forward of every token, without gradients
-        length = round(setup.mean_doc_len) or data.max_seq_len
-        train_flops = training_flops_per_token(args, length, setup.lora)
-        flops_per_micro_batch *= 1 + forward_flops_per_token(args, length) / train_flops
+    # forwards of every token without gradients: a preference run's reference, a teacher
     length = round(setup.mean_doc_len) or data.max_seq_len
+    reference = preference_reference_kind(config)
     teacher = teacher_cost(config, length)
-    if teacher is not None:  # the teacher's forward of every token, without gradients
-        flops_per_micro_batch *= 1 + teacher[1] / training_flops_per_token(args, length, setup.lora)
+    frozen_forwards = (forward_flops_per_token(args, length) if reference else 0.0) + (
+        teacher[1] if teacher else 0.0
+    )
+    flops_per_micro_batch *= 1 + frozen_forwards / training_flops_per_token(
+        args, length, setup.lora
+    )
     if setup.checkpointing != "none":  # recomputation: another forward of the checkpointed blocks
         share = len([i for i in range(args.num_layers) if i in recomputed(setup)]) / max(
             args.num_layers, 1

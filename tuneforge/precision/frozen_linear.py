@@ -137,15 +137,15 @@ class Fp4Linear(LowPrecisionBase):
         with torch.no_grad():
             quantized = quantize_fp4(base.weight, recipe, square=True)
         self.scale_dtype = quantized.scales.dtype
+        if packed:
+            self.register_buffer("weight_tensor_scale", quantized.tensor_scale, persistent=False)
         if packed and sharded:
             bits = quantized.scales.view(torch.uint8)
             self.weight_codes = nn.Parameter(quantized.codes, requires_grad=False)
             self.weight_scales = nn.Parameter(bits, requires_grad=False)
-            self.register_buffer("weight_tensor_scale", quantized.tensor_scale, persistent=False)
         elif packed:
             self.register_buffer("weight_codes", quantized.codes, persistent=False)
             self.register_buffer("weight_scales", quantized.scales, persistent=False)
-            self.register_buffer("weight_tensor_scale", quantized.tensor_scale, persistent=False)
         else:
             self.register_buffer(
                 "weight_dequantized", quantized.dequantize(self.dtype), persistent=False

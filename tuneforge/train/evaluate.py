@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tuneforge.data.chat import prompt_ids, stop_ids
 from tuneforge.data.packing import PackedBatch
 from tuneforge.data.records import Conversation
 from tuneforge.models.decoder import Decoder
@@ -79,16 +80,13 @@ def exact_match(
             continue  # raw text has no reply to compare
         messages = conversation.messages
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        prompt = tokenizer.apply_chat_template(
-            messages[:last], tokenize=False, add_generation_prompt=True
-        )
-        prompts.append(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        prompts.append(prompt_ids(tokenizer, messages[:last]))
         references.append(messages[last]["content"].strip())
         prompt_texts.append(messages[last - 1]["content"])
-    stop_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    stop = stop_ids(tokenizer)
     replies: list[str] = []
     for start in range(0, len(prompts), batch_size):
-        for reply in generate(model, prompts[start : start + batch_size], max_new_tokens, stop_ids):
+        for reply in generate(model, prompts[start : start + batch_size], max_new_tokens, stop):
             replies.append(tokenizer.decode(reply, skip_special_tokens=True).strip())
     model.train(was_training)
     correct = sum(reply == reference for reply, reference in zip(replies, references, strict=True))

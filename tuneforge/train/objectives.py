@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from tuneforge.config.objectives import preference_reference_kind
 from tuneforge.config.schema import RunConfig, TrainSection
 from tuneforge.models.decoder import Decoder
 from tuneforge.train.build import build_model
@@ -22,15 +23,11 @@ from tuneforge.train.preference_loss import PreferenceLoss
 
 
 def preference_reference(config: RunConfig, model: Decoder) -> Reference | None:
-    """The reference of a preference run (None for SFT and reference-free SimPO): with `auto`,
-    the base without its adapters for LoRA on a fresh adapter, a frozen copy otherwise (full
-    fine-tuning, or an adapter continued from `lora.init_adapter`)."""
-    dpo, lora = config.dpo, config.lora
-    if config.train.objective != "dpo" or dpo.loss == "simpo":
+    """The reference of a preference run, as `preference_reference_kind` names it."""
+    kind = preference_reference_kind(config)
+    if kind is None:
         return None
-    fresh_adapter = lora.enabled and lora.init_adapter is None
-    adapters_off = dpo.reference == "adapters_off" or (dpo.reference == "auto" and fresh_adapter)
-    return AdaptersOffReference(model) if adapters_off else FrozenCopyReference(model)
+    return AdaptersOffReference(model) if kind == "adapters_off" else FrozenCopyReference(model)
 
 
 log = logging.getLogger(__name__)
