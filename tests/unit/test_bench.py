@@ -1,5 +1,7 @@
 """The benchmark's pieces that need no GPU: its batches, its plan of runs, its ratios."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -150,6 +152,47 @@ def test_tuneforge_and_hf_peft_runners_measure_the_same_step_on_a_cpu():
     # one 1,024-token document costs more attention than packed documents of the same tokens
     assert peer["flops_per_step"] > ours["flops_per_step"] > 0
     assert ours["documents_per_step"] >= 1
+
+
+def test_a_dpo_workload_trains_pairs_and_is_measured_against_trl_only():
+    """Its peer is TRL, never the SFT peers (and TRL is never run on an SFT workload); each step
+    is one pair whose two documents share a prompt and are supervised on their replies only."""
+    from tuneforge.bench.batches import pair_token_ids, synthetic_pair
+
+    dpo = WORKLOADS["llama3-8b-lora-dpo"]
+    peers = ["hf+peft", "unsloth", "trl"]
+    assert {run.system for run in plan_runs([dpo], peers)} == {"tuneforge", "trl"}
+    assert "trl" not in {run.system for run in plan_runs([WORKLOADS["llama3-8b-lora"]], peers)}
+    for index in range(4):
+        prompt, chosen, rejected = pair_token_ids(1000, 4096, index)
+        assert len(prompt) + len(chosen) == len(prompt) + len(rejected) == 2048
+        assert chosen[-1] == rejected[-1] == 3 and min(prompt + chosen[:-1] + rejected[:-1]) >= 4
+        batch = synthetic_pair(1000, 4096, index)
+        assert batch.packed.lengths() == [2048, 2048]
+        supervised = batch.labels[batch.labels != IGNORE_INDEX].tolist()
+        assert supervised == chosen + rejected and batch.num_loss_tokens == 2 * len(chosen)
+
+
+def test_tuneforge_runs_a_dpo_workload_and_trl_sees_the_same_pairs_on_a_cpu():
+    """Our side end to end on a tiny shape (a pair a step, the reference's forward counted in
+    the FLOPs); TRL's trainer, built as the GPU run builds it, tokenises the same pairs token for
+    token (its training needs Triton: the GPU run)."""
+    from tuneforge.bench.ours import run_ours
+    from tuneforge.bench.workloads import ALL_LINEAR, Workload
+
+    workload = Workload("tiny-dpo", "demo-tiny", ALL_LINEAR, tokens=512, objective="dpo")
+    sft = run_ours(replace(workload, objective="sft"), "eager+onedoc", warmup=1, steps=1)
+    ours = run_ours(workload, "eager", warmup=1, steps=2)
+    assert ours["documents_per_step"] == 2 and ours["tokens_per_step"] == 512
+    assert ours["flops_per_step"] > sft["flops_per_step"] * 1.2  # the reference's forward
+    pytest.importorskip("trl", reason="TRL (the DPO peer) is not installed here")
+    from tuneforge.bench.peers_trl import check_same_pairs, trl_trainer
+
+    trainer = trl_trainer(workload, checkpointing=False, steps=4)
+    vocab_size = trainer.model.config.vocab_size
+    check_same_pairs(trainer.train_dataset, vocab_size, 512)
+    with pytest.raises(RuntimeError, match="differently"):
+        check_same_pairs(trainer.train_dataset, vocab_size, 256)
 
 
 @pytest.mark.slow

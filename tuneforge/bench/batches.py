@@ -1,5 +1,6 @@
 """Synthetic training batches: documents of log-normal lengths packed into exactly the step's
-tokens (what a packed real dataset gives), or one document filling it (what the peers see)."""
+tokens (what a packed real dataset gives), or one document filling it (what the peers see); for
+preference training, pairs whose two documents share a prompt, the same for every system."""
 
 import numpy as np
 import torch
@@ -30,4 +31,50 @@ def synthetic_batch(vocab_size: int, tokens: int, one_document: bool, seed: int)
         torch.from_numpy(labels),
         PackedSequences.from_lengths(lengths),
         int((labels != IGNORE_INDEX).sum()),
+    )
+
+
+PAIR_PROMPT_SHARES = (0.25, 0.5, 0.75, 0.125)
+"""Each distinct pair's prompt as a share of its documents' length: the pairs cycled through."""
+
+
+PAIR_EOS = 3
+"""The end-of-sequence id of the peer's word tokenizer (`peers._save_word_tokenizer`)."""
+
+
+def pair_shape(tokens: int, index: int) -> tuple[int, int]:
+    """(prompt, reply) tokens of pair `index` filling a step of `tokens`: chosen and rejected
+    replies of equal length, so no system pads one to the other."""
+    document = tokens // 2
+    prompt = int(document * PAIR_PROMPT_SHARES[index % len(PAIR_PROMPT_SHARES)])
+    return prompt, document - prompt
+
+
+def pair_token_ids(vocab_size: int, tokens: int, index: int) -> tuple[list, list, list]:
+    """Pair `index`'s (prompt, chosen, rejected) token ids: words from id 4 on (a peer's
+    tokenizer keeps 0-3 for its special tokens), each reply ending with `PAIR_EOS`."""
+    prompt, reply = pair_shape(tokens, index)
+    rng = np.random.default_rng(1000 + index)
+    ids = rng.integers(4, vocab_size, prompt + 2 * reply).tolist()
+    chosen, rejected = ids[prompt : prompt + reply], ids[prompt + reply :]
+    return ids[:prompt], [*chosen[:-1], PAIR_EOS], [*rejected[:-1], PAIR_EOS]
+
+
+def synthetic_pair(vocab_size: int, tokens: int, index: int) -> PackedBatch:
+    """Pair `index` as a preference micro-batch: prompt + chosen, then prompt + rejected, each
+    supervised on its reply only."""
+    prompt, chosen, rejected = pair_token_ids(vocab_size, tokens, index)
+    ids, labels = [], []
+    for reply in (chosen, rejected):
+        document = prompt + reply
+        targets = [IGNORE_INDEX] * (len(prompt) - 1) + reply + [IGNORE_INDEX]
+        ids += document
+        labels += targets
+    lengths = [len(prompt) + len(chosen), len(prompt) + len(rejected)]
+    label_tensor = torch.tensor(labels)
+    return PackedBatch(
+        torch.tensor(ids),
+        label_tensor,
+        PackedSequences.from_lengths(lengths),
+        int((label_tensor != IGNORE_INDEX).sum()),
     )

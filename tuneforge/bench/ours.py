@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from tuneforge.bench.batches import synthetic_batch
+from tuneforge.bench.batches import synthetic_batch, synthetic_pair
 from tuneforge.bench.timing import time_steps
 from tuneforge.bench.workloads import Variant, Workload
 from tuneforge.config.schema import ParallelSection, TrainSection
@@ -16,15 +16,24 @@ from tuneforge.data.packing import PackedBatch
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
 from tuneforge.hardware.gpus import GIB
 from tuneforge.models.api import load_model
-from tuneforge.models.cost import LoraShape, training_flops_per_token
+from tuneforge.models.args import ModelArgs
+from tuneforge.models.cost import (
+    LoraShape,
+    forward_flops_per_token,
+    training_flops_per_token,
+)
+from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.parallel.distributed import Dist, init_distributed, parallelize, strategy_of
 from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.precision.apply import apply_precision
+from tuneforge.train.objective import Objective
 from tuneforge.train.objectives import build_objective
 from tuneforge.train.optim import build_optimizer
+from tuneforge.train.preference import AdaptersOffReference, PreferenceObjective
+from tuneforge.train.preference_loss import PreferenceLoss
 from tuneforge.train.step import StepResult, StepRunner
 
 DISTINCT_BATCHES = 4
@@ -76,6 +85,26 @@ def strategy_for(settings: Variant, world: Dist) -> str:
     if world.world_size == 1:
         return "single"
     return "ddp" if settings.ddp else "fsdp"
+
+
+def workload_objective(workload: Workload, train: TrainSection, model: Decoder) -> Objective:
+    """SFT as the trainer builds it, or DPO (sigmoid, β 0.1) against the base with the adapters
+    off, as `dpo.reference: auto` picks for a fresh adapter."""
+    if workload.objective == "dpo":
+        reference = AdaptersOffReference(model)
+        return PreferenceObjective(model, PreferenceLoss(), reference, train.loss_chunk_tokens)
+    return build_objective(train, model)
+
+
+def step_flops(workload: Workload, args: ModelArgs, batch: PackedBatch) -> float:
+    """A micro-batch's FLOPs: training each document, plus a preference run's reference forward."""
+    lora = lora_shape(workload)
+    total = 0.0
+    for length in batch.packed.lengths():
+        total += length * training_flops_per_token(args, length, lora)
+        if workload.objective == "dpo":
+            total += length * forward_flops_per_token(args, length)
+    return total
 
 
 def lora_shape(workload: Workload) -> LoraShape | None:
@@ -140,7 +169,7 @@ def run_ours(
         reduce_dtype="model" if settings.bf16_reduce else "float32",
     )
     objective = parallelize(
-        build_objective(train, model),
+        workload_objective(workload, train, model),
         model.layers,
         strategy_of(parallel, world),
         parallel,
@@ -148,7 +177,11 @@ def run_ours(
     )
     stack_frozen_weights(model)
     optimizer = build_optimizer(model, train, world.device)
-    batches = rank_batches(model.args.vocab_size, tokens, settings, world, workload.gpus)
+    if workload.objective == "dpo":
+        vocab = model.args.vocab_size
+        batches = [synthetic_pair(vocab, tokens, index) for index in range(DISTINCT_BATCHES)]
+    else:
+        batches = rank_batches(model.args.vocab_size, tokens, settings, world, workload.gpus)
     steps = whole_cycles(steps, len(batches), accum)
     counter = iter(range(10**9))
     queued: list[StepResult] = []
@@ -174,13 +207,7 @@ def run_ours(
             timelines: list = [None] * world.world_size
             torch.distributed.all_gather_object(timelines, result["profile"]["timeline"])
             result["profile"]["timeline_by_rank"] = timelines
-    flops = sum(
-        sum(
-            length * training_flops_per_token(model.args, length, lora_shape(workload))
-            for length in batch.packed.lengths()
-        )
-        for batch in batches
-    ) / len(batches)
+    flops = sum(step_flops(workload, model.args, batch) for batch in batches) / len(batches)
     documents = sum(b.packed.cu_seqlens.numel() - 1 for b in batches) / len(batches)
     return result | {
         "system": "tuneforge",

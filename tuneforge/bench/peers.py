@@ -1,7 +1,8 @@
 """The peers' side: what a user would run instead, on the same shape and tokens per step —
 Hugging Face transformers + PEFT (optionally patched with Liger kernels) and Unsloth (16-bit
 LoRA). One sequence of the step's tokens per step, SDPA attention, fused AdamW, as
-`shared/peers/*.py` measured them."""
+`shared/peers/*.py` measured them. Preference training's peer is TRL's DPOTrainer + PEFT on the
+same pairs (`peers_trl.py`)."""
 
 import tempfile
 

@@ -12,8 +12,15 @@ from dataclasses import dataclass
 from tuneforge.bench.child import RESULT_PREFIX
 from tuneforge.bench.workloads import WORKLOADS, Variant, Workload, baseline_variant
 
-PEERS = ("hf+peft", "hf+peft+liger", "unsloth")
-PEER_MODULES = {"hf+peft": "peft", "hf+peft+liger": "liger_kernel", "unsloth": "unsloth"}
+PEERS = ("hf+peft", "hf+peft+liger", "unsloth", "trl")
+PEER_MODULES = {
+    "hf+peft": "peft",
+    "hf+peft+liger": "liger_kernel",
+    "unsloth": "unsloth",
+    "trl": "trl",
+}
+PEER_OBJECTIVES = {"hf+peft": "sft", "hf+peft+liger": "sft", "unsloth": "sft", "trl": "dpo"}
+"""The objective each peer trains: TRL is measured on preference training (its DPOTrainer)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
         if workload.gpus > 1:
             continue
         for peer in peers:
+            if PEER_OBJECTIVES[peer] != workload.objective:
+                continue
             if (
                 peer == "unsloth"
                 and workload.targets

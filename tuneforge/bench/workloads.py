@@ -22,6 +22,9 @@ class Workload:
     memory_cap_gib: float | None = None
     """Runs above it are reported as over the cap."""
     gpus: int = 1
+    objective: str = "sft"
+    """`sft`, or `dpo`: each step one preference pair of `tokens` (`batches.synthetic_pair`),
+    the reference being the base with its adapters off; its peer is TRL's DPOTrainer."""
     peer_checkpointing: tuple[bool, ...] = (False, True)
     """Peer runs: without and with their gradient checkpointing."""
     variants: tuple[str, ...] = field(default=("eager", "compiled"))
@@ -61,6 +64,13 @@ WORKLOADS = {
                 "compiled+onedoc",
                 "compiled+budget0.8+chunk2048+onedoc+fp8+fp8base",
             ),
+        ),
+        Workload(
+            "llama3-8b-lora-dpo",
+            "llama-3-8b",
+            ALL_LINEAR,
+            objective="dpo",
+            variants=("compiled", "compiled+budget0.8+chunk2048"),
         ),
         Workload(
             "llama3-8b-lora-capped",

@@ -23,8 +23,12 @@ def bench_command(
         typer.Option(help="Workload to run (repeatable; default: all that fit the GPUs here)."),
     ] = None,
     peers: Annotated[
-        str, typer.Option(help="Peers, comma-separated: hf+peft, hf+peft+liger, unsloth, or none.")
-    ] = "hf+peft,hf+peft+liger,unsloth",
+        str,
+        typer.Option(
+            help="Peers, comma-separated: hf+peft, hf+peft+liger, unsloth (SFT workloads), trl "
+            "(DPO workloads), or none."
+        ),
+    ] = "hf+peft,hf+peft+liger,unsloth,trl",
     variant: Annotated[
         list[str] | None,
         typer.Option(help="tuneforge variants instead of each workload's (e.g. compiled+full)."),
