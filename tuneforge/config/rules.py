@@ -329,6 +329,14 @@ def preference_training(train, data, lora, dpo) -> list[tuple[str, str, str]]:
                 "set lora.enabled: true, or dpo.reference: frozen_copy (or auto)",
             )
         )
+    if dpo.reference == "precomputed" and dpo.loss == "simpo":
+        problems.append(
+            (
+                "dpo.reference",
+                "simpo is reference-free: there is nothing to precompute",
+                "drop dpo.reference (or use loss sigmoid or ipo)",
+            )
+        )
     if dpo.reference == "adapters_off" and lora.enabled and lora.init_adapter is not None:
         problems.append(
             (
@@ -359,6 +367,15 @@ def distillation_needs_a_teacher(train, distill) -> list[tuple[str, str, str]]:
                 "distill.teacher",
                 "set exactly one of distill.teacher.name and distill.teacher.path",
                 "path loads a local model directory; name builds a catalog shape",
+            )
+        )
+    if train.objective == "distill" and distill.teacher_logits == "cached" and not distill.top_k:
+        problems.append(
+            (
+                "distill.teacher_logits",
+                "a cache keeps the teacher's top-k logits of every token, and distill.top_k is "
+                "not set (the whole vocabulary for every token would not fit on a disk)",
+                "set distill.top_k (64 keeps nearly all of a teacher's probability mass)",
             )
         )
     if train.objective == "distill" and train.cuda_graph:

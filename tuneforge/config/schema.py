@@ -242,8 +242,8 @@ class DpoSection(Section):
     """SimPO's target margin between the chosen and rejected rewards."""
     sft_weight: float = Field(0.0, ge=0)
     """Weight of the chosen reply's mean negative log-likelihood added to each pair's loss."""
-    reference: Literal["auto", "adapters_off", "frozen_copy"] = "auto"
-    """The model as it was when preference training started: `adapters_off` (LoRA on a fresh adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy: full fine-tuning, or LoRA continuing `lora.init_adapter`), or `auto` (the one that applies)."""
+    reference: Literal["auto", "adapters_off", "frozen_copy", "precomputed"] = "auto"
+    """The model as it was when preference training started: `adapters_off` (LoRA on a fresh adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy: full fine-tuning, or LoRA continuing `lora.init_adapter`), `precomputed` (its log-probabilities of every reply computed in one pass before training and cached with the tokenised data: no copy and no reference forward per step), or `auto` (adapters_off or frozen_copy, the one that applies)."""
 
 
 class DistillSection(Section):
@@ -259,6 +259,8 @@ class DistillSection(Section):
     """Share of the distillation loss in each token's loss; the cross-entropy on the data takes the rest."""
     top_k: int | None = Field(None, ge=1)
     """Distil over the teacher's k likeliest tokens only (renormalised), as a cache of its logits keeps them."""
+    teacher_logits: Literal["online", "cached"] = "online"
+    """`online`: the teacher runs beside the student every step; `cached`: it runs once over the data before training and its top-k logits and token ids are kept memory-mapped on disk (keyed by the tokenised data and the teacher), so that it need not fit beside the student (needs top_k)."""
 
 
 class CheckpointSection(Section):

@@ -8,7 +8,7 @@ import random
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from tuneforge.data.bin_packing import STRATEGIES, padded_groups
 from tuneforge.data.pairs import pair_bins
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
 from tuneforge.data.records import DataError
+from tuneforge.data.side_data import SideData
 from tuneforge.data.token_store import IGNORE_INDEX, Example, TokenStore, make_example
 from tuneforge.packed import PackedSequences, to_device
 
@@ -40,6 +41,9 @@ class PackedBatch:
     real_tokens: torch.Tensor | None = None
     """With a fixed shape (`data.fixed_shape`): the tokens before the padding at the end, as a
     0-d tensor that the device reads (the MoE load-balancing loss leaves the padding out)."""
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    """What a frozen model computed for these documents before training (`data/side_data.py`):
+    a precomputed reference's log-probabilities, a cached teacher's top-k logits."""
 
     @property
     def num_real_tokens(self) -> int:
@@ -60,6 +64,7 @@ class PackedBatch:
             self.num_loss_tokens,
             self.num_padding,
             None if self.real_tokens is None else to_device(self.real_tokens, device),
+            {name: to_device(value, device) for name, value in self.extras.items()},
         )
 
 
@@ -153,6 +158,8 @@ class PackedLoader:
         )
         self.epoch = 0
         self.position = 0
+        self.side_data: SideData | None = None
+        """Values of each document computed before training, carried with its batches."""
         if len(self.bins) < world_size:
             raise DataError(
                 f"{len(self.bins)} micro-batches cannot feed {world_size} ranks: "
@@ -177,7 +184,11 @@ class PackedLoader:
             epoch, position = epoch + 1, 0
 
     def batch(self, bin_index: int) -> PackedBatch:
-        return collate_from(self.store, self.bins[bin_index], self.padded)
+        indexes = self.bins[bin_index]
+        batch = collate_from(self.store, indexes, self.padded)
+        if self.side_data is not None:
+            batch.extras = self.side_data.gather(indexes)
+        return batch
 
     def __iter__(self) -> Iterator[PackedBatch]:
         schedule = self._schedule()

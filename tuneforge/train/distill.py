@@ -4,6 +4,9 @@ kd_weight · D(teacher ‖ student) + (1 − kd_weight) · cross-entropy on the 
 gradients; the student's logits are made a chunk of supervised rows at a time and recomputed
 in backward, so at most one chunk's fp32 logits of each model exist."""
 
+from collections.abc import Callable
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -14,24 +17,52 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.train.distill_loss import DistillLoss, distill_losses, teacher_top_k
 from tuneforge.train.objective import Objective, ObjectiveOutput
 
+Targets = Callable[[slice], tuple[torch.Tensor, torch.Tensor | None]]
+"""The teacher's log-probabilities of a chunk of the supervised rows (and the token ids they are
+over, with top-k), at the loss's temperature."""
+
+
+class TeacherSource(Protocol):
+    """Where a distillation step's teacher distribution comes from: the teacher run on the
+    batch (`Teacher`), or its logits cached before training (`cached_teacher.CachedTeacher`)."""
+
+    def targets(
+        self, batch: PackedBatch, supervised: torch.Tensor, temperature: float, top_k: int | None
+    ) -> Targets: ...
+
+
+def check_vocabulary(teacher_vocab: int, student_vocab: int) -> None:
+    if teacher_vocab != student_vocab:
+        raise TuneforgeError(
+            f"distill.teacher: its vocabulary has {teacher_vocab} tokens and the student's "
+            f"{student_vocab}: distillation compares their next-token distributions, so "
+            "they must share the tokenizer (use a teacher of the student's family)"
+        )
+
 
 class Teacher:
-    """The frozen teacher model (held outside the objective's modules: DDP and FSDP2 wrap the
-    student only)."""
+    """The frozen teacher model, run on each batch (held outside the objective's modules: DDP
+    and FSDP2 wrap the student only)."""
 
     def __init__(self, model: Decoder, student: Decoder) -> None:
-        teacher_vocab, student_vocab = model.args.vocab_size, student.args.vocab_size
-        if teacher_vocab != student_vocab:
-            raise TuneforgeError(
-                f"distill.teacher: its vocabulary has {teacher_vocab} tokens and the student's "
-                f"{student_vocab}: distillation compares their next-token distributions, so "
-                "they must share the tokenizer (use a teacher of the student's family)"
-            )
+        check_vocabulary(model.args.vocab_size, student.args.vocab_size)
         self.model = model.requires_grad_(False).eval()
 
     @torch.no_grad()
-    def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
-        return self.model.hidden_states(batch.tokens, batch.packed)
+    def targets(
+        self, batch: PackedBatch, supervised: torch.Tensor, temperature: float, top_k: int | None
+    ) -> Targets:
+        rows = self.model.hidden_states(batch.tokens, batch.packed).index_select(0, supervised)
+        head = self.model.lm_head.weight
+
+        @torch.no_grad()
+        def chunk(part: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+            logits = rows[part] @ head.t()
+            if top_k is not None:
+                return teacher_top_k(logits, top_k, temperature)
+            return F.log_softmax(logits.float() / temperature, dim=-1), None
+
+        return chunk
 
 
 class DistillObjective(Objective):
@@ -41,7 +72,7 @@ class DistillObjective(Objective):
     def __init__(
         self,
         model: Decoder,
-        teacher: Teacher,
+        teacher: TeacherSource,
         setting: DistillLoss,
         kd_weight: float,
         top_k: int | None = None,
@@ -59,7 +90,7 @@ class DistillObjective(Objective):
 
     def forward(self, batch: PackedBatch) -> ObjectiveOutput:
         supervised = (batch.labels != IGNORE_INDEX).nonzero().squeeze(-1)
-        teacher_rows = self.teacher.hidden_states(batch).index_select(0, supervised)
+        targets = self.teacher.targets(batch, supervised, self.setting.temperature, self.top_k)
         self.model.record_router_logits(True)
         student_rows = self.model.hidden_states(batch.tokens, batch.packed)
         student_rows = student_rows.index_select(0, supervised)
@@ -67,17 +98,14 @@ class DistillObjective(Objective):
         self.model.record_router_logits(False)
         labels = batch.labels.index_select(0, supervised)
         kd_sum = ce_sum = student_rows.new_zeros((), dtype=torch.float32)
-        teacher_head = self.teacher.model.lm_head.weight
         for start in range(0, labels.shape[0], self.chunk_tokens):
             rows = slice(start, start + self.chunk_tokens)
-            with torch.no_grad():
-                target = self._teacher_target(teacher_rows[rows] @ teacher_head.t())
             kd, ce = checkpoint(
                 self._chunk_losses,
                 student_rows[rows],
                 self.model.lm_head.weight,
                 labels[rows],
-                *target,
+                *targets(rows),
                 use_reentrant=False,
             )
             kd_sum, ce_sum = kd_sum + kd, ce_sum + ce
@@ -86,12 +114,6 @@ class DistillObjective(Objective):
         return ObjectiveOutput(
             loss_sum, aux if aux is not None else loss_sum.new_zeros(()), metrics
         )
-
-    def _teacher_target(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        temperature = self.setting.temperature
-        if self.top_k is not None:
-            return teacher_top_k(logits, self.top_k, temperature)
-        return F.log_softmax(logits.float() / temperature, dim=-1), None
 
     def _chunk_losses(self, hidden, weight, labels, teacher_log_probs, teacher_indices):
         logits = (hidden @ weight.t()).float()

@@ -62,7 +62,7 @@ from tuneforge.train.device_watch import DeviceWatch
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.metrics import MetricsLog, StepLog
 from tuneforge.train.objective import objective_of
-from tuneforge.train.objectives import build_objective, distillation_teacher, preference_reference
+from tuneforge.train.objectives import FrozenPassData, build_objective, frozen_models
 from tuneforge.train.optim import build_optimizer, learning_rate
 from tuneforge.train.pending import PendingStep
 from tuneforge.train.progress import Progress
@@ -149,8 +149,8 @@ class Trainer:
         self.base_model = str(config.model.path) if config.model.path else ""
         self.lora_report = self._apply_lora(fresh=checkpoint is None)
         apply_precision(self.model, config.precision, self.strategy == "fsdp").log(log)
-        reference = preference_reference(config, self.model)  # before wrapping: as loaded
-        teacher = distillation_teacher(config, self.model, self.device)
+        passes = FrozenPassData(self.loader, self.eval_batches, self.run_dir, self.world, config)
+        reference, teacher = frozen_models(passes, self.model, resuming=checkpoint is not None)
         train = config.train
         refuse_unsupported_offload(train, self.world.world_size, self.model.args)
         if train.offload_embedding:

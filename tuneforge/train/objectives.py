@@ -4,15 +4,16 @@ distillation from a teacher."""
 
 import logging
 
-import torch
-
-from tuneforge.config.objectives import preference_reference_kind
+from tuneforge.config.objectives import preference_reference_kind, teacher_runs_online
 from tuneforge.config.schema import RunConfig, TrainSection
 from tuneforge.models.decoder import Decoder
 from tuneforge.train.build import build_model
-from tuneforge.train.distill import DistillObjective, Teacher
+from tuneforge.train.cached_teacher import cached_teacher
+from tuneforge.train.distill import DistillObjective, Teacher, TeacherSource
 from tuneforge.train.distill_loss import DistillLoss
+from tuneforge.train.frozen_passes import FrozenPassData
 from tuneforge.train.objective import NextTokenObjective, Objective
+from tuneforge.train.precomputed_reference import precomputed_reference
 from tuneforge.train.preference import (
     AdaptersOffReference,
     FrozenCopyReference,
@@ -22,11 +23,24 @@ from tuneforge.train.preference import (
 from tuneforge.train.preference_loss import PreferenceLoss
 
 
-def preference_reference(config: RunConfig, model: Decoder) -> Reference | None:
+def frozen_models(
+    passes: FrozenPassData, model: Decoder, resuming: bool
+) -> tuple[Reference | None, TeacherSource | None]:
+    """A preference run's reference and a distillation run's teacher, made before the model is
+    wrapped (as it is then); a precomputed reference or a cached teacher runs its pass here."""
+    reference = preference_reference(passes.config, model, passes, resuming)
+    return reference, distillation_teacher(passes.config, model, passes)
+
+
+def preference_reference(
+    config: RunConfig, model: Decoder, passes: FrozenPassData, resuming: bool = False
+) -> Reference | None:
     """The reference of a preference run, as `preference_reference_kind` names it."""
     kind = preference_reference_kind(config)
     if kind is None:
         return None
+    if kind == "precomputed":
+        return precomputed_reference(model, passes, config.train.loss_chunk_tokens, resuming)
     return AdaptersOffReference(model) if kind == "adapters_off" else FrozenCopyReference(model)
 
 
@@ -34,19 +48,25 @@ log = logging.getLogger(__name__)
 
 
 def distillation_teacher(
-    config: RunConfig, student: Decoder, device: torch.device
-) -> Teacher | None:
-    """The teacher of a distillation run, loaded frozen on `device` (None otherwise)."""
+    config: RunConfig, student: Decoder, passes: FrozenPassData
+) -> TeacherSource | None:
+    """The teacher of a distillation run, loaded frozen on `device`, or its logits cached before
+    training (None for other objectives)."""
     section = config.distill.teacher
     if config.train.objective != "distill" or section is None:
         return None
-    model = build_model(section, device, config.train.seed)
-    teacher = Teacher(model, student)
-    log.info(
-        "teacher: %s, %.2f B parameters, %s", section.path or section.name,
-        model.args.num_params() / 1e9, section.dtype,
-    )  # fmt: skip
-    return teacher
+
+    def load() -> Decoder:
+        model = build_model(section, passes.world.device, config.train.seed)
+        log.info(
+            "teacher: %s, %.2f B parameters, %s", section.path or section.name,
+            model.args.num_params() / 1e9, section.dtype,
+        )  # fmt: skip
+        return model
+
+    if teacher_runs_online(config):
+        return Teacher(load(), student)
+    return cached_teacher(load, student, passes, config.train.loss_chunk_tokens)
 
 
 def build_objective(
@@ -54,7 +74,7 @@ def build_objective(
     model: Decoder,
     config: RunConfig | None = None,
     reference: Reference | None = None,
-    teacher: Teacher | None = None,
+    teacher: TeacherSource | None = None,
 ) -> Objective:
     """The objective the run trains with (`config` for a preference or distillation run's
     settings)."""

@@ -1,0 +1,143 @@
+"""One pass of a frozen model over every training document before the first step, its results
+kept on disk and carried with each batch (`data/side_data.py`): a precomputed reference's
+log-probability of each reply, a cached teacher's top-k logits of each supervised token.
+
+An entry is keyed by what it depends on — the tokenised documents' contents and the frozen
+model's identity — and written to a temporary directory renamed into place, so a pass that
+stops leaves nothing half-written. The main rank computes it; the others wait and read it.
+A precomputed reference's values are also kept in the run directory (after a resume the model
+is no longer the reference), with the held-out batches' values, computed at each fresh start."""
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from numpy.lib.format import open_memmap
+
+from tuneforge.config.schema import ModelSection, RunConfig
+from tuneforge.data.cache import default_cache_dir
+from tuneforge.data.packing import IGNORE_INDEX, PackedBatch, PackedLoader, collate_from
+from tuneforge.data.side_data import TokenRows, supervised_offsets
+from tuneforge.data.splits import file_digest
+from tuneforge.data.token_store import TokenStore
+from tuneforge.errors import TuneforgeError
+from tuneforge.parallel.distributed import Dist, barrier
+
+log = logging.getLogger(__name__)
+
+PASS_VERSION = 1
+
+
+@dataclass
+class FrozenPassData:
+    """What a pass runs over and where its results go."""
+
+    loader: PackedLoader
+    eval_batches: list[PackedBatch]
+    run_dir: Path
+    world: Dist
+    config: RunConfig
+
+
+def store_digest(store: TokenStore) -> str:
+    digest = hashlib.sha256()
+    for array in (store.input_ids, store.loss_mask, store.offsets):
+        contents = np.ascontiguousarray(array)
+        for start in range(0, len(contents), 1 << 24):
+            digest.update(contents[start : start + (1 << 24)].tobytes())
+    return digest.hexdigest()
+
+
+def batches_digest(batches: list[PackedBatch]) -> str:
+    digest = hashlib.sha256()
+    for batch in batches:
+        for tensor in (batch.tokens, batch.labels, batch.packed.cu_seqlens):
+            digest.update(tensor.cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def model_identity(section: ModelSection, seed: int) -> str:
+    """A model's section (dtype, shape, initialisation), the seed, and its weights' contents."""
+    weights = file_digest(Path(section.path)) if section.path is not None else ""
+    return f"{section.model_dump_json()}:{seed}:{weights}"
+
+
+def entry_key(*parts: str) -> str:
+    digest = hashlib.sha256(f"tuneforge-frozen-pass-v{PASS_VERSION}".encode())
+    for part in parts:
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()[:32]
+
+
+def entry_dir(data: FrozenPassData, kind: str, key: str) -> Path:
+    """In the tokenised data's cache, or in the run directory when that cache is off."""
+    section = data.config.data
+    if not section.cache:
+        return data.run_dir / kind / key
+    return (section.cache_dir or default_cache_dir()) / kind / key
+
+
+def bins_on(loader: PackedLoader, device: torch.device) -> Iterator[tuple[list[int], PackedBatch]]:
+    for indexes in loader.bins:
+        yield indexes, collate_from(loader.store, indexes, loader.padded).to(device)
+
+
+def write_entry(directory: Path, fill: Callable[[Path], None]) -> None:
+    """`fill(partial)` writes the entry's files into a temporary directory then renamed."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        fill(partial)
+        (partial / "complete.json").write_text(json.dumps({"version": PASS_VERSION}))
+        try:
+            partial.rename(directory)
+        except OSError:  # another run finished the same entry first
+            shutil.rmtree(partial, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def on_main_then_all(data: FrozenPassData, directory: Path, compute: Callable[[Path], None]):
+    """The main rank computes the entry unless it is there; every rank then finds it."""
+    if data.world.is_main and not (directory / "complete.json").is_file():
+        write_entry(directory, compute)
+    barrier()
+    if not (directory / "complete.json").is_file():
+        raise TuneforgeError(f"{directory}: the frozen pass's results are missing or incomplete")
+
+
+def supervised_rows(batch: PackedBatch) -> torch.Tensor:
+    return (batch.labels != IGNORE_INDEX).nonzero().squeeze(-1)
+
+
+def document_rows(offsets: np.ndarray, indexes: list[int]) -> np.ndarray:
+    """The store-wide rows of the documents' supervised tokens, in the batch's order."""
+    return np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in indexes])
+
+
+def allocate_rows(
+    directory: Path, store: TokenStore, k: int
+) -> tuple[np.memmap, np.memmap, np.ndarray]:
+    """Memory-mapped [supervised tokens, k] logits (fp32) and ids (int32), and the offsets."""
+    offsets = supervised_offsets(np.asarray(store.loss_mask), np.asarray(store.offsets))
+    np.save(directory / "offsets.npy", offsets)
+    shape = (int(offsets[-1]), k)
+    logits = open_memmap(directory / "logits.npy", mode="w+", dtype=np.float32, shape=shape)
+    ids = open_memmap(directory / "token_ids.npy", mode="w+", dtype=np.int32, shape=shape)
+    return logits, ids, offsets
+
+
+def read_rows(directory: Path) -> TokenRows:
+    rows = {
+        "teacher_logits": np.load(directory / "logits.npy", mmap_mode="r"),
+        "teacher_ids": np.load(directory / "token_ids.npy", mmap_mode="r"),
+    }
+    return TokenRows(rows, np.load(directory / "offsets.npy"))

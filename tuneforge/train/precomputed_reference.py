@@ -1,0 +1,119 @@
+"""`dpo.reference: precomputed`: the reference's log-probability of every reply computed in one
+pass before the first update, by the model as it then is, and carried with each batch — no copy
+of the model and no reference forward per step. The values are cached beside the tokenised
+data (keyed by the documents, the model's weights, the initial adapter and the precision) and
+kept in the run directory, where a resume reads them."""
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
+from tuneforge.data.side_data import DocumentValues
+from tuneforge.data.splits import file_digest
+from tuneforge.errors import TuneforgeError
+from tuneforge.models.decoder import Decoder
+from tuneforge.train.frozen_passes import (
+    FrozenPassData,
+    bins_on,
+    entry_dir,
+    entry_key,
+    model_identity,
+    on_main_then_all,
+    store_digest,
+)
+from tuneforge.train.preference import Reference
+from tuneforge.train.preference_loss import PairLogps
+from tuneforge.train.sequence_logps import document_sums, token_logps
+
+NAME = "reference_logps"
+RUN_FILES = ("reference_logps.npy", "reference_logps_eval.npy")
+"""In the run directory: the training documents' values and the held-out batches' in order."""
+
+log = logging.getLogger(__name__)
+
+
+class PrecomputedReference(Reference):
+    def logps(self, batch: PackedBatch, chunk_tokens: int) -> PairLogps:
+        values = batch.extras.get(NAME)
+        if values is None:
+            raise RuntimeError("a batch without its precomputed reference log-probabilities")
+        counts = document_sums((batch.labels != IGNORE_INDEX).float(), batch.packed.cu_seqlens)
+        return PairLogps(values[0::2], values[1::2], counts[0::2], counts[1::2])
+
+
+@torch.no_grad()
+def document_logps(model: Decoder, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
+    """[documents] fp32: each document's summed log-probability of its supervised tokens."""
+    hidden = model.hidden_states(batch.tokens, batch.packed)
+    logps = token_logps(hidden, model.lm_head.weight, batch.labels, chunk_tokens)
+    return document_sums(logps, batch.packed.cu_seqlens)
+
+
+def precomputed_reference(
+    model: Decoder, data: FrozenPassData, chunk_tokens: int, resuming: bool
+) -> PrecomputedReference:
+    """Computes (or finds) the values and attaches them to the loader and the held-out batches;
+    a resumed run reads its own from the run directory."""
+    device = data.world.device
+    was_training = model.training
+    model.eval()
+    try:
+        if resuming:
+            train, held_out = _from_run_dir(data.run_dir)
+        else:
+            train = _training_values(model, data, device, chunk_tokens)
+            pieces = [document_logps(model, b.to(device), chunk_tokens) for b in data.eval_batches]
+            held_out = np.concatenate([p.cpu().numpy() for p in pieces] or [np.zeros(0)])
+            if data.world.is_main:
+                np.save(data.run_dir / RUN_FILES[0], train)
+                np.save(data.run_dir / RUN_FILES[1], held_out.astype(np.float32))
+    finally:
+        model.train(was_training)
+    data.loader.side_data = DocumentValues({NAME: train})
+    start = 0
+    for batch in data.eval_batches:
+        batch.extras[NAME] = torch.from_numpy(held_out[start : start + batch.num_documents])
+        start += batch.num_documents
+    return PrecomputedReference()
+
+
+def _training_values(
+    model: Decoder, data: FrozenPassData, device: torch.device, chunk_tokens: int
+) -> np.ndarray:
+    config = data.config
+    lora, init = config.lora, config.lora.init_adapter
+    key = entry_key(
+        store_digest(data.loader.store),
+        model_identity(config.model, config.train.seed),
+        f"adapter:{file_digest(Path(init)) if lora.enabled and init else ''}",
+        config.precision.model_dump_json(),
+        config.model.dtype,
+    )
+    directory = entry_dir(data, "reference", key)
+
+    def compute(partial: Path) -> None:
+        values = np.zeros(len(data.loader.store), dtype=np.float32)
+        log.info("reference: log-probabilities of %d documents, one pass", len(values))
+        for indexes, batch in bins_on(data.loader, device):
+            values[indexes] = document_logps(model, batch, chunk_tokens).cpu().numpy()
+        np.save(partial / f"{NAME}.npy", values)
+
+    on_main_then_all(data, directory, compute)
+    log.info("reference log-probabilities from %s", directory)
+    return np.load(directory / f"{NAME}.npy")
+
+
+def _from_run_dir(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    files = [run_dir / name for name in RUN_FILES]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise TuneforgeError(
+            f"resuming with dpo.reference: precomputed needs {', '.join(missing)}, written when "
+            "the run started: the trained model is no longer the reference, so they cannot be "
+            "made again; restore them, or start a new run"
+        )
+    train, held_out = (np.load(f, allow_pickle=False) for f in files)
+    return train, held_out
