@@ -353,3 +353,16 @@ def test_preference_training_needs_pairs_packed_whole_and_a_reference_it_can_hav
     config = load_config(write(data_dir / "pairs.yaml", pairs))
     assert config.train.objective == "dpo" and config.dpo.loss == "sigmoid"
     assert config.dpo.reference == "auto" and config.dpo.beta == 0.1
+
+
+def test_a_precomputed_reference_needs_a_reference_loss_and_a_cached_teacher_its_top_k():
+    demo = REPO / "examples" / "demo.yaml"
+    with pytest.raises(ConfigError) as raised:
+        load_config(demo, ["train.objective=dpo", "dpo.loss=simpo", "dpo.reference=precomputed"])
+    assert "reference-free" in issues_of(raised.value)["dpo.reference"]
+    teacher = ["train.objective=distill", "distill.teacher.name=demo-tiny"]
+    with pytest.raises(ConfigError) as raised:
+        load_config(demo, [*teacher, "distill.teacher_logits=cached"])
+    assert "distill.top_k" in issues_of(raised.value)["distill.teacher_logits"]
+    config = load_config(demo, [*teacher, "distill.teacher_logits=cached", "distill.top_k=32"])
+    assert config.distill.teacher_logits == "cached" and config.distill.top_k == 32

@@ -523,7 +523,7 @@ def test_the_plan_states_moe_against_dense_per_token_and_per_model():
     assert {"per_token", "model"} <= set(moe.as_dict())
 
 
-def test_a_preference_run_adds_the_references_forward_and_its_frozen_copy():
+def test_a_preference_run_adds_the_references_forward_and_its_frozen_copy_or_one_pass():
     from tuneforge.assets import DEMO_DATA_DIR
     from tuneforge.models.cost import forward_flops_per_token, training_flops_per_token
     from tuneforge.plan.planner import run_model_args
@@ -553,9 +553,12 @@ def test_a_preference_run_adds_the_references_forward_and_its_frozen_copy():
     assert dpo.memory.weights == sft.memory.weights and dpo.step_time_s > sft.step_time_s
     assert "adapters_off" in dpo.objective and "frozen copy" not in dpo.objective
     assert sft.objective is None
+    sft, dpo = plans("lora.enabled=false", "dpo.reference=precomputed")  # one pass, before
+    assert dpo.memory.weights == sft.memory.weights and dpo.step_time_s == sft.step_time_s
+    assert "before training" in dpo.objective and "none per step" in dpo.objective
 
 
-def test_a_distillation_run_adds_its_teachers_weights_and_forward():
+def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_logits_are_cached():
     from tuneforge.models.cost import forward_flops_per_token, training_flops_per_token
     from tuneforge.plan.planner import run_model_args, section_model_args
 
@@ -575,3 +578,10 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward():
     )
     assert distill.step_time_s / sft.step_time_s == pytest.approx(ratio)
     assert "distillation: the teacher" in distill.objective
+    cached = ["distill.teacher_logits=cached", "distill.top_k=64"]
+    distill = plan_config(DEMO, [*common, *teacher, *cached], hardware, None, [])
+    assert distill.memory.weights == sft.memory.weights
+    assert distill.step_time_s == sft.step_time_s
+    assert "cached logits" in distill.objective and "512 bytes per supervised token" in (
+        distill.objective
+    )

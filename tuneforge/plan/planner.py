@@ -12,7 +12,7 @@ import numpy as np
 
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
-from tuneforge.config.objectives import preference_reference_kind
+from tuneforge.config.objectives import preference_reference_kind, teacher_runs_online
 from tuneforge.config.schema import ModelSection
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.errors import TuneforgeError
@@ -62,9 +62,10 @@ def section_model_args(section: ModelSection) -> ModelArgs:
 
 
 def teacher_cost(config: RunConfig, length: int) -> tuple[float, float] | None:
-    """A distillation run's teacher: (its weights' bytes, its forward FLOPs per token)."""
+    """A distillation run's teacher held beside the student: (its weights' bytes, its forward
+    FLOPs per token); None without one (a cached teacher runs once, before training)."""
     teacher = config.distill.teacher
-    if config.train.objective != "distill" or teacher is None:
+    if not teacher_runs_online(config) or teacher is None:
         return None
     args = section_model_args(teacher)
     param_bytes = 4 if teacher.dtype == "float32" else 2
@@ -215,7 +216,8 @@ def plan_run(
     length = round(setup.mean_doc_len) or data.max_seq_len
     reference = preference_reference_kind(config)
     teacher = teacher_cost(config, length)
-    frozen_forwards = (forward_flops_per_token(args, length) if reference else 0.0) + (
+    per_step_reference = reference is not None and reference != "precomputed"
+    frozen_forwards = (forward_flops_per_token(args, length) if per_step_reference else 0.0) + (
         teacher[1] if teacher else 0.0
     )
     flops_per_micro_batch *= 1 + frozen_forwards / training_flops_per_token(
@@ -274,12 +276,7 @@ def plan_run(
             f"distillation: the teacher ({teacher[0] / GIB:.2f} GiB of weights) runs a forward of "
             "every token each step"
         )
-    if reference is not None:
-        copy = f", its frozen copy {args.num_params() * setup.param_bytes / GIB:.2f} GiB"
-        plan.objective = (
-            f"preference pairs ({config.dpo.loss}): the reference ({reference}) runs a forward "
-            f"of every token each step{copy if setup.frozen_copy else ''}"
-        )
+    plan.objective = plan.objective or frozen_pass_line(config, reference, args, setup.param_bytes)
     margin = config.checkpoint.exit_margin_s
     limit = hardware.time_limit_s or (
         parse_duration(train.time_limit) if train.time_limit else None
@@ -347,3 +344,28 @@ def plan_config(
             }
         )
     return base
+
+
+def frozen_pass_line(
+    config: RunConfig, reference: str | None, args: ModelArgs, param_bytes: int
+) -> str | None:
+    """What a preference run's reference or a cached teacher adds to the run."""
+    if reference == "precomputed":
+        return (
+            f"preference pairs ({config.dpo.loss}): the reference's log-probabilities are "
+            "computed in one forward of every token before training and cached; none per step"
+        )
+    if reference is not None:
+        copy = f", its frozen copy {args.num_params() * param_bytes / GIB:.2f} GiB"
+        return (
+            f"preference pairs ({config.dpo.loss}): the reference ({reference}) runs a forward "
+            f"of every token each step{copy if reference == 'frozen_copy' else ''}"
+        )
+    distill = config.distill
+    if config.train.objective == "distill" and distill.teacher_logits == "cached":
+        return (
+            f"distillation from cached logits: the teacher runs one forward of every token "
+            f"before training, alone; its top-{distill.top_k} logits and ids take "
+            f"{8 * (distill.top_k or 0)} bytes per supervised token on disk"
+        )
+    return None

@@ -62,7 +62,7 @@ def precomputed_reference(
     model.eval()
     try:
         if resuming:
-            train, held_out = _from_run_dir(data.run_dir)
+            train, held_out = values_from_run_dir(data.run_dir)
         else:
             train = _training_values(model, data, device, chunk_tokens)
             pieces = [document_logps(model, b.to(device), chunk_tokens) for b in data.eval_batches]
@@ -106,7 +106,7 @@ def _training_values(
     return np.load(directory / f"{NAME}.npy")
 
 
-def _from_run_dir(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+def values_from_run_dir(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     files = [run_dir / name for name in RUN_FILES]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
