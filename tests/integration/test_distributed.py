@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_runs import DEMO, MODES, finish, losses, overrides, wait_for_step
+from tests.cli_runs import DEMO, MODES, REPO, finish, losses, overrides, wait_for_step
 
 STEPS = 8
 
@@ -134,3 +134,30 @@ def test_an_fp4_lora_base_under_fsdp2_trains_as_under_ddp(tmp_path):
     assert fsdp[-1] < fsdp[0] - 1.0
     assert "FP4 codes replicated on every rank" in logs["fsdp"]
     assert "sharded across the ranks and all-gathered as FP4" in logs["gather"]
+
+
+def test_frozen_models_beside_the_trained_one_are_sharded_and_train_as_on_one_rank(tmp_path):
+    """Under FSDP2 an MoE distillation teacher and a preference run's frozen copy have their
+    blocks sharded across the ranks: two ranks give one process's losses."""
+    from tests.helpers import save_tiny_model
+    from tuneforge.models.api import model_args
+
+    teacher = tmp_path / "teacher"
+    save_tiny_model(teacher, "qwen3_moe", vocab_size=model_args("demo-tiny").vocab_size)
+    pairs = REPO / "tuneforge" / "assets" / "demo_data" / "pairs_train.jsonl"
+    objectives = {
+        "distill": ["train.objective=distill", f"distill.teacher.path={teacher}",
+                    "distill.teacher.dtype=float32", "distill.kd_weight=0.8"],
+        "dpo": ["train.objective=dpo", f"data.train=[{{path: {pairs}, format: preference}}]",
+                "dpo.reference=frozen_copy", "train.lr=1.0e-3"],
+    }  # fmt: skip
+    for name, settings in objectives.items():
+        finish(launch(tmp_path / f"{name}-one", 1, *settings))
+        two = launch(tmp_path / f"{name}-two", 2, *settings, "train.grad_accum_steps=1",
+                     "parallel.strategy=fsdp")  # fmt: skip
+        out, err = two.communicate(timeout=600)
+        assert two.returncode == 0, out + err
+        one_rank = losses(tmp_path / f"{name}-one")
+        assert losses(tmp_path / f"{name}-two") == pytest.approx(one_rank, rel=1e-5, abs=1e-6)
+        if name == "distill":
+            assert "teacher: its blocks sharded across the 2 ranks" in " ".join((out + err).split())

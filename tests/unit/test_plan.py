@@ -578,6 +578,14 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_log
     )
     assert distill.step_time_s / sft.step_time_s == pytest.approx(ratio)
     assert "distillation: the teacher" in distill.objective
+    # under FSDP2 on 4 GPUs its blocks are sharded, its embedding, head and norm whole
+    four = Hardware(gpus=4, gpu="H100")
+    sharded = [*common, "parallel.strategy=fsdp"]
+    sft4 = plan_config(DEMO, sharded, four, None, [])
+    distill4 = plan_config(DEMO, [*sharded, *teacher], four, None, [])
+    root = teacher_args.vocab_size * teacher_args.dim * 2 + teacher_args.dim  # untied
+    per_gpu = ((teacher_args.num_params() - root) / 4 + root) * 2
+    assert distill4.memory.weights - sft4.memory.weights == pytest.approx(per_gpu)
     cached = ["distill.teacher_logits=cached", "distill.top_k=64"]
     distill = plan_config(DEMO, [*common, *teacher, *cached], hardware, None, [])
     assert distill.memory.weights == sft.memory.weights

@@ -110,6 +110,20 @@ def parallelize(
     return root
 
 
+def shard_frozen(blocks: nn.ModuleList, dtype: torch.dtype) -> None:
+    """A frozen model held beside the trained one (a distillation teacher, a preference run's
+    frozen copy) sharded with FSDP2: each rank keeps 1/N of each block's weights, all-gathered
+    block by block during its forward and freed after. Its embedding, final norm and output
+    layer stay whole on every rank (small beside the blocks; the objective reads the output
+    layer's weight directly). Parameters compute in `dtype`, the model's, as the trained
+    model's do under FSDP2."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=dtype)
+    for block in blocks:
+        fully_shard(block, mp_policy=policy, reshard_after_forward=True)
+
+
 @contextlib.contextmanager
 def gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
     """Reduce gradients only on the last micro-batch of a step (DDP and FSDP2). Under ZeRO-2,

@@ -74,9 +74,10 @@ class Setup:
     base_weights: BaseWeights = field(default_factory=BaseWeights)
     """How the frozen base linears are held (FP8, FP4 or the model's dtype)."""
     frozen_copy: bool = False
-    """Preference training's reference held as a frozen, unsharded copy of the model."""
+    """Preference training's reference held as a frozen copy of the model (its blocks sharded
+    under FSDP2: `frozen_weight_bytes`)."""
     extra_weight_bytes: float = 0.0
-    """Weights of another model held beside this one, unsharded (a distillation teacher)."""
+    """Weights per GPU of another model held beside this one (a distillation teacher)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,13 @@ def _root_params(args: ModelArgs) -> int:
     return args.vocab_size * args.dim * (1 if args.tie_embeddings else 2) + args.dim
 
 
+def frozen_weight_bytes(args: ModelArgs, param_bytes: int, ranks: int) -> float:
+    """A frozen model held beside the trained one, per GPU: its blocks sharded across `ranks`
+    (FSDP2; 1 otherwise), its embedding, output layer and final norm whole on every rank."""
+    root = _root_params(args)
+    return ((args.num_params() - root) / ranks + root) * param_bytes
+
+
 def _fsdp(setup: Setup) -> bool:
     return setup.data_parallel > 1 and setup.zero_stage >= 2
 
@@ -146,7 +154,7 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
         gradients = total * b / (shard if stage >= 2 else 1)
         optimizer = total * master / (shard if stage >= 1 else 1)
     if setup.frozen_copy:
-        weights += total * b
+        weights += frozen_weight_bytes(args, b, n if _fsdp(setup) else 1)
     weights += setup.extra_weight_bytes
     if stage >= 3 and n > 1:
         # the gathered working set: this block and the prefetched next, and the root, which

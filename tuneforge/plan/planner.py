@@ -28,7 +28,7 @@ from tuneforge.models.cost import (
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.advice import advise
 from tuneforge.plan.base_weights import BaseWeights
-from tuneforge.plan.memory import Setup, predict_memory
+from tuneforge.plan.memory import Setup, frozen_weight_bytes, predict_memory
 from tuneforge.plan.memory_options import memory_options, recomputed
 from tuneforge.plan.plan import Hardware, Plan
 from tuneforge.plan.policies import reshard_after_forward
@@ -61,15 +61,17 @@ def section_model_args(section: ModelSection) -> ModelArgs:
     return model_args(source, section.num_layers)
 
 
-def teacher_cost(config: RunConfig, length: int) -> tuple[float, float] | None:
-    """A distillation run's teacher held beside the student: (its weights' bytes, its forward
-    FLOPs per token); None without one (a cached teacher runs once, before training)."""
+def teacher_cost(config: RunConfig, length: int, ranks: int = 1) -> tuple[float, float] | None:
+    """A distillation run's teacher held beside the student: (its weights' bytes per GPU, its
+    blocks sharded across `ranks` under FSDP2; its forward FLOPs per token); None without one
+    (a cached teacher runs once, before training)."""
     teacher = config.distill.teacher
     if not teacher_runs_online(config) or teacher is None:
         return None
     args = section_model_args(teacher)
     param_bytes = 4 if teacher.dtype == "float32" else 2
-    return args.num_params() * param_bytes, forward_flops_per_token(args, length)
+    weights = frozen_weight_bytes(args, param_bytes, ranks)
+    return weights, forward_flops_per_token(args, length)
 
 
 def fsdp_stage_of(config: RunConfig, hardware: Hardware) -> int:
@@ -109,6 +111,8 @@ def zero_stage_advice(args: ModelArgs, data_parallel: int) -> tuple[int, str]:
 def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_len: float) -> Setup:
     lora = lora_shape(config.lora, args)
     attention = "eager" if config.model.attention == "eager" else "flash"
+    stage = fsdp_stage_of(config, hardware)
+    sharded_ranks = hardware.data_parallel if stage >= 2 else 1  # frozen blocks under FSDP2
     return Setup(
         args=args,
         param_bytes=4 if config.model.dtype == "float32" else 2,
@@ -123,7 +127,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         attention=attention,
         mean_doc_len=mean_doc_len,
         data_parallel=hardware.data_parallel,
-        zero_stage=fsdp_stage_of(config, hardware),
+        zero_stage=stage,
         precision="fp32-master" if hardware.master_weights else "pure",
         platform=hardware.platform,
         grad_accum_steps=config.train.grad_accum_steps,
@@ -132,7 +136,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         compile_memory_budget=config.train.compile_memory_budget,
         base_weights=BaseWeights.of(config.precision) if lora is not None else BaseWeights(),
         frozen_copy=preference_reference_kind(config) == "frozen_copy",
-        extra_weight_bytes=(teacher_cost(config, 1) or (0.0, 0.0))[0],
+        extra_weight_bytes=(teacher_cost(config, 1, sharded_ranks) or (0.0, 0.0))[0],
     )
 
 

@@ -44,6 +44,8 @@ class FrozenPassData:
     run_dir: Path
     world: Dist
     config: RunConfig
+    strategy: str = "single"
+    """The trained model's: under `fsdp` a frozen model held beside it is sharded too."""
 
 
 def store_digest(store: TokenStore) -> str:

@@ -149,19 +149,18 @@ class Trainer:
         self.base_model = str(config.model.path) if config.model.path else ""
         self.lora_report = self._apply_lora(fresh=checkpoint is None)
         apply_precision(self.model, config.precision, self.strategy == "fsdp").log(log)
-        passes = FrozenPassData(self.loader, self.eval_batches, self.run_dir, self.world, config)
+        passes = FrozenPassData(
+            self.loader, self.eval_batches, self.run_dir, self.world, config, self.strategy
+        )
         reference, teacher = frozen_models(passes, self.model, resuming=checkpoint is not None)
         train = config.train
         refuse_unsupported_offload(train, self.world.world_size, self.model.args)
         if train.offload_embedding:
             embedding_to_host(self.model, self.world.world_size)
         wrap_blocks(self.model, BlockWrapping.of(train))
+        objective = build_objective(train, self.model, config, reference, teacher)
         self.objective = parallelize(
-            build_objective(train, self.model, config, reference, teacher),
-            self.model.layers,
-            self.strategy,
-            config.parallel,
-            self.world,
+            objective, self.model.layers, self.strategy, config.parallel, self.world
         )
         stack_frozen_weights(self.model)  # where unsharded: q, k and v as one GEMM
         self.optimizer = build_optimizer(self.model, train, self.device)

@@ -7,6 +7,7 @@ import logging
 from tuneforge.config.objectives import preference_reference_kind, teacher_runs_online
 from tuneforge.config.schema import RunConfig, TrainSection
 from tuneforge.models.decoder import Decoder
+from tuneforge.parallel.distributed import shard_frozen
 from tuneforge.train.build import build_model
 from tuneforge.train.cached_teacher import cached_teacher
 from tuneforge.train.distill import DistillObjective, Teacher, TeacherSource
@@ -21,6 +22,8 @@ from tuneforge.train.preference import (
     Reference,
 )
 from tuneforge.train.preference_loss import PreferenceLoss
+
+log = logging.getLogger(__name__)
 
 
 def frozen_models(
@@ -41,10 +44,13 @@ def preference_reference(
         return None
     if kind == "precomputed":
         return precomputed_reference(model, passes, config.train.loss_chunk_tokens, resuming)
-    return AdaptersOffReference(model) if kind == "adapters_off" else FrozenCopyReference(model)
-
-
-log = logging.getLogger(__name__)
+    if kind == "adapters_off":
+        return AdaptersOffReference(model)
+    reference = FrozenCopyReference(model)
+    if passes.strategy == "fsdp":
+        shard_frozen(reference.model.layers, reference.model.lm_head.weight.dtype)
+        log.info("reference: the frozen copy's blocks sharded across the ranks")
+    return reference
 
 
 def distillation_teacher(
@@ -65,7 +71,11 @@ def distillation_teacher(
         return model
 
     if teacher_runs_online(config):
-        return Teacher(load(), student)
+        teacher = Teacher(load(), student)
+        if passes.strategy == "fsdp":
+            shard_frozen(teacher.model.layers, teacher.model.lm_head.weight.dtype)
+            log.info("teacher: its blocks sharded across the %d ranks", passes.world.world_size)
+        return teacher
     return cached_teacher(load, student, passes, config.train.loss_chunk_tokens)
 
 
