@@ -312,13 +312,15 @@ def test_the_precision_ab_examples_differ_only_in_precision(tmp_path):
     tokenizer = f"tokenizer.path={REPO / 'tuneforge' / 'assets' / 'demo_tokenizer'}"
     configs = {
         name: load_config(tmp_path / f"{name}.yaml", [tokenizer]).model_dump(mode="json")
-        for name in ("bf16", "fp8", "fp4", "bf16-seed1")
+        for name in ("bf16", "fp8", "fp4", "bf16-seed1", "fp8-seed1")
     }
     for name in ("fp8", "fp4", "bf16-seed1"):
         differing = {key for key, value in configs[name].items() if value != configs["bf16"][key]}
         assert differing == ({"run", "train"} if name == "bf16-seed1" else {"run", "precision"})
+    differing = {k for k, v in configs["fp8-seed1"].items() if v != configs["bf16-seed1"][k]}
+    assert differing == {"run", "precision"}
     seeds = [config["train"]["seed"] for config in configs.values()]
-    assert seeds == [0, 0, 0, 1]
+    assert seeds == [0, 0, 0, 1, 1]
     assert configs["fp8"]["precision"]["fp8"] == "e4m3"
     assert configs["fp4"]["precision"]["fp4_param"] is True
 
