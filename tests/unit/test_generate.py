@@ -52,3 +52,8 @@ def test_sampling_is_seeded(tmp_path):
     )
     greedy = generate(model, PROMPTS, 10, set())
     assert first == again and first != greedy
+    # top-k 1 leaves one token to draw: sampling is then greedy, whatever the seed
+    top_1 = generate(
+        model, PROMPTS, 10, set(), 1.0, torch.Generator().manual_seed(1), top_p=1.0, top_k=1
+    )
+    assert top_1 == greedy

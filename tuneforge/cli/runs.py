@@ -36,6 +36,18 @@ def generate(
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts answered at once.")] = 32,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest reply.")] = 64,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 for greedy decoding.")] = 0.0,
+    top_p: Annotated[
+        float,
+        typer.Option(
+            min=0.01,
+            max=1.0,
+            help="Sample from the likeliest tokens holding this much probability (nucleus "
+            "sampling; 1 keeps all).",
+        ),
+    ] = 1.0,
+    top_k: Annotated[
+        int, typer.Option(min=0, help="Sample from the k likeliest tokens (0 keeps all).")
+    ] = 0,
     seed: Annotated[int, typer.Option(help="Seed for sampling.")] = 0,
 ) -> None:
     """Answer a prompt, or a whole file of prompts (an SFT dataset of the replies: sequence-level
@@ -61,22 +73,19 @@ def generate(
     conversations = read_prompts(data) if data is not None else []  # before the model loads
     model, tokenizer = load_trained(run_dir, pick_device())
     if out is not None and conversations:
-        _answer_file(
-            model, tokenizer, conversations, out, batch_size, max_new_tokens, temperature, seed
-        )
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+        _answer_file(model, tokenizer, conversations, out, batch_size, max_new_tokens, sampling)
         return
     assert prompt is not None  # one of --prompt and --data, checked above
     ids = prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     reply = generate_tokens(
-        model, [ids], max_new_tokens, stop_ids(tokenizer), temperature, generator
+        model, [ids], max_new_tokens, stop_ids(tokenizer), temperature, generator, top_p, top_k
     )[0]
     console.print(tokenizer.decode(reply, skip_special_tokens=True), markup=False, highlight=False)
 
 
-def _answer_file(
-    model, tokenizer, conversations, out, batch_size, max_new_tokens, temperature, seed
-) -> None:
+def _answer_file(model, tokenizer, conversations, out, batch_size, max_new_tokens, sampling):
     from rich.progress import Progress
 
     from tuneforge.inference.replies import write_replies
@@ -85,7 +94,7 @@ def _answer_file(
         task = progress.add_task("answering", total=len(conversations))
         written = write_replies(
             model, tokenizer, conversations, out, batch_size=batch_size,
-            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-            advance=lambda n: progress.advance(task, n),
+            max_new_tokens=max_new_tokens, advance=lambda n: progress.advance(task, n),
+            **sampling,
         )  # fmt: skip
     console.print(f"{written} replies written to {out}", markup=False, highlight=False)

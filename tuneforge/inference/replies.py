@@ -60,6 +60,8 @@ def write_replies(
     max_new_tokens: int,
     temperature: float,
     seed: int,
+    top_p: float = 1.0,
+    top_k: int = 0,
     advance: Callable[[int], None] = lambda _: None,
 ) -> int:
     """Each conversation with the model's reply appended, one JSON line each, in order; returns
@@ -76,7 +78,9 @@ def write_replies(
     with partial.open("w") as handle:
         for batch in batches(conversations, batch_size):
             prompts = [prompt_ids(tokenizer, messages) for messages in batch]
-            replies = generate(model, prompts, max_new_tokens, stop, temperature, generator)
+            replies = generate(
+                model, prompts, max_new_tokens, stop, temperature, generator, top_p, top_k
+            )
             for messages, reply in zip(batch, replies, strict=True):
                 text = tokenizer.decode(reply, skip_special_tokens=True)
                 answered = [*messages, {"role": "assistant", "content": text}]

@@ -4,6 +4,7 @@ at once, with a key/value cache (prompts are prefilled as one packed batch)."""
 import torch
 
 from tuneforge.models.decoder import Decoder
+from tuneforge.models.sampling import next_token_probs
 from tuneforge.packed import PackedSequences
 
 
@@ -15,8 +16,11 @@ def generate(
     stop_ids: set[int],
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> list[list[int]]:
-    """New tokens for each prompt, ending at (and excluding) the first stop token."""
+    """New tokens for each prompt, ending at (and excluding) the first stop token; greedy at
+    temperature 0, else sampled (`sampling.next_token_probs`)."""
     device = model.lm_head.weight.device
     lengths = [len(prompt) for prompt in prompts]
     cache = model.new_cache(len(prompts), max(lengths) + max_new_tokens)
@@ -30,7 +34,7 @@ def generate(
     for _ in range(max_new_tokens):
         logits = model.lm_head(last_hidden).float()
         if temperature > 0:
-            probs = torch.softmax(logits / temperature, dim=-1)
+            probs = next_token_probs(logits, temperature, top_p, top_k)
             next_ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         else:
             next_ids = logits.argmax(-1)
