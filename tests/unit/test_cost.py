@@ -107,6 +107,18 @@ def test_frozen_base_activation_bytes_match_what_autograd_saves(case, dtype):
     assert predicted == pytest.approx(measured, rel=0.05)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dora_activation_bytes_match_what_autograd_saves(dtype):
+    """DoRA keeps, per adapted linear, x·Wᵀ and the low-rank update for its magnitude's
+    gradient, on top of LoRA's."""
+    args = SHAPES["dense"]
+    targets = ["q_proj", "v_proj", "down_proj"]
+    lora = LoraShape(16, tuple(targets), dora=True)
+    predicted = activation_bytes_per_token(args, 0, "none", torch.finfo(dtype).bits // 8, lora)
+    settings = {"target_modules": targets, "rank": 16, "use_dora": True}
+    assert predicted == pytest.approx(saved_bytes_per_token(args, dtype, lora=settings), rel=0.05)
+
+
 COMPILED_CASES = {
     "dense-all-linear": ("dense", list(LoraShape(16).targets)),
     "qk_norm-full": ("qk_norm", None),

@@ -26,10 +26,15 @@ def peft_logits(peft_model):
 
 
 def randomise_adapters(model, seed=0):
+    """B away from zero (and DoRA's magnitudes away from the base's norms): every term counts."""
     generator = torch.Generator().manual_seed(seed)
     for module in lora_modules(model).values():
         with torch.no_grad():
             module.lora_B.normal_(0, 0.1, generator=generator)
+            magnitude = getattr(module, "lora_magnitude", None)
+            if magnitude is not None:
+                noise = torch.randn(magnitude.shape, generator=generator)
+                magnitude.mul_(1 + 0.1 * noise)
 
 
 def test_adapter_starts_as_a_no_op_and_only_adapters_train(tmp_path):
@@ -116,11 +121,17 @@ def test_tied_embeddings_round_trip_through_peft(tmp_path):
     torch.testing.assert_close(our_logits(again), our_logits(model))
 
 
-@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], TARGETS])
-def test_merge_gives_the_same_logits(tmp_path, targets):
+@pytest.mark.parametrize(
+    ("targets", "use_dora"),
+    [(["q_proj", "v_proj"], False), (TARGETS, False), (TARGETS, True)],
+    ids=["q-v", "all", "dora"],
+)
+def test_merge_gives_the_same_logits(tmp_path, targets, use_dora):
+    """DoRA merges m / ‖W + ΔW‖ · (W + ΔW)."""
     save_tiny_llama(tmp_path)
     model = load_hf_model(tmp_path, "float32", "sdpa")
-    tuneforge.apply_lora(model, {"target_modules": targets, "rank": 4, "alpha": 8})
+    lora = {"target_modules": targets, "rank": 4, "alpha": 8, "use_dora": use_dora}
+    tuneforge.apply_lora(model, lora)
     randomise_adapters(model, seed=1)
     unmerged = our_logits(model)
     tuneforge.merge_lora(model)

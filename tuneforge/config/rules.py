@@ -293,6 +293,21 @@ def precision_formats(precision, lora, model) -> list[tuple[str, str, str]]:
     return problems
 
 
+@rule("precision", "lora")
+def dora_needs_the_base_weights(precision, lora) -> list[tuple[str, str, str]]:
+    low = precision.fp8 or precision.fp4
+    if not (lora.enabled and lora.use_dora and low):
+        return []
+    return [
+        (
+            "lora.use_dora",
+            "DoRA divides by the norms of W + s·B·A, and with precision.fp8 or fp4 the frozen "
+            "base computes in a low-precision format",
+            "drop lora.use_dora, or the low precision",
+        )
+    ]
+
+
 @rule("train", "data", "lora", "dpo")
 def preference_training(train, data, lora, dpo) -> list[tuple[str, str, str]]:
     if train.objective != "dpo":

@@ -121,6 +121,8 @@ class LoraSection(Section):
     """Scaling numerator: the adapter output is multiplied by alpha / rank (alpha / sqrt(rank) with use_rslora)."""
     use_rslora: bool = False
     """Rank-stabilised scaling alpha / sqrt(rank)."""
+    use_dora: bool = False
+    """DoRA: each adapted weight as a trained magnitude times the direction of W + s·B·A (as PEFT's `use_dora`); dense linears only, on a base in the model's dtype."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     """Dropout in the adapter branch."""
     dropout_position: Literal["pre", "post"] = "pre"

@@ -23,6 +23,8 @@ class LoraShape:
     """Adapter matmuls in fp32 (activations cast up) instead of the model's dtype."""
     ranks: tuple[tuple[int, str, int], ...] = ()
     """(layer, projection, rank) where a module has another rank than `rank` (`rank_pattern`)."""
+    dora: bool = False
+    """DoRA (`lora.use_dora`): each adapted linear also keeps x·Wᵀ and the low-rank update."""
 
     def rank_of(self, layer: int, name: str) -> int:
         for at, projection, rank in self.ranks:
@@ -166,6 +168,8 @@ def adapter_bytes_per_token(
     shapes = linear_shapes(args, layer)
     adapted = [name for name in shapes if name in lora.targets]
     size = compute * sum(lora.rank_of(layer, name) for name in adapted)
+    if lora.dora:  # the magnitude's gradient reads x·Wᵀ and the update, [out] each
+        size += 2 * compute * sum(shapes[name][1] for name in adapted)
     for group in SHARED_INPUTS:
         readers = [name for name in group if name in adapted]
         if readers:

@@ -7,6 +7,7 @@ load here:
   `base_model.model.<HF bank>.lora_A.weight` [E·r, in] (expert-major) and `.lora_B.weight`
   [out, r·E] (expert-minor); when both `gate_up_proj` and `down_proj` are adapted, the gate_up
   adapter sits one `base_layer.` deeper, as PEFT nests the two wrappers;
+- DoRA's magnitude of a linear: `base_model.model.<HF module>.lora_magnitude_vector` [out];
 - a module trained in full (`modules_to_save`): `base_model.model.<HF module>.weight`.
 """
 
@@ -30,6 +31,7 @@ from tuneforge.peft.lora import LoRALinear
 from tuneforge.peft.targets import BANK_PROJECTIONS, candidates
 
 CONFIG_FILE = "adapter_config.json"
+MAGNITUDE = "lora_magnitude_vector"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
@@ -143,6 +145,9 @@ def save_adapter(
     for stem, adapter in stems.items():
         for kind in ("A", "B"):
             tensors[f"{stem}.lora_{kind}.weight"] = to_peft(adapter, kind).cpu().contiguous()
+        magnitude = getattr(adapter, "lora_magnitude", None)
+        if magnitude is not None:
+            tensors[f"{stem}.{MAGNITUDE}"] = gathered(magnitude.detach()).cpu().contiguous()
     saved = full_modules(model, lora.modules_to_save)
     for name, hf_name in saved.items():
         weight = gathered(_weight_of(model, name).detach())
@@ -168,7 +173,7 @@ def save_adapter(
         "modules_to_save": sorted(saved.values()) or None,
         "bias": "none",
         "fan_in_fan_out": False,
-        "use_dora": False,
+        "use_dora": lora.use_dora,
         "init_lora_weights": "gaussian" if lora.init == "gaussian" else True,
         "inference_mode": True,
     }
@@ -203,8 +208,6 @@ def _peft_patterns(value) -> list[str]:
 
 def lora_config_of(adapter_config: dict) -> LoraSection:
     """Our LoRA configuration equivalent to a PEFT `adapter_config.json`."""
-    if adapter_config.get("use_dora"):
-        raise AdapterError("DoRA adapters are not supported")
 
     def suffix_regex(patterns: dict | None) -> dict:
         # PEFT matches these keys as regexes ending a module name
@@ -214,6 +217,7 @@ def lora_config_of(adapter_config: dict) -> LoraSection:
         rank=adapter_config["r"],
         alpha=adapter_config["lora_alpha"],
         use_rslora=bool(adapter_config.get("use_rslora")),
+        use_dora=bool(adapter_config.get("use_dora")),
         target_modules=_peft_patterns(adapter_config.get("target_modules"))
         + list(adapter_config.get("target_parameters") or []),
         exclude_modules=_peft_patterns(adapter_config.get("exclude_modules")),
@@ -238,8 +242,14 @@ def check_continues(adapter_dir: Path, lora: LoraSection) -> None:
         "rank": config["r"],
         "alpha": float(config["lora_alpha"]),
         "use_rslora": bool(config.get("use_rslora")),
+        "use_dora": bool(config.get("use_dora")),
     }
-    ours = {"rank": lora.rank, "alpha": float(lora.alpha), "use_rslora": lora.use_rslora}
+    ours = {
+        "rank": lora.rank,
+        "alpha": float(lora.alpha),
+        "use_rslora": lora.use_rslora,
+        "use_dora": lora.use_dora,
+    }
     differ = [
         f"lora.{key} {ours[key]} (the adapter's {theirs[key]})"
         for key in ours
@@ -280,8 +290,12 @@ def load_adapter_weights(model: Decoder, adapter_dir: str | os.PathLike) -> None
         for key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
             stem, _, kind = key.rpartition(".lora_")
             tensor = handle.get_tensor(key)
+            owner = stems.get(key.removesuffix(f".{MAGNITUDE}"))
+            magnitude = _magnitude(owner) if owner is not None else None
             if key in full:
                 target, value = full[key], tensor
+            elif magnitude is not None:
+                target, value = magnitude, tensor
             elif stem in stems and kind in ("A.weight", "B.weight"):
                 adapter = stems[stem]
                 target = adapter.lora_A if kind == "A.weight" else adapter.lora_B
@@ -299,9 +313,14 @@ def load_adapter_weights(model: Decoder, adapter_dir: str | os.PathLike) -> None
                 target.copy_(value)
             seen.add(key)
     expected = [f"{stem}.lora_{kind}.weight" for stem in stems for kind in "AB"] + list(full)
+    expected += [f"{stem}.{MAGNITUDE}" for stem, a in stems.items() if _magnitude(a) is not None]
     missing = [key for key in expected if key not in seen]
     if missing:
         raise AdapterError(f"{file}: no weights for {', '.join(missing[:3])}")
+
+
+def _magnitude(adapter: Adapter) -> torch.Tensor | None:
+    return adapter.lora_magnitude if isinstance(adapter, LoRALinear) else None
 
 
 def _weight_of(model: Decoder, name: str) -> torch.Tensor:

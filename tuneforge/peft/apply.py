@@ -141,12 +141,20 @@ def _attach(
     module = model.get_submodule(candidate.module)
     if candidate.projection is None:
         assert isinstance(module, nn.Linear)
-        adapter = LoRALinear(module, rank, alpha, lora.dropout, dtype, **options)
+        adapter = LoRALinear(
+            module, rank, alpha, lora.dropout, dtype, **options, use_dora=lora.use_dora
+        )
         adapter.reset_lora_parameters(generator)
         parent_name, _, leaf = candidate.module.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, leaf, adapter)
         return
     assert isinstance(module, ExpertBank)
+    if lora.use_dora:
+        raise LoraTargetError(
+            f"lora.use_dora: DoRA adapts dense linears only, and {candidate.hf_name} is an expert "
+            "bank (PEFT has no DoRA for expert parameters either): leave the banks out of "
+            "lora.target_modules, or drop use_dora"
+        )
     if candidate.projection == "gate_up_proj":
         out_features, in_features = module.gate_up_proj.shape[1], module.gate_up_proj.shape[2]
     else:

@@ -8,6 +8,7 @@ import math
 import torch
 from torch import nn
 
+from tuneforge.peft.dora import dora_forward, dora_merged_weight, initial_magnitude
 from tuneforge.peft.fused_lora import FusedLoRALinear, as_rows, shaped_like
 from tuneforge.peft.shared_input_lora import SharedInputLoRA, StackedSharedInputLoRA
 
@@ -116,6 +117,7 @@ class LoRALinear(nn.Module):
         use_rslora: bool = False,
         init: str = "kaiming",
         compute_dtype: str = "model",
+        use_dora: bool = False,
     ) -> None:
         super().__init__()
         self.base: nn.Linear | LowPrecisionBase = base
@@ -133,6 +135,12 @@ class LoRALinear(nn.Module):
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=device, dtype=dtype))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=device, dtype=dtype))
         self.dropout = AdapterDropout(dropout, dropout_position)
+        self.lora_magnitude = (
+            nn.Parameter(torch.empty(base.out_features, device=device, dtype=dtype))
+            if use_dora
+            else None
+        )
+        """DoRA's magnitude of each output row (`peft/dora.py`); None for plain LoRA."""
         self.stacked_weight: torch.Tensor | None = None
         self.stacked_bias: torch.Tensor | None = None
         """Set on the first of linears whose frozen weights are views of one stacked tensor
@@ -145,10 +153,13 @@ class LoRALinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def reset_lora_parameters(self, generator: torch.Generator | None = None) -> None:
-        """A by `init`, B zero: the adapter starts as a no-op."""
+        """A by `init`, B zero (and DoRA's magnitude the base rows' norms): the adapter starts
+        as a no-op."""
         init_lora_A(self.lora_A, self.init, self.rank, generator)
         with torch.no_grad():
             self.lora_B.zero_()
+            if self.lora_magnitude is not None:
+                self.lora_magnitude.copy_(initial_magnitude(self))
 
     def runs_fused(self, x: torch.Tensor) -> bool:
         """Whether `FusedLoRALinear` (or a low-precision base's own product) computes this
@@ -157,6 +168,7 @@ class LoRALinear(nn.Module):
         return (
             self.fused
             and self.enabled
+            and self.lora_magnitude is None
             and adapter_compute_dtype(self.compute_dtype, x, self.lora_A) == x.dtype
             and self.dropout.p == 0
             and not any(param.requires_grad for param in self.base.parameters())
@@ -176,6 +188,8 @@ class LoRALinear(nn.Module):
             )
             return shaped_like(x, y)
         dtype = adapter_compute_dtype(self.compute_dtype, x, self.lora_A)
+        if self.lora_magnitude is not None:
+            return dora_forward(self, x, dtype)
         h = self.dropout.pre(x).to(dtype)
         update = (h @ self.lora_A.to(dtype).t()) @ self.lora_B.to(dtype).t()
         return base(x) + self.dropout.post(update * self.scaling).to(x.dtype)
@@ -231,4 +245,6 @@ class LoRALinear(nn.Module):
     def merged_weight(self) -> torch.Tensor:
         if not isinstance(self.base, nn.Linear):
             raise TypeError(LOW_PRECISION_MERGE)
+        if self.lora_magnitude is not None:
+            return dora_merged_weight(self).to(self.base.weight.dtype)
         return (self.base.weight.float() + self.delta_weight()).to(self.base.weight.dtype)

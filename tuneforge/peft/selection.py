@@ -66,4 +66,5 @@ def _shape(args: ModelArgs, lora: LoraSection) -> LoraShape:
         lora.share_expert_adapters,
         lora.compute_dtype == "float32",
         tuple(sorted(ranks)),
+        lora.use_dora,
     )
