@@ -293,6 +293,27 @@ def precision_formats(precision, lora, model) -> list[tuple[str, str, str]]:
     return problems
 
 
+@rule("lora")
+def decomposed_init_starts_from_the_base(lora) -> list[tuple[str, str, str]]:
+    if not (lora.enabled and lora.init in ("pissa", "olora")):
+        return []
+    problems = []
+    if lora.init_adapter is not None:
+        problems.append(
+            (
+                "lora.init",
+                f"{lora.init} initialises the adapters from the base weights, and "
+                "lora.init_adapter starts them from an adapter",
+                "drop one of lora.init and lora.init_adapter",
+            )
+        )
+    if lora.use_dora:
+        problems.append(
+            ("lora.init", f"{lora.init} with DoRA is not supported", "use init default with DoRA")
+        )
+    return problems
+
+
 @rule("precision", "lora")
 def dora_needs_the_base_weights(precision, lora) -> list[tuple[str, str, str]]:
     low = precision.fp8 or precision.fp4

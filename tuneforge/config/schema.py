@@ -127,8 +127,8 @@ class LoraSection(Section):
     """Dropout in the adapter branch."""
     dropout_position: Literal["pre", "post"] = "pre"
     """Dropout on the adapter input (`pre`, as PEFT) or on its output (`post`)."""
-    init: Literal["kaiming", "xavier", "gaussian"] = "kaiming"
-    """How A is initialised: kaiming-uniform (PEFT's default), xavier-normal (Megatron's), or gaussian with std 1/rank; B starts at zero."""
+    init: Literal["default", "kaiming", "xavier", "gaussian", "pissa", "olora"] = "kaiming"
+    """How the adapters start: A kaiming-uniform (`default` or `kaiming`: PEFT's default), xavier-normal (Megatron's) or gaussian with std 1/rank, and B zero; or, as PEFT defines them, `pissa` (A, B from W's r principal singular values and vectors) or `olora` (from W's QR decomposition), s·B·A then taken out of the frozen base. Saved as the equivalent rank-2r LoRA on the original base."""
     target_modules: list[str] = Field(
         default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1
     )

@@ -26,6 +26,8 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import gathered
 from tuneforge.peft.apply import applied_lora, apply_lora, full_modules, lora_modules
+from tuneforge.peft.decomposed_init import METHODS as DECOMPOSED
+from tuneforge.peft.decomposed_init import against_original_base, saved_rank_and_alpha
 from tuneforge.peft.expert_lora import ExpertLoRA
 from tuneforge.peft.lora import LoRALinear
 from tuneforge.peft.targets import BANK_PROJECTIONS, candidates
@@ -67,9 +69,12 @@ def adapter_keys(model: Decoder) -> dict[str, Adapter]:
 
 
 def to_peft(adapter: Adapter, kind: str) -> torch.Tensor:
-    weight = gathered((adapter.lora_A if kind == "A" else adapter.lora_B).detach())
+    """The tensor PEFT keeps: for a linear initialised from its base, its update against the
+    original base (`decomposed_init.against_original_base`)."""
     if isinstance(adapter, LoRALinear):
-        return weight
+        lora_A, lora_B = against_original_base(adapter, gathered)
+        return lora_A if kind == "A" else lora_B
+    weight = gathered((adapter.lora_A if kind == "A" else adapter.lora_B).detach())
     experts = adapter.num_experts
     weight = weight.expand(experts, -1, -1)
     if kind == "A":  # [E, r, in] -> [E*r, in]
@@ -115,11 +120,18 @@ def _target_names(stems: dict[str, Adapter], model: Decoder) -> tuple[list, list
     return modules, sorted(parameters)
 
 
+def _saved(adapter: Adapter, attribute: str) -> float:
+    """The rank or alpha an adapter is saved with (doubled for one initialised from its base)."""
+    if isinstance(adapter, LoRALinear):
+        return saved_rank_and_alpha(adapter)[0 if attribute == "rank" else 1]
+    return getattr(adapter, attribute)
+
+
 def _patterns(stems: dict[str, Adapter], attribute: str, default: float) -> dict[str, float]:
     """PEFT's rank_pattern / alpha_pattern: full module names whose value is not the default."""
     found: dict[str, float] = {}
     for stem, adapter in stems.items():
-        value = getattr(adapter, attribute)
+        value = _saved(adapter, attribute)
         module = stem.removeprefix(PEFT_PREFIX).split(".base_layer")[0]
         if module in found and found[module] != value:
             raise AdapterError(
@@ -155,14 +167,17 @@ def save_adapter(
     if not write:
         return
     target_modules, target_parameters = _target_names(stems, model)
-    ranks = _patterns(stems, "rank", lora.rank)
-    alphas = _patterns(stems, "alpha", lora.alpha)
+    rank, alpha = lora.rank, lora.alpha
+    if lora.init in DECOMPOSED:  # saved as the rank-2r LoRA of its update on the original base
+        rank, alpha = 2 * rank, alpha * (2**0.5 if lora.use_rslora else 2.0)
+    ranks = _patterns(stems, "rank", rank)
+    alphas = _patterns(stems, "alpha", alpha)
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
-        "r": lora.rank,
-        "lora_alpha": lora.alpha,
+        "r": rank,
+        "lora_alpha": alpha,
         # PEFT refuses dropout on expert parameters; it only matters in training anyway
         "lora_dropout": 0.0 if target_parameters else lora.dropout,
         "target_modules": target_modules,

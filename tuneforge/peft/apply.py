@@ -15,6 +15,7 @@ from tuneforge.config.schema import LoraSection
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.moe import ExpertBank
+from tuneforge.peft.decomposed_init import METHODS as DECOMPOSED
 from tuneforge.peft.expert_lora import ExpertLoRA
 from tuneforge.peft.lora import LOW_PRECISION_MERGE, LoRALinear
 from tuneforge.peft.selection import selected_targets
@@ -149,6 +150,12 @@ def _attach(
         setattr(model.get_submodule(parent_name) if parent_name else model, leaf, adapter)
         return
     assert isinstance(module, ExpertBank)
+    if lora.init in DECOMPOSED:
+        raise LoraTargetError(
+            f"lora.init {lora.init}: decomposing expert banks is not supported, and "
+            f"{candidate.hf_name} is one: leave the banks out of lora.target_modules, or use "
+            "init default"
+        )
     if lora.use_dora:
         raise LoraTargetError(
             f"lora.use_dora: DoRA adapts dense linears only, and {candidate.hf_name} is an expert "

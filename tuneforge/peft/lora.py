@@ -8,6 +8,8 @@ import math
 import torch
 from torch import nn
 
+from tuneforge.peft.decomposed_init import METHODS as DECOMPOSED
+from tuneforge.peft.decomposed_init import decompose_into
 from tuneforge.peft.dora import dora_forward, dora_merged_weight, initial_magnitude
 from tuneforge.peft.fused_lora import FusedLoRALinear, as_rows, shaped_like
 from tuneforge.peft.shared_input_lora import SharedInputLoRA, StackedSharedInputLoRA
@@ -22,10 +24,10 @@ def init_lora_A(
     weight: torch.Tensor, method: str, rank: int, generator: torch.Generator | None = None
 ) -> None:
     """Initialise A [..., r, in] in place; each trailing [r, in] slice is one adapter's A.
-    kaiming: uniform ±1/√in (PEFT's Kaiming-uniform with a=√5); xavier: normal with
+    kaiming (or default): uniform ±1/√in (PEFT's Kaiming-uniform with a=√5); xavier: normal with
     std √(2/(in+r)) (Megatron's xavier-normal); gaussian: normal with std 1/r (PEFT's)."""
     fan_in = weight.shape[-1]
-    if method == "kaiming":
+    if method in ("kaiming", "default"):
         bound = 1.0 / math.sqrt(fan_in)
         weight.uniform_(-bound, bound, generator=generator)
     elif method == "xavier":
@@ -33,7 +35,7 @@ def init_lora_A(
     elif method == "gaussian":
         weight.normal_(0.0, 1.0 / rank, generator=generator)
     else:
-        raise ValueError(f"unknown LoRA init {method!r}: use kaiming, xavier or gaussian")
+        raise ValueError(f"unknown LoRA init {method!r}: use default, kaiming, xavier or gaussian")
 
 
 def adapter_compute_dtype(mode: str, x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -141,6 +143,9 @@ class LoRALinear(nn.Module):
             else None
         )
         """DoRA's magnitude of each output row (`peft/dora.py`); None for plain LoRA."""
+        self.initial: tuple[torch.Tensor, torch.Tensor] | None = None
+        """A₀ and B₀ of an adapter initialised from the base (`peft/decomposed_init.py`), whose
+        s·B₀·A₀ the base no longer holds."""
         self.stacked_weight: torch.Tensor | None = None
         self.stacked_bias: torch.Tensor | None = None
         """Set on the first of linears whose frozen weights are views of one stacked tensor
@@ -154,7 +159,12 @@ class LoRALinear(nn.Module):
 
     def reset_lora_parameters(self, generator: torch.Generator | None = None) -> None:
         """A by `init`, B zero (and DoRA's magnitude the base rows' norms): the adapter starts
-        as a no-op."""
+        as a no-op. `pissa` and `olora` take A and B from the base weight instead, and leave the
+        residual in the base (`peft/decomposed_init.py`): done once, when the adapter is put on."""
+        if self.init in DECOMPOSED:
+            if self.initial is None:
+                decompose_into(self, self.init)
+            return
         init_lora_A(self.lora_A, self.init, self.rank, generator)
         with torch.no_grad():
             self.lora_B.zero_()
