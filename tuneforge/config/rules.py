@@ -293,6 +293,38 @@ def precision_formats(precision, lora, model) -> list[tuple[str, str, str]]:
     return problems
 
 
+@rule("model", "lora", "precision")
+def quantized_base_is_frozen(model, lora, precision) -> list[tuple[str, str, str]]:
+    if not model.quantize:
+        return []
+    problems = []
+    if not lora.enabled:
+        problems.append(
+            (
+                "model.quantize",
+                "a 4-bit base cannot train: model.quantize holds the frozen base of LoRA",
+                "set lora.enabled: true (QLoRA), or drop model.quantize",
+            )
+        )
+    if precision.fp8 or precision.fp4:
+        problems.append(
+            (
+                "model.quantize",
+                "the frozen base is held in one format: 4 bits, or precision.fp8 / fp4",
+                "drop model.quantize or the precision setting",
+            )
+        )
+    if lora.use_dora:
+        problems.append(
+            (
+                "lora.use_dora",
+                "DoRA needs the base weights' norms, and model.quantize holds them in 4 bits",
+                "drop lora.use_dora, or model.quantize",
+            )
+        )
+    return problems
+
+
 @rule("lora")
 def decomposed_init_starts_from_the_base(lora) -> list[tuple[str, str, str]]:
     if not (lora.enabled and lora.init in ("pissa", "olora")):

@@ -55,6 +55,10 @@ class ModelSection(Section):
     """Attention backend; `auto` picks the fastest that works on the device and logs which one runs."""
     init_std: float = Field(0.02, gt=0)
     """Standard deviation of the random initialisation used for catalog shapes."""
+    quantize: Literal["nf4", "fp4"] | None = None
+    """Hold the frozen linears of the decoder blocks in 4 bits (bitsandbytes' NF4 or FP4, blocks of 64 with their absmax) and dequantise them into `dtype`, the compute dtype, at each product: QLoRA (needs LoRA; a teacher may be quantised too)."""
+    double_quant: bool = True
+    """With quantize: quantise the blocks' absmaxes again (8 bits, blocks of 256), QLoRA's double quantisation (~0.37 bits per weight less)."""
 
 
 class TokenizerSection(Section):

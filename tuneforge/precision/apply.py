@@ -10,13 +10,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tuneforge.config.schema import PrecisionSection
+from tuneforge.config.schema import ModelSection, PrecisionSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB, low_precision_cores
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.lora import LoRALinear, LowPrecisionBase
 from tuneforge.peft.targets import BANK_PROJECTIONS
+from tuneforge.precision.bnb4bit import BLOCK as BNB_BLOCK
+from tuneforge.precision.bnb4bit import Bnb4bitLinear
 from tuneforge.precision.fp4 import BLOCK_SIZE
 from tuneforge.precision.fp8 import Fp8Recipe, fits_scaled_mm
 from tuneforge.precision.fp8_experts import Fp8ExpertWeights, grouped_fp8_here
@@ -59,11 +61,17 @@ def refuse_unsupported_precision(section: PrecisionSection, device: torch.device
 
 
 def apply_precision(
-    model: Decoder, section: PrecisionSection, sharded: bool = False
+    model: Decoder,
+    section: PrecisionSection,
+    sharded: bool = False,
+    base: ModelSection | None = None,
 ) -> PrecisionReport:
     """Swap the decoder blocks' projections for low-precision ones as `section` says: frozen
-    ones (a LoRA base) for FP8 or FP4 ones, trained ones (full fine-tuning) for FP8 ones.
+    ones (a LoRA base) for FP8 or FP4 ones, trained ones (full fine-tuning) for FP8 ones; or,
+    with `base.quantize`, the frozen ones for bitsandbytes' 4-bit ones (QLoRA).
     `sharded`: the model is about to be sharded by FSDP2."""
+    if base is not None and base.quantize:
+        return quantize_frozen_base(model, base.quantize, base.double_quant)
     report = PrecisionReport()
     if not (section.fp8 or section.fp4):
         return report
@@ -88,6 +96,39 @@ def apply_precision(
     report.lines.append(f"in the model's dtype: {stays}")
     if sharded:
         report.lines.append(_under_fsdp(section, gathered))
+    return report
+
+
+def quantize_frozen_base(model: Decoder, quant_type: str, double_quant: bool) -> PrecisionReport:
+    """Every frozen projection of the decoder blocks held in 4 bits by bitsandbytes."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise TuneforgeError(
+            "model.quantize holds the base in 4 bits with bitsandbytes, which is not installed: "
+            "pip install 'tuneforge[qlora]' (or bitsandbytes), or drop model.quantize"
+        ) from None
+    report = PrecisionReport()
+    swapped: Counter[str] = Counter()
+    before = 0
+    for parent, attribute, leaf, linear in _frozen_linears(model):
+        low = Bnb4bitLinear(linear, quant_type, double_quant)
+        setattr(parent, attribute, low)
+        swapped[leaf] += 1
+        before += linear.weight.numel() * linear.weight.element_size()
+        report.weight_bytes += low.weight_bytes()
+    if not swapped:
+        return report
+    double = ", absmaxes double-quantised" if double_quant else ""
+    report.lines.append(
+        f"{_kind(swapped)}: 4-bit {quant_type.upper()} (bitsandbytes, blocks of {BNB_BLOCK}"
+        f"{double}), dequantised into the model's dtype at each product"
+    )
+    report.lines.append(
+        f"base weights: {report.weight_bytes / GIB:.2f} GiB in 4 bits with their scales instead "
+        f"of {before / GIB:.2f} GiB"
+    )
+    report.lines.append("in the model's dtype: embedding, norms, attention, router, output layer")
     return report
 
 

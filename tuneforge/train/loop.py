@@ -148,7 +148,8 @@ class Trainer:
             )
         self.base_model = str(config.model.path) if config.model.path else ""
         self.lora_report = self._apply_lora(fresh=checkpoint is None)
-        apply_precision(self.model, config.precision, self.strategy == "fsdp").log(log)
+        sharded = self.strategy == "fsdp"
+        apply_precision(self.model, config.precision, sharded, config.model).log(log)
         passes = FrozenPassData(
             self.loader, self.eval_batches, self.run_dir, self.world, config, self.strategy
         )

@@ -8,6 +8,7 @@ from tuneforge.config.objectives import preference_reference_kind, teacher_runs_
 from tuneforge.config.schema import RunConfig, TrainSection
 from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.distributed import shard_frozen
+from tuneforge.precision.apply import quantize_frozen_base
 from tuneforge.train.build import build_model
 from tuneforge.train.cached_teacher import cached_teacher
 from tuneforge.train.distill import DistillObjective, Teacher, TeacherSource
@@ -64,6 +65,9 @@ def distillation_teacher(
 
     def load() -> Decoder:
         model = build_model(section, passes.world.device, config.train.seed)
+        if section.quantize:  # a frozen teacher in 4 bits
+            model.requires_grad_(False)
+            quantize_frozen_base(model, section.quantize, section.double_quant).log(log)
         log.info(
             "teacher: %s, %.2f B parameters, %s", section.path or section.name,
             model.args.num_params() / 1e9, section.dtype,

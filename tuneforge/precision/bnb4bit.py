@@ -1,0 +1,94 @@
+"""QLoRA's frozen base (Dettmers et al. 2023): each linear's weight held in 4 bits by
+bitsandbytes — NF4 or FP4 codes in blocks of 64 with one absmax each, the absmaxes themselves
+quantised to 8 bits with double quantisation — and dequantised into the activations' dtype (the
+compute dtype) for each product, forward and backward; the dequantised weight is never kept. The
+LoRA update reads the input as it is (`low_rank.py`)."""
+
+import torch
+from torch import nn
+
+from tuneforge.peft.lora import LowPrecisionBase
+from tuneforge.precision.low_rank import low_rank_grads, low_rank_input
+
+BLOCK = 64
+"""Weights per absmax: bitsandbytes' and QLoRA's default."""
+
+
+class Bnb4bitLinear(LowPrecisionBase):
+    weight_codes: torch.Tensor
+
+    def __init__(self, base: nn.Linear, quant_type: str, double_quant: bool) -> None:
+        import bitsandbytes.functional as bnb
+
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.bias = base.bias
+        self.quant_type, self.double_quant = quant_type, double_quant
+        with torch.no_grad():
+            codes, self.state = bnb.quantize_4bit(
+                base.weight.detach(), blocksize=BLOCK, quant_type=quant_type,
+                compress_statistics=double_quant, quant_storage=torch.uint8,
+            )  # fmt: skip
+        self.register_buffer("weight_codes", codes, persistent=False)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        import bitsandbytes.functional as bnb
+
+        return bnb.dequantize_4bit(self.weight_codes, self.state).to(dtype)
+
+    @torch.compiler.disable  # bitsandbytes' kernels are opaque to the compiler
+    def product(self, rows, lora_A=None, lora_B=None, scaling=0.0):
+        return Bnb4bitProduct.apply(rows, self, self.bias, lora_A, lora_B, scaling)
+
+    def weight_bytes(self) -> int:
+        state = self.state
+        total = self.weight_codes.numel() * self.weight_codes.element_size()
+        total += state.absmax.numel() * state.absmax.element_size() + state.code.numel() * 4
+        if state.nested:
+            nested = state.state2
+            total += nested.absmax.numel() * nested.absmax.element_size() + nested.code.numel() * 4
+        return total
+
+
+class Bnb4bitProduct(torch.autograd.Function):
+    """`rows` [N, in] times the dequantised weight (+ bias) (+ s·(rows·Aᵀ)·Bᵀ); backward
+    dequantises again for the input gradient instead of keeping the weight."""
+
+    @staticmethod
+    def forward(ctx, rows, module, bias, lora_A, lora_B, scaling):
+        y = rows @ module.dequantized(rows.dtype).t()
+        if bias is not None:
+            y = y + bias
+        u, A, B = low_rank_input(rows, lora_A, lora_B)
+        if u is not None:
+            y = y.addmm_(u, B.t(), alpha=scaling)
+        ctx.save_for_backward(rows if u is not None else None, u, A, B)
+        ctx.module, ctx.scaling = module, scaling
+        ctx.adapter_dtype = None if lora_A is None else lora_A.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, u, A, B = ctx.saved_tensors
+
+        def input_grad() -> torch.Tensor:
+            return grad @ ctx.module.dequantized(grad.dtype)
+
+        dx, dA, dB = low_rank_grads(
+            grad, rows, u, A, B, ctx.scaling, ctx.adapter_dtype,
+            input_grad if ctx.needs_input_grad[0] else None,
+        )  # fmt: skip
+        return dx, None, None, dA, dB, None
+
+
+@torch.no_grad()
+def round_through_4bit(weight: torch.Tensor, quant_type: str, double_quant: bool) -> torch.Tensor:
+    """`weight` as the 4-bit base holds it, dequantised to its dtype: what an adapter trained on
+    it was trained against."""
+    import bitsandbytes.functional as bnb
+
+    codes, state = bnb.quantize_4bit(
+        weight, blocksize=BLOCK, quant_type=quant_type, compress_statistics=double_quant,
+        quant_storage=torch.uint8,
+    )  # fmt: skip
+    return bnb.dequantize_4bit(codes, state).to(weight.dtype)
