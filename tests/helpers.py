@@ -8,6 +8,7 @@ import transformers
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
+from tuneforge.peft.apply import lora_modules
 
 COMMON = dict(
     vocab_size=128,
@@ -135,3 +136,35 @@ def packed_training_losses(objective, params, lr: float, steps: int) -> list[flo
         optimizer.zero_grad(set_to_none=True)
         history.append(loss_sum.item() / tokens.numel())
     return history
+
+
+# adapters against peft (`test_lora_peft.py`, `test_dora.py`, `test_qlora.py`, ...)
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TOKENS = torch.randint(0, 128, (21,), generator=torch.Generator().manual_seed(5))
+
+
+def our_logits(model):
+    with torch.no_grad():
+        return model(TOKENS[None])[0]
+
+
+def peft_logits(peft_model):
+    with torch.no_grad():
+        return peft_model(TOKENS[None]).logits[0]
+
+
+def randomise_adapters(model, seed=0):
+    """B away from zero (and DoRA's magnitudes away from the base's norms): every term counts."""
+    generator = torch.Generator().manual_seed(seed)
+    for module in lora_modules(model).values():
+        with torch.no_grad():
+            module.lora_B.normal_(0, 0.1, generator=generator)
+            magnitude = getattr(module, "lora_magnitude", None)
+            if magnitude is not None:
+                noise = torch.randn(magnitude.shape, generator=generator)
+                magnitude.mul_(1 + 0.1 * noise)
+
+
+def issues_of(error) -> dict[str, str]:
+    """A `ConfigError`'s messages by the field they are about."""
+    return {issue.path: str(issue) for issue in error.issues}

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import issues_of
 from tuneforge.config import ConfigError, dump_config, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,10 +32,6 @@ data:
 train:
   max_steps: 10
 """
-
-
-def issues_of(error: ConfigError) -> dict[str, str]:
-    return {issue.path: str(issue) for issue in error.issues}
 
 
 def test_minimal_config_resolves_paths_against_the_file(data_dir):

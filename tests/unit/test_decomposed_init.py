@@ -7,8 +7,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 import tuneforge
-from tests.helpers import save_tiny_llama, save_tiny_model
-from tests.unit.test_lora_peft import TARGETS, our_logits, peft_logits
+from tests.helpers import TARGETS, our_logits, peft_logits, save_tiny_llama, save_tiny_model
 from tuneforge.models.hf.checkpoint import load_hf_model
 from tuneforge.peft.adapter_io import read_adapter_config
 from tuneforge.peft.apply import lora_modules

@@ -355,3 +355,26 @@ def test_a_lora_run_is_offered_its_base_in_fp8_sized_by_the_planner(tmp_path):
     assert not any("only in FP8" in line for line in done)
     full = qwen3_8b_config(tmp_path, model, batch)
     assert not any("only in FP8" in line for line in remedies(full, [], 1, 24.0))
+
+
+def test_qlora_is_proposed_for_a_lora_run_with_the_memory_it_saves(tmp_path):
+    """A LoRA run on an 8B base that does not fit a 16 GiB card: the 4-bit base saves the
+    base's 3/4, sized by the planner; never proposed for full fine-tuning or once quantised."""
+    from tuneforge.doctor.oom_plan import remedies
+
+    config = qwen3_8b_config(
+        tmp_path,
+        "model: {name: qwen3-8b, dtype: bfloat16}",
+        "lora: {enabled: true}",
+        "train: {tokens_per_micro_batch: 8192, activation_checkpointing: full}",
+    )
+    lines = remedies(config, [], gpus=1, capacity_gib=16.0)
+    qlora = next(line for line in lines if line.startswith("QLoRA"))
+    before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", qlora)[0])
+    assert before > 16.0 and after < 16.0 and qlora.endswith(", fits")
+    assert before - after > 0.7 * 7.0  # most of the ~7.6 GiB of frozen linears in bf16
+    assert not any(
+        line.startswith("QLoRA") for line in remedies(config, ["lora.enabled=false"], 1, 16.0)
+    )
+    quantised = remedies(config, ["model.quantize=nf4"], gpus=1, capacity_gib=16.0)
+    assert not any(line.startswith("QLoRA") for line in quantised)

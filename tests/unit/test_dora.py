@@ -8,9 +8,16 @@ from peft import LoraConfig, PeftModel, get_peft_model
 
 import tuneforge
 from tests.cli_runs import REPO
-from tests.helpers import save_tiny_llama, save_tiny_model
-from tests.unit.test_config import issues_of
-from tests.unit.test_lora_peft import TARGETS, TOKENS, our_logits, peft_logits, randomise_adapters
+from tests.helpers import (
+    TARGETS,
+    TOKENS,
+    issues_of,
+    our_logits,
+    peft_logits,
+    randomise_adapters,
+    save_tiny_llama,
+    save_tiny_model,
+)
 from tuneforge.config import ConfigError, load_config
 from tuneforge.models.hf.checkpoint import load_hf_model
 from tuneforge.peft.apply import lora_modules

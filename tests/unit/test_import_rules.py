@@ -25,7 +25,7 @@ ALLOWED = {
     "parallel": {"plan", "models", "data", "peft", "config", "precision"} | LEAVES,
     "doctor": {"plan", "models", "data", "peft", "runs", "config"} | LEAVES,
     "slurm": {"runs", "config"} | LEAVES,
-    "export": {"models", "peft", "runs", "config"} | LEAVES,
+    "export": {"models", "peft", "runs", "config", "precision"} | LEAVES,
     "inference": {"models", "peft", "runs", "data", "config"} | LEAVES,
     "train": {"parallel", "plan", "runs", "peft", "models", "data", "config", "doctor", "precision"}
     | LEAVES,

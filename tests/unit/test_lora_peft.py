@@ -5,36 +5,18 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 import tuneforge
-from tests.helpers import save_tiny_llama, save_tiny_model
+from tests.helpers import (
+    TARGETS,
+    our_logits,
+    peft_logits,
+    randomise_adapters,
+    save_tiny_llama,
+    save_tiny_model,
+)
 from tuneforge.models.hf.checkpoint import load_hf_model
 from tuneforge.peft.adapter_io import read_adapter_config
 from tuneforge.peft.apply import lora_modules
 from tuneforge.peft.targets import LoraTargetError
-
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-TOKENS = torch.randint(0, 128, (21,), generator=torch.Generator().manual_seed(5))
-
-
-def our_logits(model):
-    with torch.no_grad():
-        return model(TOKENS[None])[0]
-
-
-def peft_logits(peft_model):
-    with torch.no_grad():
-        return peft_model(TOKENS[None]).logits[0]
-
-
-def randomise_adapters(model, seed=0):
-    """B away from zero (and DoRA's magnitudes away from the base's norms): every term counts."""
-    generator = torch.Generator().manual_seed(seed)
-    for module in lora_modules(model).values():
-        with torch.no_grad():
-            module.lora_B.normal_(0, 0.1, generator=generator)
-            magnitude = getattr(module, "lora_magnitude", None)
-            if magnitude is not None:
-                noise = torch.randn(magnitude.shape, generator=generator)
-                magnitude.mul_(1 + 0.1 * noise)
 
 
 def test_adapter_starts_as_a_no_op_and_only_adapters_train(tmp_path):

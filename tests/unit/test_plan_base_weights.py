@@ -76,3 +76,27 @@ def test_the_plans_weights_shrink_by_the_swapped_bytes():
     # 4 bits and an E4M3 scale per 16 elements: 4.5 bits instead of 16
     assert bf16 - static_bytes(setups["nvfp4"])[0] == weights * (2 - 0.5625) - 4 * tensors
     assert static_bytes(setups["fp4"])[0] == bf16  # dequantised values: as many bytes
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_the_planned_4bit_base_is_what_bitsandbytes_holds(double_quant):
+    pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes")
+    from tuneforge.config.schema import ModelSection
+    from tuneforge.plan.base_weights import dequantised_buffer
+    from tuneforge.precision.bnb4bit import Bnb4bitLinear
+
+    model = Decoder(DENSE, "sdpa").to(torch.bfloat16)
+    apply_lora(model, {"target_modules": ["q_proj", "o_proj"], "rank": 4, "alpha": 8})
+    quantize = ModelSection(name="demo-tiny", quantize="nf4", double_quant=double_quant)
+    apply_precision(model, PrecisionSection(), base=quantize)
+    held = 0
+    for base in model.modules():
+        if isinstance(base, Bnb4bitLinear):
+            state = base.state
+            held += base.weight_codes.numel() + state.absmax.numel() * state.absmax.element_size()
+            if state.nested:
+                held += state.state2.absmax.numel() * 4
+    assert held > 0
+    values, scales = BaseWeights.of(PrecisionSection(), quantize).bytes(DENSE, 2)
+    assert values + scales - dequantised_buffer(DENSE, 2) == pytest.approx(held, rel=0.01)
+    assert dequantised_buffer(DENSE, 2) == DENSE.dim * DENSE.ffn_dim * 2  # gate/up/down

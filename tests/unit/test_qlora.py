@@ -13,13 +13,13 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 import tuneforge
 from tests.cli_runs import REPO
-from tests.helpers import save_tiny_llama
-from tests.unit.test_config import issues_of
-from tests.unit.test_lora_peft import (
+from tests.helpers import (
     TARGETS,
     TOKENS,
+    issues_of,
     our_logits,
     randomise_adapters,
+    save_tiny_llama,
 )
 from tuneforge.config import ConfigError, load_config
 from tuneforge.models.hf.checkpoint import load_hf_model
@@ -100,3 +100,23 @@ def test_a_quantized_base_needs_lora_a_single_format_and_no_dora():
         load_config(demo, [*qlora, "lora.use_dora=true"])
     assert "4 bits" in issues_of(raised.value)["lora.use_dora"]
     assert load_config(demo, qlora).model.double_quant
+
+
+def test_a_qlora_runs_export_merges_into_the_4bit_values_it_trained_on(tmp_path, caplog):
+    from tuneforge.export.merge import load_merged
+    from tuneforge.export.sources import resolve_source
+
+    save_tiny_llama(tmp_path / "base", intermediate_size=256)
+    model = load_hf_model(tmp_path / "base", "float32", "sdpa")
+    tuneforge.apply_lora(model, {"target_modules": ["q_proj", "down_proj"], "rank": 4})
+    quantize_frozen_base(model, "nf4", True)
+    randomise_adapters(model)
+    run = tmp_path / "run"
+    tuneforge.save_adapter(model, run / "adapter", str(tmp_path / "base"))
+    (run / "config.yaml").write_text("model:\n  quantize: nf4\n  double_quant: true\n")
+    merged = load_merged(resolve_source(run))
+    torch.testing.assert_close(our_logits(merged), our_logits(model), atol=1e-5, rtol=1e-4)
+    assert "merged into those 4-bit values" in caplog.text
+    (run / "config.yaml").write_text("model:\n  name: demo-tiny\n")  # not a QLoRA run
+    original = load_merged(resolve_source(run))
+    assert (our_logits(original) - our_logits(model)).abs().max() > 1e-3

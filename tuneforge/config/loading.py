@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+import tuneforge.config.adapter_rules  # noqa: F401 - registers its rules
 from tuneforge.config.errors import ConfigError, ConfigIssue
 from tuneforge.config.rules import check_rules
 from tuneforge.config.schema import RelativeToConfigFile, RunConfig, section_type

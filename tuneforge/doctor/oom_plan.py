@@ -1,6 +1,6 @@
 """For an out-of-memory run with a known configuration: how much each remedy saves, from the
 planner (the compiled blocks' memory budget, activation checkpointing, ZeRO-3, a LoRA base held
-in FP8, a halved micro-batch), given the GPU's capacity from the error message. The planner gets the same
+in FP8 or in 4 bits, a halved micro-batch), given the GPU's capacity from the error message. The planner gets the same
 documents `tuneforge plan` gives it (the data's lengths), so the two agree."""
 
 from pathlib import Path
@@ -50,11 +50,18 @@ def remedies(
         )
     precision = config.precision
     lora_in_bf16 = config.lora.enabled and config.model.dtype == "bfloat16"
-    if lora_in_bf16 and not (precision.fp4 or precision.fp8_base_weights):
+    held_low = precision.fp4 or precision.fp8_base_weights or config.model.quantize
+    if lora_in_bf16 and not held_low:
         options["fp8_base"] = (
             ["precision.fp8=" + (precision.fp8 or "e4m3"), "precision.fp8_base_weights=true"],
             "the frozen base held only in FP8 (precision.fp8, fp8_base_weights: true; GPUs "
             "with FP8 tensor cores, see docs/precision.md)",
+        )
+    if config.lora.enabled and not (config.model.quantize or precision.fp8 or precision.fp4):
+        options["qlora"] = (
+            ["model.quantize=nf4"],
+            "QLoRA: the frozen base in 4 bits (model.quantize: nf4; bitsandbytes, slower "
+            "products: see docs/lora-and-export.md)",
         )
     options["half"] = _halved_micro_batch(config.train.tokens_per_micro_batch, config.data)
     lines = [f"the planner predicts {current:.1f} GiB per GPU for this configuration"]

@@ -3,6 +3,7 @@
 generation config that stops at every end token)."""
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -15,13 +16,19 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.checkpoint import read_hf_config, save_hf_model
 from tuneforge.peft.adapter_io import load_adapter
 from tuneforge.peft.apply import merge_lora
+from tuneforge.precision.apply import PROJECTIONS
 
 DEFAULT_SHARD_BYTES = 5 * 2**30
 
+log = logging.getLogger(__name__)
+
 
 def load_merged(source: ExportSource, dtype: str | None = None) -> Decoder:
-    """The base with the adapter folded in (in fp32, then cast to the weights' dtype)."""
+    """The base with the adapter folded in (in fp32, then cast to the weights' dtype); for a
+    QLoRA run, into its base's 4-bit values, dequantised."""
     model = load_model(source.base, dtype=dtype)
+    if source.quantized is not None and source.adapter is not None:
+        as_trained(model, *source.quantized)
     if source.adapter is not None:
         load_adapter(model, source.adapter, dtype=torch.float32)
         merge_lora(model)
@@ -61,3 +68,24 @@ def export_merged(
         (partial / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
     return write_atomically(out, write, overwrite)
+
+
+@torch.no_grad()
+def as_trained(model: Decoder, quant_type: str, double_quant: bool) -> None:
+    """Every projection of the decoder blocks rounded through the 4 bits the run held it in:
+    the base its adapter learned on."""
+    from tuneforge.precision.bnb4bit import round_through_4bit
+
+    changed = total = 0.0
+    for name, module in model.layers.named_modules():
+        if name.rsplit(".", 1)[-1] in PROJECTIONS and isinstance(module, torch.nn.Linear):
+            rounded = round_through_4bit(module.weight, quant_type, double_quant)
+            changed += (rounded.float() - module.weight.float()).abs().sum().item()
+            total += module.weight.float().abs().sum().item()
+            module.weight.copy_(rounded)
+    log.warning(
+        "the run trained on a %s base: the adapter is merged into those 4-bit values, "
+        "dequantised (they differ from the original weights by %.1f%% of their magnitude, "
+        "which is what the run learned on; the adapter on the original base is not quite the "
+        "trained model)", quant_type.upper(), 100 * changed / max(total, 1e-12),
+    )  # fmt: skip

@@ -1,11 +1,13 @@
 """What to export: a model directory, a base plus an adapter, or a `tuneforge train` run."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import yaml
+
 from tuneforge.errors import TuneforgeError
-from tuneforge.runs.files import ADAPTER_DIR, FINAL_DIR
+from tuneforge.runs.files import ADAPTER_DIR, CONFIG_FILE, FINAL_DIR
 
 
 class ExportError(TuneforgeError):
@@ -18,6 +20,9 @@ class ExportSource:
     """A Hugging Face model directory (the merged result when `adapter` is None)."""
     adapter: Path | None = None
     """A PEFT-layout adapter directory to merge into `base`."""
+    quantized: tuple[str, bool] | None = None
+    """(quant type, double quantisation) of a QLoRA run's 4-bit base, which the adapter was
+    trained against: the merge goes into those values (`export/merge.py`)."""
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -36,7 +41,8 @@ def resolve_source(
         raise ExportError("give a run or model directory, or --base (with --adapter), not both")
     if path is not None:
         if (path / ADAPTER_DIR / "adapter_config.json").is_file():
-            return _from_adapter(path / ADAPTER_DIR)
+            source = _from_adapter(path / ADAPTER_DIR)
+            return replace(source, quantized=_quantized_base(path))
         if (path / FINAL_DIR / "config.json").is_file():
             return ExportSource(path / FINAL_DIR)
         if (path / "adapter_config.json").is_file():
@@ -54,6 +60,17 @@ def resolve_source(
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         raise ExportError(f"--adapter {adapter}: no adapter_config.json")
     return ExportSource(base, adapter)
+
+
+def _quantized_base(run: Path) -> tuple[str, bool] | None:
+    """A run's `model.quantize` as its config.yaml records it."""
+    config_file = run / CONFIG_FILE
+    if not config_file.is_file():
+        return None
+    model = (yaml.safe_load(config_file.read_text()) or {}).get("model") or {}
+    if not model.get("quantize"):
+        return None
+    return model["quantize"], bool(model.get("double_quant", True))
 
 
 def _from_adapter(adapter: Path) -> ExportSource:

@@ -10,18 +10,16 @@ keep the scale; PEFT and `export merge` then apply it to the model as it was loa
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from tuneforge.peft.lora import LoRALinear
+from tuneforge.peft.low_rank_adapter import LowRankAdapter
 
 METHODS = ("pissa", "olora")
 
 
 @torch.no_grad()
-def decompose_into(adapter: "LoRALinear", method: str) -> None:
+def decompose_into(adapter: LowRankAdapter, method: str) -> None:
     """Set A and B from the base weight by `method` and leave the residual in the base; keep
     A₀ and B₀ (`adapter.initial`) for saving."""
     weight = adapter.base.weight
@@ -43,7 +41,7 @@ def decompose_into(adapter: "LoRALinear", method: str) -> None:
     adapter.initial = (adapter.lora_A.detach().clone(), adapter.lora_B.detach().clone())
 
 
-def saved_rank_and_alpha(adapter: "LoRALinear") -> tuple[int, float]:
+def saved_rank_and_alpha(adapter: LowRankAdapter) -> tuple[int, float]:
     """The rank and alpha an adapter is saved with: doubled for a decomposed one (its update
     against the original base has rank 2r; alpha keeps the scale)."""
     if adapter.initial is None:
@@ -53,7 +51,7 @@ def saved_rank_and_alpha(adapter: "LoRALinear") -> tuple[int, float]:
 
 
 def against_original_base(
-    adapter: "LoRALinear", gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+    adapter: LowRankAdapter, gather: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(A, B) of the adapter's update against the original base: [A ; A₀] and [B | −B₀] for a
     decomposed adapter, A and B otherwise (`gather`: whole tensors from FSDP2's shards)."""

@@ -8,13 +8,10 @@ backward (no gradient through it), so the output is
 
 x·Wᵀ without the bias (on the adapter's dropped-out input where there is dropout, as PEFT)."""
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from tuneforge.peft.lora import LoRALinear
+from tuneforge.peft.low_rank_adapter import LowRankAdapter
 
 
 def weight_norm(weight: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
@@ -23,23 +20,23 @@ def weight_norm(weight: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         return torch.linalg.vector_norm(weight + update, dim=1)
 
 
-def low_rank_weight(adapter: "LoRALinear", dtype: torch.dtype) -> torch.Tensor:
+def low_rank_weight(adapter: LowRankAdapter, dtype: torch.dtype) -> torch.Tensor:
     return adapter.scaling * (adapter.lora_B.to(dtype) @ adapter.lora_A.to(dtype))
 
 
-def base_weight(adapter: "LoRALinear") -> torch.Tensor:
+def base_weight(adapter: LowRankAdapter) -> torch.Tensor:
     weight = adapter.base.weight
     assert isinstance(weight, torch.Tensor)  # DoRA's base is a plain linear (config rules)
     return weight
 
 
 @torch.no_grad()
-def initial_magnitude(adapter: "LoRALinear") -> torch.Tensor:
+def initial_magnitude(adapter: LowRankAdapter) -> torch.Tensor:
     weight = base_weight(adapter).float()
     return weight_norm(weight, low_rank_weight(adapter, torch.float32))
 
 
-def dora_forward(adapter: "LoRALinear", x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def dora_forward(adapter: LowRankAdapter, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The adapted linear's output for `x`, the adapter computing in `dtype`."""
     base, weight = adapter.base, base_weight(adapter)
     magnitude = adapter.lora_magnitude
@@ -54,7 +51,7 @@ def dora_forward(adapter: "LoRALinear", x: torch.Tensor, dtype: torch.dtype) -> 
 
 
 @torch.no_grad()
-def dora_merged_weight(adapter: "LoRALinear") -> torch.Tensor:
+def dora_merged_weight(adapter: LowRankAdapter) -> torch.Tensor:
     """m / ‖W + ΔW‖ · (W + ΔW), in fp32."""
     weight = base_weight(adapter).float()
     update = low_rank_weight(adapter, torch.float32)

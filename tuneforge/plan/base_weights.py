@@ -5,12 +5,15 @@ embedding, the router and the output layer stay in the model's dtype."""
 
 from dataclasses import dataclass
 
-from tuneforge.config.schema import PrecisionSection
+from tuneforge.config.schema import ModelSection, PrecisionSection
 from tuneforge.models.args import ModelArgs
 
 BLOCK = {"nvfp4": 16, "mxfp4": 32}
 SCALE_BYTES = {"nvfp4": 1, "mxfp4": 1}
 """NVFP4: one E4M3 scale per 16 elements (and an fp32 tensor scale); MXFP4: one E8M0 per 32."""
+BNB_BLOCK, BNB_NESTED_BLOCK = 64, 256
+"""bitsandbytes' 4-bit formats: one absmax per 64 weights, fp32, or with double quantisation one
+byte, and an fp32 absmax (and offset) per 256 of those."""
 
 
 @dataclass(frozen=True)
@@ -20,9 +23,13 @@ class BaseWeights:
     (dequantised FP4 values in the model's dtype), `nvfp4` or `mxfp4` (packed codes)."""
     rowwise: bool = True
     """FP8: one fp32 scale per output channel (else one per tensor)."""
+    double_quant: bool = True
+    """bitsandbytes: the absmaxes quantised again."""
 
     @classmethod
-    def of(cls, precision: PrecisionSection) -> "BaseWeights":
+    def of(cls, precision: PrecisionSection, model: ModelSection | None = None) -> "BaseWeights":
+        if model is not None and model.quantize:
+            return cls(f"bnb-{model.quantize}", double_quant=model.double_quant)
         if precision.fp8:
             rowwise = precision.fp8_scaling == "rowwise"
             return cls("fp8" if precision.fp8_base_weights else "fp8+model", rowwise)
@@ -47,6 +54,10 @@ class BaseWeights:
         if self.format.startswith("fp8"):
             values = weights * (1 + (param_bytes if self.format == "fp8+model" else 0))
             return values, 4.0 * (rows if self.rowwise else tensors)
+        if self.format.startswith("bnb"):
+            blocks = weights / BNB_BLOCK
+            absmax = blocks + 8.0 * blocks / BNB_NESTED_BLOCK if self.double_quant else 4.0 * blocks
+            return weights / 2, absmax + dequantised_buffer(args, param_bytes)
         scales = weights / BLOCK[self.format] * SCALE_BYTES[self.format]
         return weights / 2, scales + (4.0 * tensors if self.format == "nvfp4" else 0.0)
 
@@ -57,12 +68,28 @@ class BaseWeights:
         values, scales = self.bytes(args, param_bytes)
         names = {"fp8+model": "FP8 copies beside the model's values", "fp8": "FP8",
                  "fp4": "FP4 values dequantised in the model's dtype",
-                 "nvfp4": "NVFP4 codes", "mxfp4": "MXFP4 codes"}  # fmt: skip
+                 "nvfp4": "NVFP4 codes", "mxfp4": "MXFP4 codes",
+                 "bnb-nf4": "4-bit NF4 codes", "bnb-fp4": "4-bit FP4 codes"}  # fmt: skip
+        if self.format.startswith("bnb"):
+            buffer = dequantised_buffer(args, param_bytes)
+            return (
+                f"{weights / 1e9:.2f} B base weights as {names[self.format]} (bitsandbytes): "
+                f"{values / 2**30:.2f} GiB + {(scales - buffer) / 2**20:.1f} MiB of absmaxes + "
+                f"{buffer / 2**20:.1f} MiB to dequantise the largest into "
+                f"({weights * param_bytes / 2**30:.2f} GiB in the model's dtype)"
+            )
         return (
             f"{weights / 1e9:.2f} B base weights as {names[self.format]}: "
             f"{values / 2**30:.2f} GiB + {scales / 2**20:.1f} MiB of scales "
             f"({weights * param_bytes / 2**30:.2f} GiB in the model's dtype)"
         )
+
+
+def dequantised_buffer(args: ModelArgs, param_bytes: int) -> float:
+    """One linear's weight dequantised at a time, for its product: the largest."""
+    q = args.num_heads * args.head_dim
+    largest = max(args.dim * q, args.dim * args.ffn_dim if args.ffn_dim else 0)
+    return float(largest * param_bytes)
 
 
 def frozen_linears(args: ModelArgs) -> tuple[int, int, int]:

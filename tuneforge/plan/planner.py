@@ -134,7 +134,9 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         loss_chunk_tokens=config.train.loss_chunk_tokens,
         compiled=config.train.compile,
         compile_memory_budget=config.train.compile_memory_budget,
-        base_weights=BaseWeights.of(config.precision) if lora is not None else BaseWeights(),
+        base_weights=(
+            BaseWeights.of(config.precision, config.model) if lora is not None else BaseWeights()
+        ),
         frozen_copy=preference_reference_kind(config) == "frozen_copy",
         extra_weight_bytes=(teacher_cost(config, 1, sharded_ranks) or (0.0, 0.0))[0],
     )
