@@ -635,3 +635,25 @@ def test_fp8_variants_are_known_so_a_gpu_without_fp8_leaves_them_out():
     assert fp8 == ["compiled+budget0.8+chunk2048+onedoc+fp8+fp8base"]
     assert needs_fp8(Run("llama3.2-1b-full-fsdp2-2gpu", "tuneforge", "compiled+fp8hybrid+1gpu"))
     assert not needs_fp8(Run("llama3-8b-lora", "unsloth", "", False))
+
+
+@pytest.mark.parametrize("adapter", ["qlora", "dora"])
+def test_qlora_and_dora_workloads_run_for_tuneforge_and_hf_peft_on_a_cpu(adapter):
+    """Both systems train the same adapters: QLoRA's 4-bit base (ours: its products, `precision`
+    says so; PEFT's: bitsandbytes' Linear4bit), or DoRA; Unsloth is left out of DoRA."""
+    from tuneforge.bench.ours import run_ours
+    from tuneforge.bench.peers import run_hf
+    from tuneforge.bench.workloads import ALL_LINEAR, Workload
+
+    if adapter == "qlora":
+        pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes")
+    settings = {"quantize": "nf4"} if adapter == "qlora" else {"dora": True}
+    workload = Workload("tiny", "demo-tiny", ALL_LINEAR, tokens=256, **settings)
+    ours = run_ours(workload, "eager+full+onedoc", warmup=1, steps=1)
+    peer = run_hf(workload, liger=False, checkpointing=True, warmup=1, steps=1)
+    assert ours["ms_per_step"] > 0 and peer["ms_per_step"] > 0
+    if adapter == "qlora":
+        assert any("4-bit NF4" in line for line in ours["precision"])
+    real = WORKLOADS[f"llama3-8b-{adapter}"]
+    with_unsloth = "unsloth" in {run.system for run in plan_runs([real], ["unsloth"])}
+    assert with_unsloth == (adapter == "qlora")

@@ -11,7 +11,7 @@ import torch
 from tuneforge.bench.batches import synthetic_batch, synthetic_pair
 from tuneforge.bench.timing import time_steps
 from tuneforge.bench.workloads import Variant, Workload
-from tuneforge.config.schema import ParallelSection, TrainSection
+from tuneforge.config.schema import ModelSection, ParallelSection, TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
 from tuneforge.hardware.gpus import GIB
@@ -144,9 +144,12 @@ def run_ours(
             "rank": 16,
             "alpha": 32,
             "compute_dtype": "float32" if settings.fp32_lora else "model",
+            "use_dora": workload.dora,
         }
         apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
-    engaged = apply_precision(model, settings.precision()).lines  # in the results: no silent bf16
+    base = ModelSection(name=workload.shape, quantize=workload.quantize)
+    # in the results: what ran in low precision, no silent bf16
+    engaged = apply_precision(model, settings.precision(), base=base).lines
     if settings.offload_embedding:
         embedding_to_host(model, world.world_size)
     train = TrainSection(  # the trainer's own settings for this variant

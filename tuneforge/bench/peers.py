@@ -92,16 +92,44 @@ def run_hf(workload: Workload, liger: bool, checkpointing: bool, warmup: int, st
     config = _hf_config(workload)
     with torch.device(_device()):
         model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    if checkpointing:
+    if workload.quantize:
+        model = _reloaded_in_4bit(model, workload.quantize, checkpointing)
+    elif checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     if workload.targets is not None:
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, **_peft_targets(workload))
+        lora = LoraConfig(
+            r=16, lora_alpha=32, lora_dropout=0.0, use_dora=workload.dora,
+            **_peft_targets(workload),
+        )  # fmt: skip
         model = get_peft_model(model, lora)
     timing = _measure(model, workload, warmup, steps)
     return _result(workload, "hf+peft+liger" if liger else "hf+peft", checkpointing, timing)
+
+
+def _reloaded_in_4bit(model, quant_type: str, checkpointing: bool):
+    """QLoRA as PEFT's guide makes it: the model saved, loaded again through bitsandbytes
+    (double quantisation, bf16 compute), prepared for k-bit training."""
+    import transformers
+    from peft import prepare_model_for_kbit_training
+
+    directory = tempfile.mkdtemp()
+    model.save_pretrained(directory)
+    model_class = type(model)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    quantization = transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=quant_type, bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )  # fmt: skip
+    model = model_class.from_pretrained(
+        directory, quantization_config=quantization, dtype=torch.bfloat16,
+        device_map={"": _device() if _device() == "cpu" else 0}, attn_implementation="sdpa",
+    )  # fmt: skip
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing)
 
 
 def run_unsloth(workload: Workload, checkpointing: bool, warmup: int, steps: int) -> dict:
@@ -120,7 +148,7 @@ def run_unsloth(workload: Workload, checkpointing: bool, warmup: int, steps: int
         directory,
         max_seq_length=workload.tokens,
         dtype=torch.bfloat16,
-        load_in_4bit=False,
+        load_in_4bit=workload.quantize is not None,
         load_in_8bit=False,
         full_finetuning=workload.targets is None,
         local_files_only=True,

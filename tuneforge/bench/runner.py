@@ -82,6 +82,8 @@ def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
                 and any("experts." in t for t in workload.targets)
             ):
                 continue  # Unsloth adapts modules by name; expert banks are parameters
+            if peer == "unsloth" and workload.dora:
+                continue  # Unsloth's fast paths are for LoRA, not DoRA
             runs += [Run(workload.name, peer, "", gc) for gc in workload.peer_checkpointing]
     return runs
 

@@ -22,6 +22,11 @@ class Workload:
     memory_cap_gib: float | None = None
     """Runs above it are reported as over the cap."""
     gpus: int = 1
+    quantize: str | None = None
+    """QLoRA: the frozen base in 4 bits (`model.quantize`) for every system; the peers load it
+    through bitsandbytes (Unsloth's `load_in_4bit`, transformers' `BitsAndBytesConfig`)."""
+    dora: bool = False
+    """DoRA adapters (`lora.use_dora`; PEFT's `use_dora`) for every system (not Unsloth)."""
     objective: str = "sft"
     """`sft`, or `dpo`: each step one preference pair of `tokens` (`batches.synthetic_pair`),
     the reference being the base with its adapters off; its peer is TRL's DPOTrainer."""
@@ -71,6 +76,22 @@ WORKLOADS = {
             ALL_LINEAR,
             objective="dpo",
             variants=("compiled", "compiled+budget0.8+chunk2048"),
+        ),
+        Workload(
+            "llama3-8b-qlora",
+            "llama-3-8b",
+            ALL_LINEAR,
+            quantize="nf4",
+            peer_checkpointing=(True,),
+            variants=("compiled+full+onedoc", "compiled+full+offload+chunk512+onedoc"),
+        ),
+        Workload(
+            "llama3-8b-dora",
+            "llama-3-8b",
+            ALL_LINEAR,
+            dora=True,
+            peer_checkpointing=(True,),
+            variants=("compiled+full+onedoc",),
         ),
         Workload(
             "llama3-8b-lora-capped",

@@ -43,11 +43,17 @@ def dora_forward(adapter: LowRankAdapter, x: torch.Tensor, dtype: torch.dtype) -
     assert magnitude is not None
     norm = weight_norm(weight.to(dtype), low_rank_weight(adapter, dtype))
     scale = (magnitude.to(dtype) / norm).view(1, -1)
-    h = adapter.dropout.pre(x).to(dtype)
+    dropout = adapter.dropout
+    h = dropout.pre(x).to(dtype)
     update = (h @ adapter.lora_A.to(dtype).t()) @ adapter.lora_B.to(dtype).t()
-    direction = F.linear(h, weight.to(dtype))  # x·Wᵀ without the bias
-    out = base(x) + ((scale - 1) * direction).to(x.dtype)
-    return out + adapter.dropout.post(scale * update * adapter.scaling).to(x.dtype)
+    out = base(x)
+    if dropout.p == 0 or dropout.position == "post" or not adapter.training:
+        # the adapter reads x itself: x·Wᵀ is the base's output, no second product
+        direction = (out if base.bias is None else out - base.bias).to(dtype)
+    else:
+        direction = F.linear(h, weight.to(dtype))  # x·Wᵀ without the bias, on the dropped input
+    out = out + ((scale - 1) * direction).to(x.dtype)
+    return out + dropout.post(scale * update * adapter.scaling).to(x.dtype)
 
 
 @torch.no_grad()

@@ -19,3 +19,4 @@ class LowRankAdapter(Protocol):
     alpha: float
     scaling: float
     use_rslora: bool
+    training: bool
