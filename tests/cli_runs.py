@@ -17,6 +17,8 @@ MODES = {
     "lora": LORA,
     # emulated FP4 rounds output gradients stochastically: the resume must restore that too
     "lora-fp4": [*LORA, "precision.fp4=e2m1", "precision.fp4_param=true"],
+    # QLoRA: the 4-bit base is made again from the model's weights on resume
+    "qlora": [*LORA, "model.quantize=nf4"],
 }
 
 

@@ -128,7 +128,10 @@ def quantize_frozen_base(model: Decoder, quant_type: str, double_quant: bool) ->
         f"base weights: {report.weight_bytes / GIB:.2f} GiB in 4 bits with their scales instead "
         f"of {before / GIB:.2f} GiB"
     )
-    report.lines.append("in the model's dtype: embedding, norms, attention, router, output layer")
+    stays = "embedding, norms, attention, router, output layer, LoRA adapters"
+    if any(isinstance(module, ExpertBank) for module in model.modules()):
+        stays += ", expert banks (bitsandbytes has no 4-bit grouped product for stacked experts)"
+    report.lines.append(f"in the model's dtype: {stays}")
     return report
 
 
