@@ -113,3 +113,15 @@ def test_a_resume_without_the_runs_reference_values_is_refused_naming_them(tmp_p
 
     with pytest.raises(TuneforgeError, match=r"reference_logps.npy.*cannot be made again"):
         values_from_run_dir(tmp_path)
+
+
+def test_a_frozen_pass_that_cannot_write_its_results_says_where_and_what_to_do(tmp_path):
+    from tuneforge.errors import TuneforgeError
+    from tuneforge.parallel.distributed import Dist
+    from tuneforge.train.frozen_passes import FrozenPassData, on_main_then_all
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    data = FrozenPassData(None, [], tmp_path, Dist(), None)  # type: ignore[arg-type]
+    with pytest.raises(TuneforgeError, match="data.cache_dir to a writable place"):
+        on_main_then_all(data, blocked / "teacher" / "key", lambda partial: None)

@@ -4,8 +4,10 @@ memory-mapped on disk (keyed by the tokenised documents, the teacher's weights, 
 k); the teacher is then freed, so it need not fit beside the student. Each batch carries its
 rows; the held-out batches' rows are kept in the same entry."""
 
+import contextlib
 import gc
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -93,23 +95,21 @@ def cached_teacher(
     directory = entry_dir(data, "teacher", key)
 
     def compute(partial: Path) -> None:
-        teacher = Teacher(load_teacher(), student)
-        logits, ids, offsets = allocate_rows(partial, data.loader.store, k)
-        log.info("teacher: top-%d logits of %d targets, one pass", k, logits.shape[0])
-        for indexes, batch in bins_on(data.loader, device):
-            rows = document_rows(offsets, indexes)
-            values, tokens = top_rows(teacher, batch, k, chunk_tokens)
-            logits[rows], ids[rows] = values.cpu().numpy(), tokens.cpu().numpy()
-        logits.flush()
-        ids.flush()
-        held_out = [top_rows(teacher, b.to(device), k, chunk_tokens) for b in data.eval_batches]
-        for index, name in enumerate(EVAL_FILES):
-            pieces = [pair[index].cpu().numpy() for pair in held_out]
-            np.save(partial / name, np.concatenate(pieces) if pieces else np.zeros((0, k)))
-        del teacher
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        with student_aside(student, device):
+            teacher = Teacher(load_teacher(), student)
+            logits, ids, offsets = allocate_rows(partial, data.loader.store, k)
+            log.info("teacher: top-%d logits of %d targets, one pass", k, logits.shape[0])
+            for indexes, batch in bins_on(data.loader, device):
+                rows = document_rows(offsets, indexes)
+                values, tokens = top_rows(teacher, batch, k, chunk_tokens)
+                logits[rows], ids[rows] = values.cpu().numpy(), tokens.cpu().numpy()
+            logits.flush()
+            ids.flush()
+            held_out = [top_rows(teacher, b.to(device), k, chunk_tokens) for b in data.eval_batches]
+            for index, name in enumerate(EVAL_FILES):
+                pieces = [pair[index].cpu().numpy() for pair in held_out]
+                np.save(partial / name, np.concatenate(pieces) if pieces else np.zeros((0, k)))
+            del teacher, held_out
 
     on_main_then_all(data, directory, compute)
     log.info("teacher logits from %s", directory)
@@ -124,3 +124,20 @@ def cached_teacher(
         }
         start += batch.num_loss_tokens
     return CachedTeacher(k)
+
+
+@contextlib.contextmanager
+def student_aside(student: Decoder, device: torch.device) -> Iterator[None]:
+    """The student in host memory while the teacher runs alone on the GPU, then back: the pass
+    needs the teacher's memory, not both models'."""
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        student.to("cpu")
+        torch.cuda.empty_cache()
+    try:
+        yield
+    finally:
+        gc.collect()
+        if on_gpu:
+            torch.cuda.empty_cache()
+            student.to(device)

@@ -108,10 +108,21 @@ def write_entry(directory: Path, fill: Callable[[Path], None]) -> None:
 
 
 def on_main_then_all(data: FrozenPassData, directory: Path, compute: Callable[[Path], None]):
-    """The main rank computes the entry unless it is there; every rank then finds it."""
+    """The main rank computes the entry unless it is there; every rank then finds it (or every
+    rank stops with the reason, none left waiting)."""
+    problem = None
     if data.world.is_main and not (directory / "complete.json").is_file():
-        write_entry(directory, compute)
+        try:
+            write_entry(directory, compute)
+        except OSError as error:
+            problem = TuneforgeError(
+                f"cannot write the frozen pass's results to {directory} "
+                f"({error.strerror or error}): set data.cache_dir to a writable place with room "
+                "for them (or data.cache: false to keep them in the run directory)"
+            )
     barrier()
+    if problem is not None:
+        raise problem
     if not (directory / "complete.json").is_file():
         raise TuneforgeError(f"{directory}: the frozen pass's results are missing or incomplete")
 
