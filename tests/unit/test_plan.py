@@ -586,6 +586,17 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_log
     root = teacher_args.vocab_size * teacher_args.dim * 2 + teacher_args.dim  # untied
     per_gpu = ((teacher_args.num_params() - root) / 4 + root) * 2
     assert distill4.memory.weights - sft4.memory.weights == pytest.approx(per_gpu)
+    # a 4-bit teacher: its linears as NF4 codes and absmaxes (and a dequantisation buffer)
+    from tuneforge.plan.base_weights import BaseWeights, frozen_linears
+
+    four_bit = plan_config(
+        DEMO, [*common, *teacher, "distill.teacher.quantize=nf4"], hardware, None, []
+    )
+    linears = frozen_linears(teacher_args)[0]
+    held = sum(BaseWeights("bnb-nf4").bytes(teacher_args, 2))
+    assert four_bit.memory.weights - sft.memory.weights == pytest.approx(
+        (teacher_args.num_params() - linears) * 2 + held
+    )
     cached = ["distill.teacher_logits=cached", "distill.top_k=64"]
     distill = plan_config(DEMO, [*common, *teacher, *cached], hardware, None, [])
     assert distill.memory.weights == sft.memory.weights

@@ -27,7 +27,7 @@ from tuneforge.models.cost import (
 )
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.advice import advise
-from tuneforge.plan.base_weights import BaseWeights
+from tuneforge.plan.base_weights import BaseWeights, frozen_linears
 from tuneforge.plan.memory import Setup, frozen_weight_bytes, predict_memory
 from tuneforge.plan.memory_options import memory_options, recomputed
 from tuneforge.plan.plan import Hardware, Plan
@@ -71,6 +71,10 @@ def teacher_cost(config: RunConfig, length: int, ranks: int = 1) -> tuple[float,
     args = section_model_args(teacher)
     param_bytes = 4 if teacher.dtype == "float32" else 2
     weights = frozen_weight_bytes(args, param_bytes, ranks)
+    if teacher.quantize:  # its linears in 4 bits, held whole on every rank (buffers, not sharded)
+        four_bit = BaseWeights(f"bnb-{teacher.quantize}", double_quant=teacher.double_quant)
+        weights += sum(four_bit.bytes(args, param_bytes))
+        weights -= frozen_linears(args)[0] * param_bytes / ranks
     return weights, forward_flops_per_token(args, length)
 
 
