@@ -123,5 +123,5 @@ def test_a_frozen_pass_that_cannot_write_its_results_says_where_and_what_to_do(t
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     data = FrozenPassData(None, [], tmp_path, Dist(), None)  # type: ignore[arg-type]
-    with pytest.raises(TuneforgeError, match="data.cache_dir to a writable place"):
+    with pytest.raises(TuneforgeError, match=r"data\.cache_dir to a writable place"):
         on_main_then_all(data, blocked / "teacher" / "key", lambda partial: None)
