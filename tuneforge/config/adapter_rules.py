@@ -25,6 +25,14 @@ def quantized_base_is_frozen(model, lora, precision) -> list[tuple[str, str, str
                 "drop model.quantize or the precision setting",
             )
         )
+    if lora.init in ("pissa", "olora"):
+        problems.append(
+            (
+                "lora.init",
+                f"{lora.init} decomposes the base weights, and model.quantize holds them in 4 bits",
+                "use lora.init default with a 4-bit base",
+            )
+        )
     if lora.use_dora:
         problems.append(
             (

@@ -18,7 +18,7 @@ from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.lora import LoRALinear, LowPrecisionBase
 from tuneforge.peft.targets import BANK_PROJECTIONS
 from tuneforge.precision.bnb4bit import BLOCK as BNB_BLOCK
-from tuneforge.precision.bnb4bit import Bnb4bitLinear
+from tuneforge.precision.bnb4bit import FOUR_BIT, Bnb4bitLinear
 from tuneforge.precision.fp4 import BLOCK_SIZE
 from tuneforge.precision.fp8 import Fp8Recipe, fits_scaled_mm
 from tuneforge.precision.fp8_experts import Fp8ExpertWeights, grouped_fp8_here
@@ -112,11 +112,19 @@ def quantize_frozen_base(model: Decoder, quant_type: str, double_quant: bool) ->
     swapped: Counter[str] = Counter()
     before = 0
     for parent, attribute, leaf, linear in _frozen_linears(model):
-        low = Bnb4bitLinear(linear, quant_type, double_quant)
+        low = getattr(linear, FOUR_BIT, None) or Bnb4bitLinear(linear, quant_type, double_quant)
+        object.__setattr__(linear, FOUR_BIT, None)
         setattr(parent, attribute, low)
         swapped[leaf] += 1
         before += linear.weight.numel() * linear.weight.element_size()
         report.weight_bytes += low.weight_bytes()
+    waiting = [n for n, m in model.layers.named_modules() if getattr(m, FOUR_BIT, None) is not None]
+    if waiting:  # read in 4 bits, but trained: its weight is only a placeholder
+        raise TuneforgeError(
+            f"model.quantize: layers.{waiting[0]} trains in full (lora.modules_to_save?), and "
+            "its weight was read in 4 bits: leave the decoder blocks' projections out of "
+            "modules_to_save with a 4-bit base"
+        )
     if not swapped:
         return report
     double = ", absmaxes double-quantised" if double_quant else ""

@@ -7,6 +7,7 @@ LoRA update reads the input as it is (`low_rank.py`)."""
 import torch
 from torch import nn
 
+from tuneforge.models.cost import LINEAR_NAMES
 from tuneforge.peft.lora import LowPrecisionBase
 from tuneforge.precision.low_rank import low_rank_grads, low_rank_input
 
@@ -17,7 +18,14 @@ BLOCK = 64
 class Bnb4bitLinear(LowPrecisionBase):
     weight_codes: torch.Tensor
 
-    def __init__(self, base: nn.Linear, quant_type: str, double_quant: bool) -> None:
+    def __init__(
+        self,
+        base: nn.Linear,
+        quant_type: str,
+        double_quant: bool,
+        device: torch.device | None = None,
+    ) -> None:
+        """`device`: where the codes go (the weight is read from where it is, one at a time)."""
         import bitsandbytes.functional as bnb
 
         super().__init__()
@@ -26,8 +34,9 @@ class Bnb4bitLinear(LowPrecisionBase):
         self.quant_type, self.double_quant = quant_type, double_quant
         with torch.no_grad():
             codes, self.state = bnb.quantize_4bit(
-                base.weight.detach(), blocksize=BLOCK, quant_type=quant_type,
-                compress_statistics=double_quant, quant_storage=torch.uint8,
+                base.weight.detach().to(device or base.weight.device), blocksize=BLOCK,
+                quant_type=quant_type, compress_statistics=double_quant,
+                quant_storage=torch.uint8,
             )  # fmt: skip
         self.register_buffer("weight_codes", codes, persistent=False)
 
@@ -92,3 +101,25 @@ def round_through_4bit(weight: torch.Tensor, quant_type: str, double_quant: bool
         quant_storage=torch.uint8,
     )  # fmt: skip
     return bnb.dequantize_4bit(codes, state).to(weight.dtype)
+
+
+@torch.no_grad()
+def quantize_on_arrival(model, quant_type: str, double_quant: bool, device: torch.device) -> None:
+    """Each projection of the decoder blocks (in host memory) quantised onto `device`, its weight
+    replaced by a placeholder of one element on `device` (its shape, dtype and place for the
+    adapters made on it; never read): the 4-bit base waits on the linear (`FOUR_BIT`) until the
+    precision step swaps it in (`precision/apply.py`)."""
+    for name, module in model.layers.named_modules():
+        if name.rsplit(".", 1)[-1] not in LINEAR_NAMES or not isinstance(module, nn.Linear):
+            continue
+        four_bit = Bnb4bitLinear(module, quant_type, double_quant, device)
+        weight = module.weight
+        placeholder = torch.empty(1, dtype=weight.dtype, device=device).expand(weight.shape)
+        module.weight = nn.Parameter(placeholder, requires_grad=False)
+        if module.bias is not None:
+            module.bias = nn.Parameter(module.bias.to(device), requires_grad=False)
+            four_bit.bias = module.bias
+        object.__setattr__(module, FOUR_BIT, four_bit)  # not a child module: not moved again
+
+
+FOUR_BIT = "_four_bit_base"

@@ -10,9 +10,11 @@ from tuneforge.data.templates import resolve_template
 from tuneforge.data.training_data import TrainingData, load_training_data
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.api import load_model
+from tuneforge.models.attention import resolve_backend
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.errors import ModelError
 from tuneforge.parallel.distributed import Dist, barrier
+from tuneforge.precision.bnb4bit import quantize_on_arrival
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +47,33 @@ def load_tokenizer(config: RunConfig):
 
 
 def build_model(section: ModelSection, device: torch.device, seed: int) -> Decoder:
-    """Load a local HF model, or build a catalog shape with seeded random weights."""
+    """Load a local HF model, or build a catalog shape with seeded random weights. A model
+    directory whose base is held in 4 bits (`quantize`) is read into host memory and each
+    projection quantised on its way to `device`: the GPU never holds the base in `dtype`."""
     source = section.path if section.path is not None else section.name
     assert source is not None  # guaranteed by the config rules
+    staged = section.quantize is not None and section.path is not None
     try:
         model = load_model(
             source,
             num_layers=section.num_layers,
             dtype=section.dtype,
-            device=device,
-            attention=section.attention,
+            device="cpu" if staged else device,
+            attention="auto" if staged else section.attention,
             seed=seed,
             init_std=section.init_std,
         )
     except ModelError as error:  # say which section the problem is in
         raise type(error)(f"model: {error}") from None
+    if staged:
+        assert section.quantize is not None
+        quantize_on_arrival(model, section.quantize, section.double_quant, device)
+        model.to(device)
+        model.set_attention_backend(
+            resolve_backend(
+                section.attention, device, model.embed.weight.dtype, model.args.head_dim
+            )
+        )
     backend = model.attention_backend
     log.info("attention backend: %s", backend)
     if backend == "eager":
