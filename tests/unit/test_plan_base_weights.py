@@ -91,11 +91,10 @@ def test_the_planned_4bit_base_is_what_bitsandbytes_holds(double_quant):
     apply_precision(model, PrecisionSection(), base=quantize)
     held = 0
     for base in model.modules():
-        if isinstance(base, Bnb4bitLinear):
-            state = base.state
-            held += base.weight_codes.numel() + state.absmax.numel() * state.absmax.element_size()
-            if state.nested:
-                held += state.state2.absmax.numel() * 4
+        if isinstance(base, Bnb4bitLinear):  # codes, absmaxes (and the nested ones' absmaxes)
+            held += base.weight_codes.numel() + base.weight_absmax.nbytes
+            if base.nested_absmax is not None:
+                held += base.nested_absmax.nbytes
     assert held > 0
     values, scales = BaseWeights.of(PrecisionSection(), quantize).bytes(DENSE, 2)
     assert values + scales - dequantised_buffer(DENSE, 2) == pytest.approx(held, rel=0.01)

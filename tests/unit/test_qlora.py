@@ -147,3 +147,36 @@ def test_a_model_directory_is_quantized_on_its_way_to_the_device(tmp_path):
     for model in (staged, loaded):
         randomise_adapters(model, seed=4)
     torch.testing.assert_close(our_logits(staged), our_logits(loaded))
+
+
+def test_a_compiled_block_traces_the_4bit_products_without_a_graph_break(tmp_path):
+    """bitsandbytes' registered operators dequantise inside the compiled block: it breaks where
+    the same block over a bf16 base breaks (the CPU's attention reads document lengths), no more,
+    and gives the eager block's output and gradients."""
+    from tuneforge.packed import PackedSequences
+
+    save_tiny_llama(tmp_path / "base", intermediate_size=256)
+    blocks = {}
+    for quantized in (False, True):
+        model = load_hf_model(tmp_path / "base", "float32", "sdpa")
+        tuneforge.apply_lora(model, {"target_modules": TARGETS, "rank": 4})
+        if quantized:
+            quantize_frozen_base(model, "nf4", True)
+        randomise_adapters(model)
+        blocks[quantized] = model.layers[0]
+    tokens, head_dim = 16, model.args.head_dim
+    rope = (torch.ones(tokens, head_dim), torch.zeros(tokens, head_dim))
+    packed = PackedSequences.from_lengths([tokens])
+    x = torch.randn(tokens, model.args.dim, requires_grad=True)
+    breaks = {}
+    for quantized, block in blocks.items():
+        torch._dynamo.reset()
+        breaks[quantized] = torch._dynamo.explain(block)(x, rope, packed).graph_break_count
+    assert breaks[True] == breaks[False]
+    block = blocks[True]
+    eager = block(x, rope, packed)
+    (eager_grad,) = torch.autograd.grad(eager.sum(), x)
+    compiled = torch.compile(block)(x, rope, packed)
+    (compiled_grad,) = torch.autograd.grad(compiled.sum(), x)
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(compiled_grad, eager_grad, atol=1e-5, rtol=1e-4)

@@ -2,7 +2,10 @@
 bitsandbytes — NF4 or FP4 codes in blocks of 64 with one absmax each, the absmaxes themselves
 quantised to 8 bits with double quantisation — and dequantised into the activations' dtype (the
 compute dtype) for each product, forward and backward; the dequantised weight is never kept. The
-LoRA update reads the input as it is (`low_rank.py`)."""
+LoRA update reads the input as it is (`low_rank.py`). The dequantisation goes through
+bitsandbytes' registered operators, so compiled blocks trace it."""
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -15,8 +18,37 @@ BLOCK = 64
 """Weights per absmax: bitsandbytes' and QLoRA's default."""
 
 
+@dataclass(frozen=True)
+class FourBitLayout:
+    """What the codes' tensors do not say: bitsandbytes' block sizes, format and weight shape."""
+
+    block: int
+    quant_type: str
+    shape: tuple[int, int]
+    nested_block: int = 0
+    """With double quantisation: absmaxes per 8-bit absmax block (0 without)."""
+
+
+def dequantize(codes, absmax, nested_absmax, nested_code, offset, layout, dtype) -> torch.Tensor:
+    """The weight [out, in] in `dtype`, through bitsandbytes' registered operators (which the
+    compiler traces: no graph break inside a compiled block)."""
+    ops = torch.ops.bitsandbytes
+    if nested_absmax is not None:
+        absmax = ops.dequantize_blockwise(
+            absmax, nested_absmax, nested_code, layout.nested_block, torch.float32
+        )
+        absmax = absmax + offset
+    return ops.dequantize_4bit(
+        codes, absmax, layout.block, layout.quant_type, list(layout.shape), dtype
+    )
+
+
 class Bnb4bitLinear(LowPrecisionBase):
     weight_codes: torch.Tensor
+    weight_absmax: torch.Tensor
+    nested_absmax: torch.Tensor | None
+    nested_code: torch.Tensor | None
+    absmax_offset: torch.Tensor | None
 
     def __init__(
         self,
@@ -33,30 +65,41 @@ class Bnb4bitLinear(LowPrecisionBase):
         self.bias = base.bias
         self.quant_type, self.double_quant = quant_type, double_quant
         with torch.no_grad():
-            codes, self.state = bnb.quantize_4bit(
+            codes, state = bnb.quantize_4bit(
                 base.weight.detach().to(device or base.weight.device), blocksize=BLOCK,
                 quant_type=quant_type, compress_statistics=double_quant,
                 quant_storage=torch.uint8,
             )  # fmt: skip
-        self.register_buffer("weight_codes", codes, persistent=False)
+        nested = state.state2 if state.nested else None
+        self.layout = FourBitLayout(
+            state.blocksize, quant_type, (self.out_features, self.in_features),
+            nested.blocksize if nested is not None else 0,
+        )  # fmt: skip
+        # buffers: they move with the module (not saved: made again from the weights on load)
+        for name, tensor in {
+            "weight_codes": codes,
+            "weight_absmax": state.absmax,
+            "nested_absmax": None if nested is None else nested.absmax,
+            "nested_code": None if nested is None else nested.code,
+            "absmax_offset": None if nested is None else torch.as_tensor(state.offset),
+        }.items():
+            self.register_buffer(name, tensor, persistent=False)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
-        import bitsandbytes.functional as bnb
+        codes, absmax, nested_absmax, nested_code, offset, layout = self._held()
+        return dequantize(codes, absmax, nested_absmax, nested_code, offset, layout, dtype)
 
-        return bnb.dequantize_4bit(self.weight_codes, self.state).to(dtype)
+    def _held(self) -> tuple:
+        return (
+            self.weight_codes, self.weight_absmax, self.nested_absmax, self.nested_code,
+            self.absmax_offset, self.layout,
+        )  # fmt: skip
 
-    @torch.compiler.disable  # bitsandbytes' kernels are opaque to the compiler
     def product(self, rows, lora_A=None, lora_B=None, scaling=0.0):
-        return Bnb4bitProduct.apply(rows, self, self.bias, lora_A, lora_B, scaling)
+        return Bnb4bitProduct.apply(rows, *self._held(), self.bias, lora_A, lora_B, scaling)
 
     def weight_bytes(self) -> int:
-        state = self.state
-        total = self.weight_codes.numel() * self.weight_codes.element_size()
-        total += state.absmax.numel() * state.absmax.element_size() + state.code.numel() * 4
-        if state.nested:
-            nested = state.state2
-            total += nested.absmax.numel() * nested.absmax.element_size() + nested.code.numel() * 4
-        return total
+        return sum(t.numel() * t.element_size() for t in self.buffers(recurse=False))
 
 
 class Bnb4bitProduct(torch.autograd.Function):
@@ -64,30 +107,37 @@ class Bnb4bitProduct(torch.autograd.Function):
     dequantises again for the input gradient instead of keeping the weight."""
 
     @staticmethod
-    def forward(ctx, rows, module, bias, lora_A, lora_B, scaling):
-        y = rows @ module.dequantized(rows.dtype).t()
+    def forward(
+        ctx, rows, codes, absmax, nested_absmax, nested_code, offset, layout, bias, lora_A,
+        lora_B, scaling,
+    ):  # fmt: skip
+        held = (codes, absmax, nested_absmax, nested_code, offset)
+        y = rows @ dequantize(*held, layout, rows.dtype).t()
         if bias is not None:
             y = y + bias
         u, A, B = low_rank_input(rows, lora_A, lora_B)
         if u is not None:
             y = y.addmm_(u, B.t(), alpha=scaling)
-        ctx.save_for_backward(rows if u is not None else None, u, A, B)
-        ctx.module, ctx.scaling = module, scaling
+        ctx.save_for_backward(rows if u is not None else None, u, A, B, *held)
+        ctx.layout, ctx.scaling = layout, scaling
         ctx.adapter_dtype = None if lora_A is None else lora_A.dtype
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        rows, u, A, B = ctx.saved_tensors
+        rows, u, A, B, codes, absmax, nested_absmax, nested_code, offset = ctx.saved_tensors
 
         def input_grad() -> torch.Tensor:
-            return grad @ ctx.module.dequantized(grad.dtype)
+            weight = dequantize(
+                codes, absmax, nested_absmax, nested_code, offset, ctx.layout, grad.dtype
+            )
+            return grad @ weight
 
         dx, dA, dB = low_rank_grads(
             grad, rows, u, A, B, ctx.scaling, ctx.adapter_dtype,
             input_grad if ctx.needs_input_grad[0] else None,
         )  # fmt: skip
-        return dx, None, None, dA, dB, None
+        return dx, None, None, None, None, None, None, None, dA, dB, None
 
 
 @torch.no_grad()
