@@ -13,14 +13,16 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from numpy.lib.format import open_memmap
 
 from tuneforge.data.packing import PackedBatch
+from tuneforge.data.side_data import TokenRows, supervised_offsets
+from tuneforge.data.token_store import TokenStore
 from tuneforge.models.api import model_args
 from tuneforge.models.decoder import Decoder
 from tuneforge.train.distill import Targets, Teacher, check_vocabulary
 from tuneforge.train.frozen_passes import (
     FrozenPassData,
-    allocate_rows,
     batches_digest,
     bins_on,
     document_rows,
@@ -28,7 +30,6 @@ from tuneforge.train.frozen_passes import (
     entry_key,
     model_identity,
     on_main_then_all,
-    read_rows,
     store_digest,
     supervised_rows,
 )
@@ -58,6 +59,26 @@ class CachedTeacher:
             return F.log_softmax(logits[part].float() / temperature, dim=-1), ids[part].long()
 
         return chunk
+
+
+def allocate_rows(
+    directory: Path, store: TokenStore, k: int
+) -> tuple[np.memmap, np.memmap, np.ndarray]:
+    """Memory-mapped [supervised tokens, k] logits (fp32) and ids (int32), and the offsets."""
+    offsets = supervised_offsets(np.asarray(store.loss_mask), np.asarray(store.offsets))
+    np.save(directory / "offsets.npy", offsets)
+    shape = (int(offsets[-1]), k)
+    logits = open_memmap(directory / "logits.npy", mode="w+", dtype=np.float32, shape=shape)
+    ids = open_memmap(directory / "token_ids.npy", mode="w+", dtype=np.int32, shape=shape)
+    return logits, ids, offsets
+
+
+def read_rows(directory: Path) -> TokenRows:
+    rows = {
+        LOGITS: np.load(directory / "logits.npy", mmap_mode="r"),
+        IDS: np.load(directory / "token_ids.npy", mmap_mode="r"),
+    }
+    return TokenRows(rows, np.load(directory / "offsets.npy"))
 
 
 @torch.no_grad()

@@ -19,12 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from numpy.lib.format import open_memmap
 
 from tuneforge.config.schema import ModelSection, RunConfig
 from tuneforge.data.cache import default_cache_dir
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch, PackedLoader, collate_from
-from tuneforge.data.side_data import TokenRows, supervised_offsets
 from tuneforge.data.splits import file_digest
 from tuneforge.data.token_store import TokenStore
 from tuneforge.errors import TuneforgeError
@@ -134,23 +132,3 @@ def supervised_rows(batch: PackedBatch) -> torch.Tensor:
 def document_rows(offsets: np.ndarray, indexes: list[int]) -> np.ndarray:
     """The store-wide rows of the documents' supervised tokens, in the batch's order."""
     return np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in indexes])
-
-
-def allocate_rows(
-    directory: Path, store: TokenStore, k: int
-) -> tuple[np.memmap, np.memmap, np.ndarray]:
-    """Memory-mapped [supervised tokens, k] logits (fp32) and ids (int32), and the offsets."""
-    offsets = supervised_offsets(np.asarray(store.loss_mask), np.asarray(store.offsets))
-    np.save(directory / "offsets.npy", offsets)
-    shape = (int(offsets[-1]), k)
-    logits = open_memmap(directory / "logits.npy", mode="w+", dtype=np.float32, shape=shape)
-    ids = open_memmap(directory / "token_ids.npy", mode="w+", dtype=np.int32, shape=shape)
-    return logits, ids, offsets
-
-
-def read_rows(directory: Path) -> TokenRows:
-    rows = {
-        "teacher_logits": np.load(directory / "logits.npy", mmap_mode="r"),
-        "teacher_ids": np.load(directory / "token_ids.npy", mmap_mode="r"),
-    }
-    return TokenRows(rows, np.load(directory / "offsets.npy"))
