@@ -65,7 +65,8 @@ def _measure(model, workload: Workload, warmup: int, steps: int) -> dict:
     return time_steps(step, warmup, steps)
 
 
-def _result(workload: Workload, system: str, checkpointing: bool, timing: dict) -> dict:
+def peer_result(workload: Workload, system: str, checkpointing: bool, timing: dict) -> dict:
+    """A peer's run in the bench's result fields: one document of the step's tokens."""
     args = _args(workload)
     lora = lora_shape(workload)
     flops = workload.tokens * training_flops_per_token(args, workload.tokens, lora)
@@ -106,7 +107,7 @@ def run_hf(workload: Workload, liger: bool, checkpointing: bool, warmup: int, st
         )  # fmt: skip
         model = get_peft_model(model, lora)
     timing = _measure(model, workload, warmup, steps)
-    return _result(workload, "hf+peft+liger" if liger else "hf+peft", checkpointing, timing)
+    return peer_result(workload, "hf+peft+liger" if liger else "hf+peft", checkpointing, timing)
 
 
 def _reloaded_in_4bit(model, quant_type: str, checkpointing: bool):
@@ -165,7 +166,7 @@ def run_unsloth(workload: Workload, checkpointing: bool, warmup: int, steps: int
         )
     FastLanguageModel.for_training(model)
     timing = _measure(model, workload, warmup, steps)
-    return _result(workload, "unsloth", checkpointing, timing)
+    return peer_result(workload, "unsloth", checkpointing, timing)
 
 
 def _save_word_tokenizer(directory: str) -> None:

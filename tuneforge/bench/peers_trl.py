@@ -4,7 +4,6 @@ of those ids, and trained through `trainer.train()` as a user runs it; each step
 between the trainer's step callbacks on the GPU's clock."""
 
 import itertools
-import statistics
 import tempfile
 import time
 
@@ -12,9 +11,9 @@ import torch
 
 from tuneforge.bench.batches import pair_token_ids, synthetic_pair
 from tuneforge.bench.ours import DISTINCT_BATCHES, step_flops
-from tuneforge.bench.peers import _device, _hf_config, _peft_targets
+from tuneforge.bench.peers import _device, _hf_config, _peft_targets, peer_result
+from tuneforge.bench.timing import step_statistics
 from tuneforge.bench.workloads import Workload
-from tuneforge.hardware.gpus import GIB
 from tuneforge.models.catalog import catalog_shape
 
 SPECIAL = ("<unk>", "<pad>", "<s>", "</s>")
@@ -154,14 +153,7 @@ def time_trainer_steps(trainer, warmup: int, steps: int) -> dict:
         durations = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(marks)]
     else:
         durations = [b - a for a, b in itertools.pairwise(marks)]
-    return {
-        "ms_per_step": 1e3 * statistics.fmean(durations),
-        "ms_per_step_median": 1e3 * statistics.median(durations),
-        "ms_per_step_all": [round(1e3 * d, 2) for d in durations],
-        "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0,
-        "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else 0.0,
-        "steps": steps,
-    }
+    return step_statistics(durations) | {"steps": steps}
 
 
 def dpo_result(workload: Workload, system: str, checkpointing: bool, timing: dict) -> dict:
@@ -169,13 +161,5 @@ def dpo_result(workload: Workload, system: str, checkpointing: bool, timing: dic
     args = catalog_shape(workload.shape).with_layers(workload.layers)
     pairs = [synthetic_pair(args.vocab_size, workload.tokens, i) for i in range(DISTINCT_BATCHES)]
     flops = sum(step_flops(workload, args, pair) for pair in pairs) / len(pairs)
-    return timing | {
-        "system": system,
-        "variant": "checkpointing" if checkpointing else "no checkpointing",
-        "tokens_per_step": workload.tokens,
-        "flops_per_step": flops,
-        "gpus": 1,
-        "documents_per_step": 2,
-        "padding_share": 0.0,
-        "is_main": True,
-    }
+    result = peer_result(workload, system, checkpointing, timing)
+    return result | {"flops_per_step": flops, "documents_per_step": 2}

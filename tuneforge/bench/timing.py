@@ -56,13 +56,8 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
         durations = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(marks)]
     else:
         durations = [b - a for a, b in itertools.pairwise(host_marks)]
-    return {
-        "ms_per_step": 1e3 * statistics.fmean(durations),
-        "ms_per_step_median": 1e3 * statistics.median(durations),
-        "ms_per_step_all": [round(1e3 * d, 2) for d in durations],
+    return step_statistics(durations) | {
         "ms_per_step_wall": 1e3 * wall / steps,
-        "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0,
-        "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else 0.0,
         "allocator_per_step": {
             name: (count - counts_before[name]) / steps
             for name, count in allocator_counts().items()
@@ -72,4 +67,17 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, host_profiler=
             if nvml and sampler is not None
             else {"unavailable": why_not}
         ),
+    }
+
+
+def step_statistics(durations: list[float]) -> dict:
+    """Mean, median and every step's time from the steps' durations (s), and the peak memory
+    since the last reset."""
+    cuda = torch.cuda.is_available()
+    return {
+        "ms_per_step": 1e3 * statistics.fmean(durations),
+        "ms_per_step_median": 1e3 * statistics.median(durations),
+        "ms_per_step_all": [round(1e3 * d, 2) for d in durations],
+        "peak_alloc_gib": torch.cuda.max_memory_allocated() / GIB if cuda else 0.0,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else 0.0,
     }

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -72,15 +73,14 @@ def load_cached(directory: Path) -> tuple[TokenStore, DatasetStats] | None:
     return store, DatasetStats.from_dict(meta["stats"])
 
 
-def save_cached(directory: Path, store: TokenStore, stats: DatasetStats) -> None:
+def write_directory(directory: Path, fill: Callable[[Path], None]) -> None:
+    """`fill(partial)` writes the directory's files into a temporary one, renamed into place when
+    complete: a failure leaves nothing, and another process that finished the same entry first
+    keeps it."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        np.save(partial / "input_ids.npy", np.asarray(store.input_ids))
-        np.save(partial / "loss_mask.npy", np.asarray(store.loss_mask))
-        np.save(partial / "offsets.npy", np.asarray(store.offsets))
-        meta = {"version": CACHE_VERSION, "stats": dataclasses.asdict(stats)}
-        (partial / "meta.json").write_text(json.dumps(meta))
+        fill(partial)
         try:
             partial.rename(directory)
         except OSError:  # another process finished the same entry first
@@ -88,6 +88,17 @@ def save_cached(directory: Path, store: TokenStore, stats: DatasetStats) -> None
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def save_cached(directory: Path, store: TokenStore, stats: DatasetStats) -> None:
+    def fill(partial: Path) -> None:
+        np.save(partial / "input_ids.npy", np.asarray(store.input_ids))
+        np.save(partial / "loss_mask.npy", np.asarray(store.loss_mask))
+        np.save(partial / "offsets.npy", np.asarray(store.offsets))
+        meta = {"version": CACHE_VERSION, "stats": dataclasses.asdict(stats)}
+        (partial / "meta.json").write_text(json.dumps(meta))
+
+    write_directory(directory, fill)
 
 
 def cached_examples(

@@ -11,8 +11,6 @@ is no longer the reference), with the held-out batches' values, computed at each
 import hashlib
 import json
 import logging
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,7 @@ import numpy as np
 import torch
 
 from tuneforge.config.schema import ModelSection, RunConfig
-from tuneforge.data.cache import default_cache_dir
+from tuneforge.data.cache import default_cache_dir, write_directory
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch, PackedLoader, collate_from
 from tuneforge.data.splits import file_digest
 from tuneforge.data.token_store import TokenStore
@@ -90,19 +88,13 @@ def bins_on(loader: PackedLoader, device: torch.device) -> Iterator[tuple[list[i
 
 
 def write_entry(directory: Path, fill: Callable[[Path], None]) -> None:
-    """`fill(partial)` writes the entry's files into a temporary directory then renamed."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    """`fill(partial)` writes the entry's files; `complete.json` marks it whole."""
+
+    def complete(partial: Path) -> None:
         fill(partial)
         (partial / "complete.json").write_text(json.dumps({"version": PASS_VERSION}))
-        try:
-            partial.rename(directory)
-        except OSError:  # another run finished the same entry first
-            shutil.rmtree(partial, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+
+    write_directory(directory, complete)
 
 
 def on_main_then_all(data: FrozenPassData, directory: Path, compute: Callable[[Path], None]):
