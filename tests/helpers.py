@@ -154,15 +154,16 @@ def peft_logits(peft_model):
 
 
 def randomise_adapters(model, seed=0):
-    """B away from zero (and DoRA's magnitudes away from the base's norms): every term counts."""
+    """B away from zero (and DoRA's magnitudes away from the base's norms): every term counts.
+    Drawn on the host, so that a model on any device gets the same values."""
     generator = torch.Generator().manual_seed(seed)
     for module in lora_modules(model).values():
         with torch.no_grad():
-            module.lora_B.normal_(0, 0.1, generator=generator)
+            module.lora_B.copy_(0.1 * torch.randn(module.lora_B.shape, generator=generator))
             magnitude = getattr(module, "lora_magnitude", None)
             if magnitude is not None:
                 noise = torch.randn(magnitude.shape, generator=generator)
-                magnitude.mul_(1 + 0.1 * noise)
+                magnitude.mul_(1 + 0.1 * noise.to(magnitude.device))
 
 
 def issues_of(error) -> dict[str, str]:
