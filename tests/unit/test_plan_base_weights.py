@@ -78,8 +78,8 @@ def test_the_plans_weights_shrink_by_the_swapped_bytes():
     assert static_bytes(setups["fp4"])[0] == bf16  # dequantised values: as many bytes
 
 
-@pytest.mark.parametrize("double_quant", [True, False])
-def test_the_planned_4bit_base_is_what_bitsandbytes_holds(double_quant):
+@pytest.mark.parametrize(("double_quant", "fp8"), [(True, False), (False, False), (True, True)])
+def test_the_planned_4bit_base_is_what_bitsandbytes_holds(double_quant, fp8):
     pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes")
     from tuneforge.config.schema import ModelSection
     from tuneforge.plan.base_weights import dequantised_buffer
@@ -88,14 +88,19 @@ def test_the_planned_4bit_base_is_what_bitsandbytes_holds(double_quant):
     model = Decoder(DENSE, "sdpa").to(torch.bfloat16)
     apply_lora(model, {"target_modules": ["q_proj", "o_proj"], "rank": 4, "alpha": 8})
     quantize = ModelSection(name="demo-tiny", quantize="nf4", double_quant=double_quant)
-    apply_precision(model, PrecisionSection(), base=quantize)
+    section = PrecisionSection(fp8="e4m3" if fp8 else None)
+    apply_precision(model, section, base=quantize)
     held = 0
     for base in model.modules():
         if isinstance(base, Bnb4bitLinear):  # codes, absmaxes (and the nested ones' absmaxes)
             held += base.weight_codes.numel() + base.weight_absmax.nbytes
             if base.nested_absmax is not None:
                 held += base.nested_absmax.nbytes
+            if fp8:  # FP8's scales and the code table
+                held += base.fp8_multiplier.nbytes + base.fp8_scale.nbytes
+                held += base.code_values.nbytes
     assert held > 0
-    values, scales = BaseWeights.of(PrecisionSection(), quantize).bytes(DENSE, 2)
-    assert values + scales - dequantised_buffer(DENSE, 2) == pytest.approx(held, rel=0.01)
-    assert dequantised_buffer(DENSE, 2) == DENSE.dim * DENSE.ffn_dim * 2  # gate/up/down
+    values, scales = BaseWeights.of(section, quantize).bytes(DENSE, 2)
+    buffer = dequantised_buffer(DENSE, 1 if fp8 else 2)  # one E4M3 byte or two bf16 a weight
+    assert values + scales - buffer == pytest.approx(held, rel=0.01)
+    assert buffer == DENSE.dim * DENSE.ffn_dim * (1 if fp8 else 2)  # gate/up/down

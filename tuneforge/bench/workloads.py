@@ -83,7 +83,10 @@ WORKLOADS = {
             ALL_LINEAR,
             quantize="nf4",
             peer_checkpointing=(True,),
-            variants=("compiled+full+onedoc", "compiled+full+offload+chunk512+onedoc"),
+            variants=(
+                "compiled+full+offload+chunk512+onedoc",
+                "compiled+full+offload+chunk512+onedoc+fp8",
+            ),
         ),
         Workload(
             "llama3-8b-dora",

@@ -17,12 +17,14 @@ def quantized_base_is_frozen(model, lora, precision) -> list[tuple[str, str, str
                 "set lora.enabled: true (QLoRA), or drop model.quantize",
             )
         )
-    if precision.fp8 or precision.fp4:
+    if precision.fp4 or precision.fp8_base_weights:
+        setting = "precision.fp4" if precision.fp4 else "precision.fp8_base_weights"
         problems.append(
             (
                 "model.quantize",
-                "the frozen base is held in one format: 4 bits, or precision.fp8 / fp4",
-                "drop model.quantize or the precision setting",
+                f"the frozen base is held in one format: 4 bits (model.quantize) or {setting}",
+                f"drop model.quantize or {setting} (precision.fp8 alone multiplies the 4-bit "
+                "base in FP8)",
             )
         )
     if lora.init in ("pissa", "olora"):

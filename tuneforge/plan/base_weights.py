@@ -25,11 +25,15 @@ class BaseWeights:
     """FP8: one fp32 scale per output channel (else one per tensor)."""
     double_quant: bool = True
     """bitsandbytes: the absmaxes quantised again."""
+    fp8_products: bool = False
+    """bitsandbytes: dequantised into FP8 for each product (a byte a weight, a scale a row)."""
 
     @classmethod
     def of(cls, precision: PrecisionSection, model: ModelSection | None = None) -> "BaseWeights":
         if model is not None and model.quantize:
-            return cls(f"bnb-{model.quantize}", double_quant=model.double_quant)
+            fp8 = bool(precision.fp8)
+            rowwise = precision.fp8_scaling == "rowwise"
+            return cls(f"bnb-{model.quantize}", rowwise, model.double_quant, fp8_products=fp8)
         if precision.fp8:
             rowwise = precision.fp8_scaling == "rowwise"
             return cls("fp8" if precision.fp8_base_weights else "fp8+model", rowwise)
@@ -57,6 +61,10 @@ class BaseWeights:
         if self.format.startswith("bnb"):
             blocks = weights / BNB_BLOCK
             absmax = blocks + 8.0 * blocks / BNB_NESTED_BLOCK if self.double_quant else 4.0 * blocks
+            if self.fp8_products:
+                # multipliers and scales (a row's, or a tensor's), and the code table
+                held = 4.0 * rows + 4.0 * (rows if self.rowwise else tensors) + 64.0 * tensors
+                return weights / 2, absmax + held + dequantised_buffer(args, 1)
             return weights / 2, absmax + dequantised_buffer(args, param_bytes)
         scales = weights / BLOCK[self.format] * SCALE_BYTES[self.format]
         return weights / 2, scales + (4.0 * tensors if self.format == "nvfp4" else 0.0)
@@ -71,11 +79,12 @@ class BaseWeights:
                  "nvfp4": "NVFP4 codes", "mxfp4": "MXFP4 codes",
                  "bnb-nf4": "4-bit NF4 codes", "bnb-fp4": "4-bit FP4 codes"}  # fmt: skip
         if self.format.startswith("bnb"):
-            buffer = dequantised_buffer(args, param_bytes)
+            buffer = dequantised_buffer(args, 1 if self.fp8_products else param_bytes)
+            into = "FP8, with a scale per row" if self.fp8_products else "the model's dtype"
             return (
                 f"{weights / 1e9:.2f} B base weights as {names[self.format]} (bitsandbytes): "
                 f"{values / 2**30:.2f} GiB + {(scales - buffer) / 2**20:.1f} MiB of absmaxes + "
-                f"{buffer / 2**20:.1f} MiB to dequantise the largest into "
+                f"{buffer / 2**20:.1f} MiB to dequantise the largest into {into} "
                 f"({weights * param_bytes / 2**30:.2f} GiB in the model's dtype)"
             )
         return (

@@ -17,8 +17,8 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.lora import LoRALinear, LowPrecisionBase
 from tuneforge.peft.targets import BANK_PROJECTIONS
-from tuneforge.precision.bnb4bit import BLOCK as BNB_BLOCK
 from tuneforge.precision.bnb4bit import FOUR_BIT, Bnb4bitLinear
+from tuneforge.precision.bnb_codes import BLOCK as BNB_BLOCK
 from tuneforge.precision.fp4 import BLOCK_SIZE
 from tuneforge.precision.fp8 import Fp8Recipe, fits_scaled_mm
 from tuneforge.precision.fp8_experts import Fp8ExpertWeights, grouped_fp8_here
@@ -71,7 +71,8 @@ def apply_precision(
     with `base.quantize`, the frozen ones for bitsandbytes' 4-bit ones (QLoRA).
     `sharded`: the model is about to be sharded by FSDP2."""
     if base is not None and base.quantize:
-        return quantize_frozen_base(model, base.quantize, base.double_quant)
+        fp8 = Fp8Recipe.of(section.fp8, section.fp8_scaling) if section.fp8 else None
+        return quantize_frozen_base(model, base.quantize, base.double_quant, fp8)
     report = PrecisionReport()
     if not (section.fp8 or section.fp4):
         return report
@@ -99,8 +100,11 @@ def apply_precision(
     return report
 
 
-def quantize_frozen_base(model: Decoder, quant_type: str, double_quant: bool) -> PrecisionReport:
-    """Every frozen projection of the decoder blocks held in 4 bits by bitsandbytes."""
+def quantize_frozen_base(
+    model: Decoder, quant_type: str, double_quant: bool, fp8: Fp8Recipe | None = None
+) -> PrecisionReport:
+    """Every frozen projection of the decoder blocks held in 4 bits by bitsandbytes; with `fp8`
+    their products in FP8 where the widths allow it."""
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
@@ -110,12 +114,16 @@ def quantize_frozen_base(model: Decoder, quant_type: str, double_quant: bool) ->
         ) from None
     report = PrecisionReport()
     swapped: Counter[str] = Counter()
+    in_fp8: Counter[str] = Counter()
     before = 0
     for parent, attribute, leaf, linear in _frozen_linears(model):
         low = getattr(linear, FOUR_BIT, None) or Bnb4bitLinear(linear, quant_type, double_quant)
         object.__setattr__(linear, FOUR_BIT, None)
         setattr(parent, attribute, low)
         swapped[leaf] += 1
+        if fp8 is not None and fits_scaled_mm(linear.in_features, linear.out_features):
+            low.compute_in_fp8(fp8)
+            in_fp8[leaf] += 1
         before += linear.weight.numel() * linear.weight.element_size()
         report.weight_bytes += low.weight_bytes()
     waiting = [n for n, m in model.layers.named_modules() if getattr(m, FOUR_BIT, None) is not None]
@@ -128,10 +136,18 @@ def quantize_frozen_base(model: Decoder, quant_type: str, double_quant: bool) ->
     if not swapped:
         return report
     double = ", absmaxes double-quantised" if double_quant else ""
+    into = "the model's dtype"
+    if fp8 is not None and in_fp8 == swapped:
+        into = f"FP8 ({fp8.describe()}, through torch._scaled_mm)"
     report.lines.append(
         f"{_kind(swapped)}: 4-bit {quant_type.upper()} (bitsandbytes, blocks of {BNB_BLOCK}"
-        f"{double}), dequantised into the model's dtype at each product"
+        f"{double}), dequantised into {into} at each product"
     )
+    if fp8 is not None and in_fp8 and in_fp8 != swapped:
+        report.lines.append(
+            f"{_kind(in_fp8)}: products in FP8 ({fp8.describe()}, through torch._scaled_mm); "
+            f"the others in the model's dtype (widths the format cannot tile)"
+        )
     report.lines.append(
         f"base weights: {report.weight_bytes / GIB:.2f} GiB in 4 bits with their scales instead "
         f"of {before / GIB:.2f} GiB"

@@ -3,44 +3,18 @@ bitsandbytes — NF4 or FP4 codes in blocks of 64 with one absmax each, the absm
 quantised to 8 bits with double quantisation — and dequantised into the activations' dtype (the
 compute dtype) for each product, forward and backward; the dequantised weight is never kept. The
 LoRA update reads the input as it is (`low_rank.py`). The dequantisation goes through
-bitsandbytes' registered operators, so compiled blocks trace it."""
-
-from dataclasses import dataclass
+bitsandbytes' registered operators, so compiled blocks trace it. With `compute_in_fp8` the
+products run in FP8 instead (`four_bit_fp8.py`)."""
 
 import torch
 from torch import nn
 
 from tuneforge.models.cost import LINEAR_NAMES
 from tuneforge.peft.lora import LowPrecisionBase
+from tuneforge.precision.bnb_codes import BLOCK, FourBitLayout, code_values, dequantize
+from tuneforge.precision.four_bit_fp8 import FourBitFp8Product, fp8_multipliers
+from tuneforge.precision.fp8 import Fp8Recipe
 from tuneforge.precision.low_rank import low_rank_grads, low_rank_input
-
-BLOCK = 64
-"""Weights per absmax: bitsandbytes' and QLoRA's default."""
-
-
-@dataclass(frozen=True)
-class FourBitLayout:
-    """What the codes' tensors do not say: bitsandbytes' block sizes, format and weight shape."""
-
-    block: int
-    quant_type: str
-    shape: tuple[int, int]
-    nested_block: int = 0
-    """With double quantisation: absmaxes per 8-bit absmax block (0 without)."""
-
-
-def dequantize(codes, absmax, nested_absmax, nested_code, offset, layout, dtype) -> torch.Tensor:
-    """The weight [out, in] in `dtype`, through bitsandbytes' registered operators (which the
-    compiler traces: no graph break inside a compiled block)."""
-    ops = torch.ops.bitsandbytes
-    if nested_absmax is not None:
-        absmax = ops.dequantize_blockwise(
-            absmax, nested_absmax, nested_code, layout.nested_block, torch.float32
-        )
-        absmax = absmax + offset
-    return ops.dequantize_4bit(
-        codes, absmax, layout.block, layout.quant_type, list(layout.shape), dtype
-    )
 
 
 class Bnb4bitLinear(LowPrecisionBase):
@@ -84,6 +58,20 @@ class Bnb4bitLinear(LowPrecisionBase):
             "absmax_offset": None if nested is None else torch.as_tensor(state.offset),
         }.items():
             self.register_buffer(name, tensor, persistent=False)
+        self.fp8: Fp8Recipe | None = None
+
+    def compute_in_fp8(self, recipe: Fp8Recipe) -> None:
+        """Products in FP8 from here on (`four_bit_fp8.py`), the scales computed once."""
+        held = self._held()[:5]
+        rowwise = recipe.scaling == "rowwise"
+        multiplier = fp8_multipliers(held, self.layout, rowwise)
+        self.register_buffer("fp8_multiplier", multiplier, persistent=False)
+        scale = multiplier.reciprocal()
+        scale = scale.reshape(1, -1) if rowwise else scale[0].clone()
+        self.register_buffer("fp8_scale", scale, persistent=False)
+        values = code_values(self.quant_type, multiplier.device)
+        self.register_buffer("code_values", values, persistent=False)
+        self.fp8 = recipe
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         codes, absmax, nested_absmax, nested_code, offset, layout = self._held()
@@ -96,7 +84,13 @@ class Bnb4bitLinear(LowPrecisionBase):
         )  # fmt: skip
 
     def product(self, rows, lora_A=None, lora_B=None, scaling=0.0):
-        return Bnb4bitProduct.apply(rows, *self._held(), self.bias, lora_A, lora_B, scaling)
+        if self.fp8 is None:
+            return Bnb4bitProduct.apply(rows, *self._held(), self.bias, lora_A, lora_B, scaling)
+        return FourBitFp8Product.apply(
+            rows, *self._held()[:5], self.code_values, self.fp8_multiplier, self.fp8_scale,
+            self.layout,
+            self.bias, lora_A, lora_B, scaling, self.fp8,
+        )  # fmt: skip
 
     def weight_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.buffers(recurse=False))

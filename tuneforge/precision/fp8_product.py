@@ -73,18 +73,8 @@ class Fp8LoRAProduct(torch.autograd.Function):
         backward_dtype: torch.dtype,
         rowwise: bool,
     ):
-        quantized, scale = quantize(rows, forward_dtype, rowwise)
-        u, A, B = low_rank_input(rows, lora_A, lora_B)
-        y = scaled_mm_add_low_rank(
-            quantized,
-            weight.t(),
-            scale,
-            weight_scale,
-            rows.dtype,
-            u,
-            None if B is None else B.t(),
-            scaling,
-            bias,
+        y, u, A, B = fp8_forward(
+            rows, weight, weight_scale, bias, lora_A, lora_B, scaling, forward_dtype, rowwise
         )
         ctx.save_for_backward(rows if u is not None else None, u, weight, weight_scale, A, B)
         ctx.scaling, ctx.backward_dtype, ctx.rowwise = scaling, backward_dtype, rowwise
@@ -96,7 +86,8 @@ class Fp8LoRAProduct(torch.autograd.Function):
         rows, u, weight, weight_scale, A, B = ctx.saved_tensors
 
         def input_grad() -> torch.Tensor:
-            return _input_grad(grad, weight, weight_scale, ctx.backward_dtype, ctx.rowwise)
+            columns = weight.t().contiguous().t()  # [out, in] with `out` contiguous
+            return fp8_input_grad(grad, columns, weight_scale, ctx.backward_dtype, ctx.rowwise)
 
         dx, dA, dB = low_rank_grads(
             grad, rows, u, A, B, ctx.scaling, ctx.adapter_dtype,
@@ -105,18 +96,30 @@ class Fp8LoRAProduct(torch.autograd.Function):
         return dx, None, None, None, dA, dB, None, None, None, None
 
 
-def _input_grad(
+def fp8_forward(rows, weight, weight_scale, bias, lora_A, lora_B, scaling, dtype, rowwise):
+    """(y, u, A, B): y = rows·Wᵀ (+ bias) + s·u·Bᵀ with rows quantised to `dtype`, for FP8 W
+    [out, in] and its scales; u = rows·Aᵀ and the adapters in the rows' dtype (Nones without)."""
+    quantized, scale = quantize(rows, dtype, rowwise)
+    u, A, B = low_rank_input(rows, lora_A, lora_B)
+    up = None if B is None else B.t()
+    y = scaled_mm_add_low_rank(
+        quantized, weight.t(), scale, weight_scale, rows.dtype, u, up, scaling, bias
+    )
+    return y, u, A, B
+
+
+def fp8_input_grad(
     grad: torch.Tensor,
-    weight: torch.Tensor,
+    columns: torch.Tensor,
     weight_scale: torch.Tensor,
     dtype: torch.dtype,
     rowwise: bool,
 ) -> torch.Tensor:
-    """g·W for FP8 W [out, in] with its scales: the per-channel ones folded into g."""
-    columns = weight.t().contiguous().t()  # [out, in] with `out` contiguous
+    """g·W for FP8 W given as `columns`, [out, in] with `out` contiguous (the layout the FP8
+    GEMM reads for this product), with its scales: the per-channel ones folded into g."""
     if rowwise:
         quantized, scale = quantize(grad * weight_scale, dtype, rowwise=True)
-        ones = torch.ones(1, weight.shape[1], device=grad.device, dtype=torch.float32)
+        ones = torch.ones(1, columns.shape[1], device=grad.device, dtype=torch.float32)
         return scaled_mm_add_low_rank(quantized, columns, scale, ones, grad.dtype)
     quantized, scale = quantize(grad, dtype, rowwise=False)
     return scaled_mm_add_low_rank(quantized, columns, scale, weight_scale, grad.dtype)
