@@ -50,9 +50,9 @@ def main() -> None:
         for name, layer in layers.items():
             if products == "fp8":
                 layer.base.compute_in_fp8(Fp8Recipe())
-            x = torch.randn(TOKENS, layer.in_features, device="cuda", dtype=torch.bfloat16)
-            x.requires_grad_()
-            grad = torch.randn(TOKENS, layer.out_features, device="cuda", dtype=torch.bfloat16)
+            out, inp = SHAPES[name]
+            x = torch.randn(TOKENS, inp, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            grad = torch.randn(TOKENS, out, device="cuda", dtype=torch.bfloat16)
             forward = per_call_ms(lambda layer=layer, x=x: layer(x))
             both = per_call_ms(lambda layer=layer, x=x, g=grad: layer(x).backward(g))
             total += both

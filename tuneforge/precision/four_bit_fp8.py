@@ -17,12 +17,6 @@ from tuneforge.precision.fp8 import AMAX_FLOOR, E4M3, Fp8Recipe, largest
 from tuneforge.precision.fp8_product import fp8_forward, fp8_input_grad
 from tuneforge.precision.low_rank import low_rank_grads
 
-OPERATORS = torch.library.Library("tuneforge", "FRAGMENT")
-OPERATORS.define(
-    "dequantize_4bit_fp8(Tensor codes, Tensor absmax, Tensor values, Tensor multiplier, "
-    "int rows, int cols, int block, bool transposed) -> Tensor"
-)
-
 
 def fp8_multipliers(held: tuple, layout: FourBitLayout, rowwise: bool) -> torch.Tensor:
     """Per output channel (or one for the tensor, repeated): 448 / the largest magnitude, the
@@ -99,33 +93,62 @@ def _triton_kernel():
     return dequantize_kernel
 
 
-def _dequantize_4bit_fp8_cuda(codes, absmax, values, multiplier, rows, cols, block, transposed):
+def _tile_cols(cols: int, block: int) -> int:
+    """The kernel's tile width: whole absmax blocks in whole rows, or 0 where they straddle."""
+    return next((width for width in (128, 64) if cols % width == 0 and width % block == 0), 0)
+
+
+def _define_operator():
+    """The dequantisation as an operator the compiler sees through where Triton is installed
+    (`triton_op`: Inductor launches the kernel itself, without a Python launch per call), an
+    opaque one of plain torch otherwise."""
     kernel = _triton_kernel()
-    tile_cols = next((width for width in (128, 64) if cols % width == 0 and width >= block), 0)
-    if kernel is None or tile_cols == 0 or tile_cols % block:  # blocks across tiles or rows
-        return _dequantize_4bit_fp8(
-            codes, absmax, values, multiplier, rows, cols, block, transposed
+    if kernel is None:
+        operators = torch.library.Library("tuneforge", "FRAGMENT")
+        operators.define(
+            "dequantize_4bit_fp8(Tensor codes, Tensor absmax, Tensor values, Tensor multiplier, "
+            "int rows, int cols, int block, bool transposed) -> Tensor"
         )
-    shape = (cols, rows) if transposed else (rows, cols)
-    out = torch.empty(shape, dtype=E4M3, device=codes.device)
-    tile_rows = 64
-    grid = (-(-rows // tile_rows), cols // tile_cols)
-    kernel[grid](
-        codes, absmax, values, multiplier, out, rows, cols, block, transposed, tile_rows, tile_cols
-    )
-    return out
+        operators.impl("dequantize_4bit_fp8", _dequantize_4bit_fp8, "CompositeExplicitAutograd")
+        torch.library.register_fake(
+            "tuneforge::dequantize_4bit_fp8",
+            lambda codes, absmax, values, multiplier, rows, cols, block, transposed: (
+                codes.new_empty((cols, rows) if transposed else (rows, cols), dtype=E4M3)
+            ),
+        )
+        _define_operator.library = operators  # type: ignore[attr-defined]  # kept alive
+        return torch.ops.tuneforge.dequantize_4bit_fp8.default
+    launch = torch.library.wrap_triton(kernel)
+
+    @torch.library.triton_op("tuneforge::dequantize_4bit_fp8", mutates_args=())
+    def operator(
+        codes: torch.Tensor,
+        absmax: torch.Tensor,
+        values: torch.Tensor,
+        multiplier: torch.Tensor,
+        rows: int,
+        cols: int,
+        block: int,
+        transposed: bool,
+    ) -> torch.Tensor:
+        tile_cols = _tile_cols(cols, block)
+        if codes.device.type != "cuda" or tile_cols == 0:
+            return _dequantize_4bit_fp8(
+                codes, absmax, values, multiplier, rows, cols, block, transposed
+            )
+        out = codes.new_empty((cols, rows) if transposed else (rows, cols), dtype=E4M3)
+        tile_rows = 64
+        grid = (-(-rows // tile_rows), cols // tile_cols)
+        launch[grid](
+            codes, absmax, values, multiplier, out, rows, cols, block, transposed, tile_rows,
+            tile_cols,
+        )  # fmt: skip
+        return out
+
+    return operator
 
 
-OPERATORS.impl("dequantize_4bit_fp8", _dequantize_4bit_fp8, "CompositeExplicitAutograd")
-OPERATORS.impl("dequantize_4bit_fp8", _dequantize_4bit_fp8_cuda, "CUDA")
-
-
-@torch.library.register_fake("tuneforge::dequantize_4bit_fp8")
-def _(codes, absmax, values, multiplier, rows, cols, block, transposed):
-    return codes.new_empty((cols, rows) if transposed else (rows, cols), dtype=E4M3)
-
-
-dequantize_4bit_fp8 = torch.ops.tuneforge.dequantize_4bit_fp8.default
+dequantize_4bit_fp8 = _define_operator()
 
 
 def fp8_weight(held: tuple, layout: FourBitLayout, values, multiplier, transposed: bool):
