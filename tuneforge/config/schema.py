@@ -222,7 +222,7 @@ class TrainSection(Section):
 
 class PrecisionSection(Section):
     fp8: Literal["e4m3", "hybrid"] | None = None
-    """FP8 matmuls (`e4m3` or `hybrid`: E4M3 forward, E5M2 backward); mutually exclusive with fp4."""
+    """FP8 matmuls (`e4m3` or `hybrid`: E4M3 forward, E5M2 backward); mutually exclusive with fp4. With model.quantize: the 4-bit base dequantised into FP8 for each product."""
     fp8_scaling: Literal["rowwise", "tensorwise"] = "rowwise"
     """FP8 scales: one per token and output channel (`rowwise`) or one per tensor (`tensorwise`)."""
     fp8_base_weights: bool = False

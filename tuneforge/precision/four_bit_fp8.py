@@ -93,6 +93,9 @@ def _triton_kernel():
     return dequantize_kernel
 
 
+_LIBRARIES: list[torch.library.Library] = []
+
+
 def _tile_cols(cols: int, block: int) -> int:
     """The kernel's tile width: whole absmax blocks in whole rows, or 0 where they straddle."""
     return next((width for width in (128, 64) if cols % width == 0 and width % block == 0), 0)
@@ -116,7 +119,7 @@ def _define_operator():
                 codes.new_empty((cols, rows) if transposed else (rows, cols), dtype=E4M3)
             ),
         )
-        _define_operator.library = operators  # type: ignore[attr-defined]  # kept alive
+        _LIBRARIES.append(operators)  # the definition lives as long as its library
         return torch.ops.tuneforge.dequantize_4bit_fp8.default
     launch = torch.library.wrap_triton(kernel)
 
