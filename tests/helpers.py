@@ -53,6 +53,12 @@ FAMILIES = {
             "output_router_logits": True,
         },
     ),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {"num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": True},
+    ),
 }
 
 

@@ -18,8 +18,8 @@ def test_auto_picks_the_fastest_backend_installed_here():
     assert resolve_backend("auto", CUDA) == expected
 
 
-@pytest.mark.parametrize("kv_heads", [8, 2])
-def test_varlen_equals_sdpa_in_bf16(kv_heads):
+@pytest.mark.parametrize(("kv_heads", "window"), [(8, None), (2, None), (2, 37)])
+def test_varlen_equals_sdpa_in_bf16(kv_heads, window):
     lengths = [100, 1, 300, 57, 512]
     generator = torch.Generator(device=CUDA).manual_seed(0)
     total = sum(lengths)
@@ -48,7 +48,7 @@ def test_varlen_equals_sdpa_in_bf16(kv_heads):
     grad_out = torch.randn(total, 8, 64, device=CUDA, dtype=torch.bfloat16, generator=generator)
     results = []
     for attention in (varlen_attention, sdpa_attention):
-        out = attention(q, k, v, packed)
+        out = attention(q, k, v, packed, window)
         grads = torch.autograd.grad(out, (q, k, v), grad_out)
         results.append((out, *grads))
     for got, expected in zip(*results, strict=True):
@@ -87,14 +87,15 @@ def test_grouped_gemm_experts_equal_the_loop_in_bf16():
         assert error(a.grad, r.grad) < 0.06, name
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "mistral", "mixtral"])
 def test_whole_model_varlen_matches_cpu_fp32(tmp_path, family):
     import tuneforge
 
     save_tiny_model(tmp_path, family, hidden_size=128, intermediate_size=256)
     reference = tuneforge.load_model(tmp_path, dtype="float32", attention="sdpa")
     on_gpu = tuneforge.load_model(tmp_path, dtype="bfloat16", device="cuda")
-    expected = resolve_backend("auto", CUDA, torch.bfloat16, on_gpu.args.head_dim)
+    args = on_gpu.args
+    expected = resolve_backend("auto", CUDA, torch.bfloat16, args.head_dim, args.windowed)
     assert on_gpu.layers[0].attn.backend == expected and expected in ("flash4", "varlen")
     tokens = torch.randint(0, 128, (90,), generator=torch.Generator().manual_seed(0))
     cu = torch.tensor([0, 30, 31, 90], dtype=torch.int32)

@@ -24,6 +24,10 @@ PUBLISHED_BILLIONS = {
     "qwen3-32b": (32.8, None),
     "qwen3-30b-a3b": (30.5, 3.3),
     "qwen3-235b-a22b": (235.0, 22.0),
+    "mistral-7b-v0.1": (7.24, None),
+    "mistral-7b-v0.3": (7.25, None),
+    "mixtral-8x7b": (46.7, 12.9),
+    "mixtral-8x22b": (141.0, 39.0),
 }
 
 
@@ -36,7 +40,9 @@ def test_parameter_counts_match_the_model_cards(name):
         assert args.num_params(active=True) / 1e9 == pytest.approx(active, rel=0.03)
 
 
-@pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen2.5-7b", "qwen3-4b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize(
+    "name", ["llama-3.2-1b", "qwen2.5-7b", "qwen3-4b", "qwen3-30b-a3b", "mixtral-8x7b"]
+)
 def test_proxy_of_a_real_shape_counts_what_it_builds(name):
     args = CATALOG[name].with_layers(1)
     with torch.device("meta"):

@@ -212,3 +212,17 @@ def test_the_planners_lora_shape_counts_what_apply_lora_builds(lora):
     shape = lora_shape(section, args)
     report = apply_lora(Decoder(args), section)
     assert lora_params(args, shape) == report.trainable_params  # nothing else trains
+
+
+@pytest.mark.parametrize(("length", "window"), [(1, 4), (7, 4), (19, 8), (64, 64), (100, 1)])
+def test_keys_seen_count_the_attention_mask(length, window):
+    from tuneforge.models.attention import visible
+    from tuneforge.models.cost import attention_flops_per_token, keys_seen
+
+    mask = visible(length, window, torch.device("cpu"))
+    assert keys_seen(length, window) == pytest.approx(mask.sum().item() / length)
+    windowed = replace(DENSE, num_layers=2, sliding_window=window, family="mistral")
+    per_key = 4 * DENSE.num_heads * DENSE.head_dim
+    assert attention_flops_per_token(windowed, length) == pytest.approx(
+        2 * per_key * mask.sum().item() / length
+    )

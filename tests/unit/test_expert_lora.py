@@ -106,9 +106,11 @@ def test_shared_expert_adapters_are_one_adapter(tmp_path):
     assert delta.shape[0] == 8 and torch.equal(delta[0], delta[5])
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_our_expert_adapter_loads_in_peft_with_the_same_logits(tmp_path, shared):
-    hf_model = save_tiny_model(tmp_path / "base", "qwen3_moe")
+@pytest.mark.parametrize(
+    ("family", "shared"), [("qwen3_moe", False), ("qwen3_moe", True), ("mixtral", False)]
+)
+def test_our_expert_adapter_loads_in_peft_with_the_same_logits(tmp_path, family, shared):
+    hf_model = save_tiny_model(tmp_path / "base", family)
     model = load_hf_model(tmp_path / "base", "float32", "sdpa")
     lora = {"target_modules": ["q_proj", "v_proj", *BANKS], "rank": 4, "alpha": 8}
     tuneforge.apply_lora(model, lora | {"share_expert_adapters": shared})
@@ -124,8 +126,9 @@ def test_our_expert_adapter_loads_in_peft_with_the_same_logits(tmp_path, shared)
     torch.testing.assert_close(logits(model), expected, atol=1e-5, rtol=1e-4)
 
 
-def test_peft_expert_adapter_loads_here_with_the_same_logits(tmp_path):
-    hf_model = save_tiny_model(tmp_path / "base", "qwen3_moe")
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_peft_expert_adapter_loads_here_with_the_same_logits(tmp_path, family):
+    hf_model = save_tiny_model(tmp_path / "base", family)
     config = LoraConfig(
         r=4,
         lora_alpha=8,

@@ -195,6 +195,8 @@ def read_back(file):
         ("qwen2", "qwen2", {}),
         ("qwen3", "qwen3", {}),
         ("qwen3_moe", "qwen3moe", {}),
+        ("mistral", "llama", {}),
+        ("mixtral", "llama", {}),
     ],
 )
 @pytest.mark.parametrize("kind", ["f16", "q8_0"])
@@ -208,7 +210,7 @@ def test_gguf_holds_every_tensor_and_the_metadata(tmp_path, family, arch, overri
     for name, want in expected.items():
         got, tensor_type = tensors[name]
         assert got.shape == want.shape, name
-        if family == "llama" and (".attn_q." in name or ".attn_k." in name):
+        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
             continue  # permuted for llama.cpp's rotary layout: checked below
         if tensor_type == gguf.GGMLQuantizationType.Q8_0:
             # Q8_0: per 32 values a scale d = max|x| / 127 stored in fp16, values rounded to
@@ -222,7 +224,7 @@ def test_gguf_holds_every_tensor_and_the_metadata(tmp_path, family, arch, overri
         else:
             assert want.ndim == 1 and tensor_type == gguf.GGMLQuantizationType.F32, name
             np.testing.assert_array_equal(got, want)
-    if family == "llama":
+    if arch == "llama":
         head_dim = config.hidden_size // config.num_attention_heads
         x = np.random.default_rng(0).standard_normal(config.hidden_size).astype(np.float32)
         group = config.num_attention_heads // config.num_key_value_heads
@@ -246,7 +248,7 @@ def test_gguf_holds_every_tensor_and_the_metadata(tmp_path, family, arch, overri
     assert fields[f"{arch}.embedding_length"] == config.hidden_size
     assert fields[f"{arch}.attention.head_count_kv"] == config.num_key_value_heads
     assert fields[f"{arch}.context_length"] == config.max_position_embeddings
-    if family == "qwen3_moe":
+    if family in ("qwen3_moe", "mixtral"):
         assert fields[f"{arch}.expert_count"] == 8 and fields[f"{arch}.expert_used_count"] == 2
     by_id = {index: token for token, index in tokenizer.get_vocab().items()}
     assert fields["tokenizer.ggml.tokens"] == [by_id[i] for i in range(VOCAB)]

@@ -113,3 +113,12 @@ def test_default_targets_skip_what_an_all_moe_model_lacks(tmp_path):
     explicit = load_hf_model(tmp_path, "float32", "sdpa")
     with pytest.raises(LoraTargetError, match=r"\['gate_proj'\] match nothing"):
         tuneforge.apply_lora(explicit, {"rank": 2, "target_modules": ["q_proj", "gate_proj"]})
+
+
+def test_mixtral_names_its_experts_w1_w2_w3(tmp_path):
+    save_tiny_model(tmp_path, "mixtral")
+    banks = names(range(2), "mlp.experts.gate_up_proj")
+    assert selected(tmp_path, target_modules=["w1"]) == banks
+    assert selected(tmp_path, target_modules=["experts.w3"]) == banks
+    assert selected(tmp_path, target_modules=["w2"]) == names(range(2), "mlp.experts.down_proj")
+    assert selected(tmp_path, target_modules=["all-linear"]) == names(range(2), *ATTENTION)

@@ -46,9 +46,10 @@ def test_tied_embeddings_match(tmp_path):
 
 
 def hf_name_of(adapter, name: str, expert: int | None = None) -> str:
+    """The name of our parameter `name` in transformers' loaded model."""
     hf_name = adapter.to_hf(name, expert)
     assert hf_name is not None, name
-    return hf_name
+    return adapter.runtime_name(hf_name)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

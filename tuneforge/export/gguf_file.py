@@ -1,7 +1,7 @@
 """`tuneforge export gguf`: a GGUF file llama.cpp runs, written with the `gguf` package.
 
 Tensor names come from gguf's own HF-to-GGUF name map; metadata keys are llama.cpp's for the
-`llama`, `qwen2`, `qwen3` and `qwen3moe` architectures. As llama.cpp's converter does, Llama's
+`llama` (Llama, Mistral, Mixtral), `qwen2`, `qwen3` and `qwen3moe` architectures. As llama.cpp's converter does, Llama's
 q/k projections are permuted from Hugging Face's rotate-half rotary layout to the interleaved
 one its `llama` kernels expect, and Llama 3 rope scaling becomes a `rope_freqs` tensor. The
 tokenizer is embedded: tokens, token types, merges, special ids, the end-of-turn id and the chat
@@ -9,6 +9,7 @@ template.
 """
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,8 +29,17 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.rope import inverse_frequencies
 
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
-PRE_TOKENIZERS = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3_moe": "qwen2"}
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = {
+    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
+    "mistral": "llama", "mixtral": "llama",
+}  # fmt: skip
+"""llama.cpp runs Mistral and Mixtral as `llama` (its converter maps both there)."""
+PRE_TOKENIZERS = {
+    "llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3_moe": "qwen2",
+    "mistral": "llama-bpe", "mixtral": "llama-bpe",
+}  # fmt: skip
 TYPES = ("f16", "q8_0")
 
 
@@ -61,9 +71,10 @@ def hf_tensors(model: Decoder) -> Iterator[tuple[str, torch.Tensor]]:
         hf_name = family.to_hf(name)
         if hf_name is None:
             raise ExportError(f"no Hugging Face name for {name}")
-        if args.family == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+        interleaved = ARCHITECTURES.get(args.family) == "llama"
+        if interleaved and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             tensor = permute_for_llama(tensor, args.num_heads)
-        elif args.family == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif interleaved and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             tensor = permute_for_llama(tensor, args.num_kv_heads)
         yield hf_name, tensor
 
@@ -180,6 +191,12 @@ def export_gguf(
         raise ExportError(f"GGUF export does not know the {args.family} architecture")
     tokenizer = load_tokenizer(source)
     arch = ARCHITECTURES[args.family]
+    if args.windowed:
+        log.warning(
+            "the model's sliding window (%s tokens) is not in the GGUF file: llama.cpp's %s "
+            "architecture attends to the whole context, the same only up to the window",
+            args.sliding_window, arch,
+        )  # fmt: skip
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], args.num_layers)
 
     def write(partial: Path) -> None:

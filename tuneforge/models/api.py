@@ -69,7 +69,9 @@ def load_model(
             f"{path_or_shape} is neither a model directory nor a catalog shape ({', '.join(CATALOG)})"
         )
     model.set_attention_backend(
-        resolve_backend(attention, target, model.embed.weight.dtype, model.args.head_dim)
+        resolve_backend(
+            attention, target, model.embed.weight.dtype, model.args.head_dim, model.args.windowed
+        )
     )
     return model.to(target)
 

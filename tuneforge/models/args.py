@@ -51,6 +51,9 @@ class ModelArgs:
     """RMSNorm on each head of q and k before rotary (Qwen3)."""
     moe: MoEArgs | None = None
     max_position_embeddings: int = 4096
+    sliding_window: int | None = None
+    """Each token attends to itself and the W - 1 tokens before it (Mistral, Mixtral); None: to
+    every token before it."""
     family: str = "llama"
 
     def __post_init__(self) -> None:
@@ -63,6 +66,14 @@ class ModelArgs:
 
     def with_layers(self, num_layers: int | None) -> "ModelArgs":
         return self if num_layers is None else replace(self, num_layers=num_layers)
+
+    def window(self, layer: int) -> int | None:
+        """The attention window of `layer` (None: unbounded)."""
+        return self.sliding_window
+
+    @property
+    def windowed(self) -> bool:
+        return any(self.window(layer) is not None for layer in range(self.num_layers))
 
     def is_sparse_layer(self, layer: int) -> bool:
         return self.moe is not None and self.moe.is_sparse(layer)

@@ -22,26 +22,47 @@ from tuneforge.packed import PackedSequences
 
 log = logging.getLogger(__name__)
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PackedSequences], torch.Tensor]
+AttentionFn = Callable[..., torch.Tensor]
+"""(q, k, v, packed, window=None) -> out [T, H, D]; `window`: attend to the last W positions."""
+
+
+def visible(length: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[L, L] bool: query i sees key j when j ≤ i (and i - j < `window`)."""
+    positions = torch.arange(length, device=device)
+    distance = positions[:, None] - positions[None, :]
+    mask = distance >= 0
+    return mask if window is None else mask & (distance < window)
 
 
 def sdpa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packed: PackedSequences,
+    window: int | None = None,
 ) -> torch.Tensor:
     lengths = packed.lengths()
     outputs = []
     for qd, kd, vd in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
         # [T, H, D] -> [1, H, T, D]
         qd, kd, vd = (t.transpose(0, 1).unsqueeze(0) for t in (qd, kd, vd))
-        od = F.scaled_dot_product_attention(
-            qd, kd, vd, is_causal=True, enable_gqa=kd.shape[1] != qd.shape[1]
-        )
+        gqa = kd.shape[1] != qd.shape[1]
+        length = qd.shape[2]
+        if window is None or window >= length:
+            od = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=gqa)
+        else:
+            mask = visible(length, window, q.device)
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=gqa)
         outputs.append(od.squeeze(0).transpose(0, 1))
     return torch.cat(outputs)
 
 
 def eager_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packed: PackedSequences,
+    window: int | None = None,
 ) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     outputs = []
@@ -51,18 +72,22 @@ def eager_attention(
         kd = kd.transpose(0, 1).repeat_interleave(groups, dim=0)
         vd = vd.transpose(0, 1).repeat_interleave(groups, dim=0)
         scores = qd.float() @ kd.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
-        causal = torch.ones(len(qd[0]), len(qd[0]), dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
+        scores = scores.masked_fill(~visible(len(qd[0]), window, q.device), float("-inf"))
         outputs.append((scores.softmax(-1) @ vd.float()).to(q.dtype).transpose(0, 1))
     return torch.cat(outputs)
 
 
 def varlen_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packed: PackedSequences,
+    window: int | None = None,
 ) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
-    kwargs: dict[str, Any] = {"window_size": (-1, 0)}
+    # flash's window counts the keys left of the query: W - 1 of them and itself
+    kwargs: dict[str, Any] = {"window_size": (-1 if window is None else window - 1, 0)}
     if k.shape[1] != q.shape[1] and "enable_gqa" in _varlen_parameters():
         kwargs["enable_gqa"] = True
     cu = packed.cu_seqlens
@@ -78,8 +103,13 @@ def _varlen_parameters() -> set[str]:
 
 
 def flash4_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packed: PackedSequences,
+    window: int | None = None,
 ) -> torch.Tensor:
+    assert window is None, "resolve_backend keeps windowed models off flash4"
     return flash4.flash4_forward(q, k, v, packed.cu_seqlens, packed.max_seqlen)[0]
 
 
@@ -110,12 +140,22 @@ FLASH_MAX_HEAD_DIM = 256
 
 
 def resolve_backend(
-    name: str, device: torch.device, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128
+    name: str,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    head_dim: int = 128,
+    windowed: bool = False,
 ) -> str:
     """The backend that will run: `auto` becomes `flash4` where its package is installed and the
-    GPU, dtype and head size are ones it takes, else `varlen` where that works, else `sdpa`.
-    `flash4` asked for where it cannot run is an error, not a silent fallback."""
+    GPU, dtype and head size are ones it takes (and no layer has a sliding window), else
+    `varlen` where that works, else `sdpa`. `flash4` asked for where it cannot run is an
+    error, not a silent fallback."""
     flash_ok = dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM
+    if name == "flash4" and windowed:
+        raise ModelError(
+            "attention 'flash4' does not run sliding-window layers here: set model.attention "
+            "to auto (flash varlen attention takes the window)"
+        )
     if name == "flash4" and not (flash4.available(device) and flash_ok):
         raise ModelError(
             "attention 'flash4' needs the flash-attn-4 package, a CUDA GPU of compute "
@@ -126,6 +166,6 @@ def resolve_backend(
         return name
     if not flash_ok:
         return "sdpa"
-    if flash4.available(device) and flash4.supports(head_dim, device):
+    if flash4.available(device) and flash4.supports(head_dim, device) and not windowed:
         return "flash4"
     return "varlen" if varlen_available(device) else "sdpa"

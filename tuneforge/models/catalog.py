@@ -59,6 +59,24 @@ def qwen3_moe(
     )  # fmt: skip
 
 
+def mistral(vocab: int, theta: float, window: int | None) -> ModelArgs:
+    return ModelArgs(
+        vocab_size=vocab, dim=4096, num_layers=32, num_heads=32, num_kv_heads=8, ffn_dim=14336,
+        head_dim=128, norm_eps=1e-5, rope_theta=theta, max_position_embeddings=32768,
+        sliding_window=window, family="mistral",
+    )  # fmt: skip
+
+
+def mixtral(vocab: int, dim: int, layers: int, heads: int, ffn: int, context: int) -> ModelArgs:
+    return ModelArgs(
+        vocab_size=vocab, dim=dim, num_layers=layers, num_heads=heads, num_kv_heads=8, ffn_dim=ffn,
+        head_dim=128, norm_eps=1e-5, rope_theta=1000000.0, max_position_embeddings=context,
+        moe=MoEArgs(num_experts=8, top_k=2, expert_ffn_dim=ffn, norm_topk_prob=True,
+                    router_aux_loss_coef=0.02),
+        family="mixtral",
+    )  # fmt: skip
+
+
 CATALOG: dict[str, ModelArgs] = {
     "demo-tiny": ModelArgs(
         vocab_size=384,
@@ -86,6 +104,10 @@ CATALOG: dict[str, ModelArgs] = {
     "qwen3-8b": qwen3(4096, 36, 32, 8, 12288, tied=False),
     "qwen3-14b": qwen3(5120, 40, 40, 8, 17408, tied=False),
     "qwen3-32b": qwen3(5120, 64, 64, 8, 25600, tied=False),
+    "mistral-7b-v0.1": mistral(32000, 10000.0, 4096),
+    "mistral-7b-v0.3": mistral(32768, 1000000.0, None),
+    "mixtral-8x7b": mixtral(32000, 4096, 32, 32, 14336, 32768),
+    "mixtral-8x22b": mixtral(32768, 6144, 56, 48, 16384, 65536),
     "qwen3-30b-a3b": qwen3_moe(2048, 48, 32, 4, 6144, 768),
     "qwen3-235b-a22b": qwen3_moe(4096, 94, 64, 4, 12288, 1536),
 }

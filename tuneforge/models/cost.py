@@ -85,8 +85,17 @@ def layer_lora_params(args: ModelArgs, lora: LoraShape, layer: int, active: bool
 
 
 def attention_flops_per_token(args: ModelArgs, doc_len: int) -> float:
-    """Forward FLOPs of q·kᵀ and p·v per token: causal, so a token sees (L + 1) / 2 keys on average."""
-    return args.num_layers * 4 * args.num_heads * args.head_dim * (doc_len + 1) / 2
+    """Forward FLOPs of q·kᵀ and p·v per token: causal, so a token sees (L + 1) / 2 keys on
+    average, or at most W of them in a layer with a sliding window of W."""
+    per_key = 4 * args.num_heads * args.head_dim
+    return sum(per_key * keys_seen(doc_len, args.window(layer)) for layer in range(args.num_layers))
+
+
+def keys_seen(doc_len: int, window: int | None) -> float:
+    """The keys a token of a `doc_len`-token document attends to, on average."""
+    if window is None or window >= doc_len:
+        return (doc_len + 1) / 2
+    return (window * (window + 1) / 2 + (doc_len - window) * window) / doc_len
 
 
 def forward_matmul_flops_per_token(args: ModelArgs) -> float:

@@ -30,8 +30,9 @@ def project_each(x: torch.Tensor, *linears: nn.Module) -> list[torch.Tensor]:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs, backend: str) -> None:
+    def __init__(self, args: ModelArgs, backend: str, layer: int = 0) -> None:
         super().__init__()
+        self.window = args.window(layer)
         self.num_heads = args.num_heads
         self.num_kv_heads = args.num_kv_heads
         self.head_dim = args.head_dim
@@ -60,9 +61,9 @@ class Attention(nn.Module):
         v = v.contiguous().view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = (
-            BACKENDS[self.backend](q, k, v, packed)
+            BACKENDS[self.backend](q, k, v, packed, self.window)
             if cache is None
-            else cache.attend(q, k, v, packed)
+            else cache.attend(q, k, v, packed, self.window)
         )
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
@@ -89,7 +90,7 @@ class Block(nn.Module):
     def __init__(self, args: ModelArgs, layer: int, backend: str) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(args.dim, args.norm_eps)
-        self.attn = Attention(args, backend)
+        self.attn = Attention(args, backend, layer)
         self.mlp_norm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = build_mlp(args, layer)
 

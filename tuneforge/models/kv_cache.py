@@ -21,12 +21,18 @@ class LayerCache:
     """[batch] tokens cached before this forward (shared with the other layers)."""
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        packed: PackedSequences,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """Store k/v of the new tokens and attend the new queries [T, H, D] to their sequence."""
+        """Store k/v of the new tokens and attend the new queries [T, H, D] to their sequence
+        (its last `window` positions only, where given)."""
         new = packed.lengths()
         if packed.max_seqlen == 1 and all(n == 1 for n in new):
-            return self._decode_step(q, k, v)
+            return self._decode_step(q, k, v, window)
         out = []
         starts = packed.cu_seqlens.tolist()
         for row, (start, count) in enumerate(zip(starts[:-1], new, strict=True)):
@@ -35,7 +41,8 @@ class LayerCache:
             self.values[row, :, cached : cached + count] = v[start : start + count].transpose(0, 1)
             total = cached + count
             query_positions = torch.arange(cached, total, device=q.device)
-            mask = torch.arange(total, device=q.device)[None, :] <= query_positions[:, None]
+            distance = query_positions[:, None] - torch.arange(total, device=q.device)[None, :]
+            mask = (distance >= 0) if window is None else (distance >= 0) & (distance < window)
             attended = F.scaled_dot_product_attention(
                 q[start : start + count].transpose(0, 1)[None],
                 self.keys[row : row + 1, :, :total],
@@ -46,13 +53,16 @@ class LayerCache:
             out.append(attended[0].transpose(0, 1))
         return torch.cat(out)
 
-    def _decode_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _decode_step(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None
+    ) -> torch.Tensor:
         rows = torch.arange(q.shape[0], device=q.device)
         self.keys[rows, :, self.lengths] = k
         self.values[rows, :, self.lengths] = v
-        visible = (
-            torch.arange(self.keys.shape[2], device=q.device)[None, :] <= self.lengths[:, None]
-        )
+        distance = self.lengths[:, None] - torch.arange(self.keys.shape[2], device=q.device)
+        visible = distance >= 0
+        if window is not None:
+            visible &= distance < window
         attended = F.scaled_dot_product_attention(
             q[:, :, None, :],  # [B, H, 1, D]
             self.keys,

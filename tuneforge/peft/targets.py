@@ -5,7 +5,8 @@ never selects expert banks), a glob over full names (`model.layers.1*.mlp.*`; `.
 regex over full names (`re:model\\.layers\\.[0-3]\\..*`), `all-linear` (every linear except the
 output layer and MoE routers), or a Megatron name, read as its HF equivalents. Expert banks are
 selected as `experts.gate_up_proj` (gate and up stacked, as transformers holds them; also
-`experts.gate_proj` / `experts.up_proj`) and `experts.down_proj`.
+`experts.gate_proj` / `experts.up_proj`, and Mixtral's `w1` / `w3`) and `experts.down_proj`
+(Mixtral's `w2`).
 """
 
 import re
@@ -30,6 +31,9 @@ ALIASES = {
     "experts.linear_fc2": ["experts.down_proj"],
     "experts.gate_proj": ["experts.gate_up_proj"],
     "experts.up_proj": ["experts.gate_up_proj"],
+    # Mixtral's checkpoint names its experts' gate, down and up projections w1, w2 and w3
+    **{name: ["experts.gate_up_proj"] for name in ("w1", "w3", "experts.w1", "experts.w3")},
+    **{name: ["experts.down_proj"] for name in ("w2", "experts.w2")},
 }
 
 
@@ -62,9 +66,7 @@ def candidates(model: nn.Module, family: StateDictAdapter) -> list[Candidate]:
         elif isinstance(module, nn.Linear) and name not in wrapped:
             found.append(Candidate(name, family.module_to_hf(name)))
         elif isinstance(module, ExpertBank):
-            first_expert = family.to_hf(f"{name}.down_proj", expert=0)
-            assert first_expert is not None
-            bank = first_expert.removesuffix(".0.down_proj.weight")
+            bank = family.bank_to_hf(name)
             found += [Candidate(name, f"{bank}.{p}", p) for p in BANK_PROJECTIONS]
     return found
 

@@ -69,11 +69,10 @@ def build_model(section: ModelSection, device: torch.device, seed: int) -> Decod
         assert section.quantize is not None
         quantize_on_arrival(model, section.quantize, section.double_quant, device)
         model.to(device)
-        model.set_attention_backend(
-            resolve_backend(
-                section.attention, device, model.embed.weight.dtype, model.args.head_dim
-            )
-        )
+        args = model.args
+        dtype = model.embed.weight.dtype
+        backend = resolve_backend(section.attention, device, dtype, args.head_dim, args.windowed)
+        model.set_attention_backend(backend)
     backend = model.attention_backend
     log.info("attention backend: %s", backend)
     if backend == "eager":

@@ -44,6 +44,19 @@ MOE_KEYS = {
     "model.layers.{i}.mlp.experts.{j}.down_proj.weight": "layers.{i}.mlp.experts.down_proj",
 }
 
+MIXTRAL_KEYS = {
+    "model.layers.{i}.block_sparse_moe.gate.weight": "layers.{i}.mlp.router.weight",
+    "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight": (
+        "layers.{i}.mlp.experts.gate_up_proj[0]"
+    ),
+    "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight": (
+        "layers.{i}.mlp.experts.gate_up_proj[1]"
+    ),
+    "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight": "layers.{i}.mlp.experts.down_proj",
+}
+"""Mixtral's checkpoint layout; transformers names the modules `mlp.gate` and `mlp.experts` once
+loaded (`StateDictAdapter.renames`)."""
+
 
 @functools.cache
 def _pattern(template: str) -> re.Pattern[str]:
@@ -96,6 +109,15 @@ class StateDictAdapter:
     qkv_bias: bool = False
     qk_norm: bool = False
     extra_config: dict[str, Any] = field(default_factory=dict)
+    windowed: bool = False
+    """The config's `sliding_window` bounds every layer's attention (Mistral, Mixtral)."""
+    renames: tuple[tuple[str, str], ...] = ()
+    """(checkpoint, module) name parts where transformers' modules are not named as the
+    checkpoint's tensors (adapters and PEFT name modules)."""
+    moe_config: str = "qwen"
+    """How the config names the experts: `qwen` (`num_experts`, `moe_intermediate_size`, ...)
+    or `mixtral` (`num_local_experts`, every layer sparse, experts as wide as
+    `intermediate_size`, the top-k weights renormalised)."""
 
     def from_hf(self, hf_name: str) -> Place | None:
         """Where a HF tensor goes in ours (None: not part of this family's layout)."""
@@ -127,7 +149,21 @@ class StateDictAdapter:
         hf_name = self.to_hf(module_name + ".weight")
         if hf_name is None:
             raise KeyError(f"no Hugging Face name for module {module_name}")
-        return hf_name.removesuffix(".weight")
+        return self.runtime_name(hf_name.removesuffix(".weight"))
+
+    def bank_to_hf(self, bank_name: str) -> str:
+        """HF module name of one of our expert banks (`layers.0.mlp.experts` ->
+        `model.layers.0.mlp.experts`), which transformers holds as one module."""
+        first_expert = self.to_hf(f"{bank_name}.down_proj", expert=0)
+        if first_expert is None:
+            raise KeyError(f"no Hugging Face name for expert bank {bank_name}")
+        return self.runtime_name(re.sub(r"\.0\.[^.]+\.weight$", "", first_expert))
+
+    def runtime_name(self, checkpoint_name: str) -> str:
+        """A checkpoint tensor's (or module's) name as transformers' loaded model has it."""
+        for checkpoint, module in self.renames:
+            checkpoint_name = checkpoint_name.replace(checkpoint, module)
+        return checkpoint_name
 
     def args_from_config(self, config: dict[str, Any]) -> ModelArgs:
         num_heads = config["num_attention_heads"]
@@ -146,8 +182,9 @@ class StateDictAdapter:
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=bool(config.get("attention_bias", self.qkv_bias)),
             qk_norm=self.qk_norm,
-            moe=_moe(config) if _num_experts(config) else None,
+            moe=_moe(config, self.moe_config) if _num_experts(config) else None,
             max_position_embeddings=config.get("max_position_embeddings", 4096),
+            sliding_window=config.get("sliding_window") if self.windowed else None,
             family=self.model_type,
         )
 
@@ -183,7 +220,16 @@ class StateDictAdapter:
             "torch_dtype": dtype,
             **self.extra_config,
         }
-        if args.moe is not None:
+        if self.windowed:
+            config["sliding_window"] = args.sliding_window
+        if args.moe is not None and self.moe_config == "mixtral":
+            config |= {
+                "num_local_experts": args.moe.num_experts,
+                "num_experts_per_tok": args.moe.top_k,
+                "router_aux_loss_coef": args.moe.router_aux_loss_coef,
+                "router_jitter_noise": 0.0,
+            }
+        elif args.moe is not None:
             moe = args.moe
             config |= {
                 "num_experts": moe.num_experts,
@@ -218,7 +264,15 @@ def _num_experts(config: dict[str, Any]) -> int:
     return int(config.get("num_experts") or config.get("num_local_experts") or 0)
 
 
-def _moe(config: dict[str, Any]) -> MoEArgs:
+def _moe(config: dict[str, Any], style: str) -> MoEArgs:
+    if style == "mixtral":
+        return MoEArgs(
+            num_experts=_num_experts(config),
+            top_k=config["num_experts_per_tok"],
+            expert_ffn_dim=config["intermediate_size"],
+            norm_topk_prob=True,
+            router_aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)),
+        )
     return MoEArgs(
         num_experts=_num_experts(config),
         top_k=config["num_experts_per_tok"],
@@ -249,6 +303,15 @@ ADAPTERS = {
         "Qwen3MoeForCausalLM",
         LLAMA_KEYS | QKV_BIAS_KEYS | QK_NORM_KEYS | MOE_KEYS,
         qk_norm=True,
+    ),
+    "mistral": StateDictAdapter("mistral", "MistralForCausalLM", LLAMA_KEYS, windowed=True),
+    "mixtral": StateDictAdapter(
+        "mixtral",
+        "MixtralForCausalLM",
+        LLAMA_KEYS | MIXTRAL_KEYS,
+        windowed=True,
+        renames=((".block_sparse_moe.", ".mlp."),),
+        moe_config="mixtral",
     ),
 }
 
