@@ -23,6 +23,18 @@ COMMON = dict(
     tie_word_embeddings=False,
 )
 
+DEEPSEEK_V2 = {  # V2-Lite's layout, small: uncompressed queries, a dense first layer
+    "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": None, "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8, "v_head_dim": 12, "n_routed_experts": 8, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "n_shared_experts": 2, "first_k_dense_replace": 1,
+    "routed_scaling_factor": 1.5, "norm_topk_prob": False, "topk_method": "greedy",
+    "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+        "mscale": 1.0, "mscale_all_dim": 0.5,
+    },
+}  # fmt: skip
+
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "llama3_rope": (
@@ -54,6 +66,12 @@ FAMILIES = {
         },
     ),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", DEEPSEEK_V2),
+    "deepseek_v2_q": (
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        DEEPSEEK_V2 | {"q_lora_rank": 24, "first_k_dense_replace": 0},
+    ),
     "mixtral": (
         "MixtralConfig",
         "MixtralForCausalLM",

@@ -95,7 +95,7 @@ def test_whole_model_varlen_matches_cpu_fp32(tmp_path, family):
     reference = tuneforge.load_model(tmp_path, dtype="float32", attention="sdpa")
     on_gpu = tuneforge.load_model(tmp_path, dtype="bfloat16", device="cuda")
     args = on_gpu.args
-    expected = resolve_backend("auto", CUDA, torch.bfloat16, args.head_dim, args.windowed)
+    expected = resolve_backend("auto", CUDA, torch.bfloat16, args.head_dim, args.plain_attention)
     assert on_gpu.layers[0].attn.backend == expected and expected in ("flash4", "varlen")
     tokens = torch.randint(0, 128, (90,), generator=torch.Generator().manual_seed(0))
     cu = torch.tensor([0, 30, 31, 90], dtype=torch.int32)

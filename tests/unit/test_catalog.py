@@ -28,6 +28,7 @@ PUBLISHED_BILLIONS = {
     "mistral-7b-v0.3": (7.25, None),
     "mixtral-8x7b": (46.7, 12.9),
     "mixtral-8x22b": (141.0, 39.0),
+    "deepseek-v2-lite": (15.7, None),  # its 2.4 B activated: below
 }
 
 
@@ -41,7 +42,8 @@ def test_parameter_counts_match_the_model_cards(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["llama-3.2-1b", "qwen2.5-7b", "qwen3-4b", "qwen3-30b-a3b", "mixtral-8x7b"]
+    "name",
+    ["llama-3.2-1b", "qwen2.5-7b", "qwen3-4b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"],
 )
 def test_proxy_of_a_real_shape_counts_what_it_builds(name):
     args = CATALOG[name].with_layers(1)

@@ -49,8 +49,8 @@ def saved_bytes_per_token(
 
     def saved_bytes(count: int) -> int:
         rope = (
-            torch.ones(count, args.head_dim, dtype=dtype),
-            torch.zeros(count, args.head_dim, dtype=dtype),
+            torch.ones(count, args.rotary_dim, dtype=dtype),
+            torch.zeros(count, args.rotary_dim, dtype=dtype),
         )
         skip = excluded | {t.untyped_storage().data_ptr() for t in rope}
         saved: dict[int, int] = {}
@@ -226,3 +226,23 @@ def test_keys_seen_count_the_attention_mask(length, window):
     assert attention_flops_per_token(windowed, length) == pytest.approx(
         2 * per_key * mask.sum().item() / length
     )
+
+
+@pytest.mark.parametrize("q_rank", [None, 24])
+def test_latent_attention_and_shared_experts_are_counted(q_rank):
+    """DeepSeek-V2's shape: parameters, the adapters `all-linear` and the banks put on it."""
+    from tuneforge.config.schema import LoraSection
+    from tuneforge.models.args import LatentAttentionArgs
+    from tuneforge.models.decoder import Decoder
+    from tuneforge.peft.selection import lora_shape
+
+    moe = MoEArgs(8, 2, 24, mlp_only_layers=(0,), shared_experts=2, routed_scaling=1.5)
+    args = ModelArgs(
+        vocab_size=50, dim=64, num_layers=2, num_heads=4, num_kv_heads=4, ffn_dim=96, moe=moe,
+        latent_attention=LatentAttentionArgs(32, 16, 8, 12, q_rank), family="deepseek_v2",
+    )  # fmt: skip
+    model = Decoder(args)
+    assert args.num_params() == sum(p.numel() for p in model.parameters())
+    section = LoraSection(target_modules=["all-linear", "experts.down_proj"], rank=4)
+    report = apply_lora(model, section)
+    assert lora_params(args, lora_shape(section, args)) == report.trainable_params

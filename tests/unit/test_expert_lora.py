@@ -16,6 +16,11 @@ from tuneforge.peft.expert_lora import ExpertLoRA
 
 TOKENS = torch.randint(0, 128, (23,), generator=torch.Generator().manual_seed(2))
 BANKS = ["experts.gate_up_proj", "experts.down_proj"]
+ATTENTION = {  # two attention projections of each family
+    "qwen3_moe": ["q_proj", "v_proj"],
+    "mixtral": ["q_proj", "v_proj"],
+    "deepseek_v2": ["q_proj", "kv_b_proj"],
+}
 
 
 def randomise(model, seed=0):
@@ -112,7 +117,7 @@ def test_shared_expert_adapters_are_one_adapter(tmp_path):
 def test_our_expert_adapter_loads_in_peft_with_the_same_logits(tmp_path, family, shared):
     hf_model = save_tiny_model(tmp_path / "base", family)
     model = load_hf_model(tmp_path / "base", "float32", "sdpa")
-    lora = {"target_modules": ["q_proj", "v_proj", *BANKS], "rank": 4, "alpha": 8}
+    lora = {"target_modules": [*ATTENTION[family], *BANKS], "rank": 4, "alpha": 8}
     tuneforge.apply_lora(model, lora | {"share_expert_adapters": shared})
     randomise(model, seed=1)
     tuneforge.save_adapter(model, tmp_path / "adapter", str(tmp_path / "base"))
@@ -126,13 +131,13 @@ def test_our_expert_adapter_loads_in_peft_with_the_same_logits(tmp_path, family,
     torch.testing.assert_close(logits(model), expected, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v2"])
 def test_peft_expert_adapter_loads_here_with_the_same_logits(tmp_path, family):
     hf_model = save_tiny_model(tmp_path / "base", family)
     config = LoraConfig(
         r=4,
         lora_alpha=8,
-        target_modules=["k_proj"],
+        target_modules=ATTENTION[family][-1:],
         target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
         init_lora_weights=False,
     )
@@ -142,5 +147,6 @@ def test_peft_expert_adapter_loads_here_with_the_same_logits(tmp_path, family):
     peft_model.save_pretrained(tmp_path / "peft_adapter")
     model = load_hf_model(tmp_path / "base", "float32", "sdpa")
     tuneforge.load_adapter(model, tmp_path / "peft_adapter")
-    assert len([m for m in lora_modules(model).values() if isinstance(m, ExpertLoRA)]) == 4
+    sparse = sum(1 for layer in model.layers if isinstance(layer.mlp, MoE))
+    assert len([m for m in lora_modules(model).values() if isinstance(m, ExpertLoRA)]) == 2 * sparse
     torch.testing.assert_close(logits(model), expected, atol=1e-5, rtol=1e-4)

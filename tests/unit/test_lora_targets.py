@@ -122,3 +122,16 @@ def test_mixtral_names_its_experts_w1_w2_w3(tmp_path):
     assert selected(tmp_path, target_modules=["experts.w3"]) == banks
     assert selected(tmp_path, target_modules=["w2"]) == names(range(2), "mlp.experts.down_proj")
     assert selected(tmp_path, target_modules=["all-linear"]) == names(range(2), *ATTENTION)
+
+
+def test_megatron_names_select_the_latent_attention_projections(tmp_path):
+    save_tiny_model(tmp_path, "deepseek_v2_q")
+    assert selected(tmp_path, target_modules=["linear_kv_down_proj", "linear_q_up_proj"]) == names(
+        range(2), "self_attn.kv_a_proj_with_mqa", "self_attn.q_b_proj"
+    )
+    assert selected(tmp_path, target_modules=["all-linear"]) == names(
+        range(2),
+        "self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa",
+        "self_attn.kv_b_proj", "self_attn.o_proj", "mlp.shared_experts.gate_proj",
+        "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj",
+    )  # fmt: skip

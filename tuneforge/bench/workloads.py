@@ -8,6 +8,8 @@ from tuneforge.errors import TuneforgeError
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 EXPERT_BANKS = ("experts.gate_up_proj", "experts.down_proj")
+LATENT_ATTENTION = ("q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+"""DeepSeek-V2-Lite's attention projections."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,14 @@ WORKLOADS = {
                 "compiled+graph+chunk4096",
                 "compiled+graph+budget0.8",
             ),
+        ),
+        Workload(
+            "deepseek-v2-lite-4l-lora-attn-experts",
+            "deepseek-v2-lite",
+            LATENT_ATTENTION + EXPERT_BANKS,
+            layers=4,
+            peer_checkpointing=(False,),
+            variants=("compiled", "compiled+graph"),
         ),
         Workload(
             "qwen3-moe-4l-lora-attn-experts",

@@ -70,7 +70,11 @@ def load_model(
         )
     model.set_attention_backend(
         resolve_backend(
-            attention, target, model.embed.weight.dtype, model.args.head_dim, model.args.windowed
+            attention,
+            target,
+            model.embed.weight.dtype,
+            model.args.head_dim,
+            model.args.plain_attention,
         )
     )
     return model.to(target)

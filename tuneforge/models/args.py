@@ -1,5 +1,6 @@
 """The shape of a decoder: everything needed to build it and to count its cost."""
 
+import math
 from dataclasses import dataclass, replace
 
 from tuneforge.models.errors import ModelError
@@ -16,6 +17,51 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class YarnScaling:
+    """YaRN rotary scaling (`rope_type: yarn`, DeepSeek-V2): frequencies between interpolation
+    and extrapolation along a ramp, and the rotary part scaled by `attention_factor`."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+
+    @staticmethod
+    def _mscale(factor: float, mscale: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+    @property
+    def attention_factor(self) -> float:
+        """What cos and sin are multiplied by."""
+        if self.mscale and self.mscale_all_dim:
+            return self._mscale(self.factor, self.mscale) / self._mscale(
+                self.factor, self.mscale_all_dim
+            )
+        return self._mscale(self.factor)
+
+    @property
+    def softmax_factor(self) -> float:
+        """What DeepSeek-V2 multiplies the attention's softmax scale by (mscale_all_dim's)."""
+        return self._mscale(self.factor, self.mscale_all_dim) ** 2 if self.mscale_all_dim else 1.0
+
+
+@dataclass(frozen=True)
+class LatentAttentionArgs:
+    """Multi-head latent attention (DeepSeek-V2): keys and values made per head from one
+    compressed latent of `kv_rank` per token (`kv_a_proj_with_mqa` → norm → `kv_b_proj`), beside
+    one rotary key part of `rope_dim` shared by the heads; queries straight from the hidden
+    state (`q_rank` None: V2-Lite) or through their own compression."""
+
+    kv_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+    q_rank: int | None = None
+
+
+@dataclass(frozen=True)
 class MoEArgs:
     """Sparse mixture-of-experts MLP (Qwen3-MoE): softmax router, top-k experts."""
 
@@ -26,6 +72,10 @@ class MoEArgs:
     router_aux_loss_coef: float = 0.001
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    shared_experts: int = 0
+    """Experts every token goes through (DeepSeek-V2): one MLP this many experts wide."""
+    routed_scaling: float = 1.0
+    """The routed experts' weights multiplied by it (DeepSeek-V2's `routed_scaling_factor`)."""
 
     def is_sparse(self, layer: int) -> bool:
         return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
@@ -43,7 +93,7 @@ class ModelArgs:
     """Per-head width; 0 means dim // num_heads."""
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | YarnScaling | None = None
     tie_embeddings: bool = False
     attention_bias: bool = False
     """Bias on q/k/v projections (Qwen2)."""
@@ -51,12 +101,17 @@ class ModelArgs:
     """RMSNorm on each head of q and k before rotary (Qwen3)."""
     moe: MoEArgs | None = None
     max_position_embeddings: int = 4096
+    latent_attention: LatentAttentionArgs | None = None
+    """DeepSeek-V2's attention; `head_dim` is then its query and key width (nope + rope)."""
     sliding_window: int | None = None
     """Each token attends to itself and the W - 1 tokens before it (Mistral, Mixtral); None: to
     every token before it."""
     family: str = "llama"
 
     def __post_init__(self) -> None:
+        mla = self.latent_attention
+        if mla is not None:
+            object.__setattr__(self, "head_dim", mla.nope_dim + mla.rope_dim)
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.dim // self.num_heads)
         if self.num_heads % self.num_kv_heads:
@@ -75,10 +130,37 @@ class ModelArgs:
     def windowed(self) -> bool:
         return any(self.window(layer) is not None for layer in range(self.num_layers))
 
+    @property
+    def rotary_dim(self) -> int:
+        """The width rotary positions turn: a head's, or latent attention's rotary part."""
+        mla = self.latent_attention
+        return self.head_dim if mla is None else mla.rope_dim
+
+    @property
+    def value_dim(self) -> int:
+        mla = self.latent_attention
+        return self.head_dim if mla is None else mla.v_dim
+
+    @property
+    def plain_attention(self) -> bool:
+        """Every layer is causal attention over the whole document with equal q, k and v widths
+        (what FlashAttention-4's path takes here)."""
+        return not self.windowed and self.latent_attention is None
+
     def is_sparse_layer(self, layer: int) -> bool:
         return self.moe is not None and self.moe.is_sparse(layer)
 
     def attention_params(self) -> int:
+        mla = self.latent_attention
+        if mla is not None:
+            heads = self.num_heads
+            if mla.q_rank is None:
+                queries = self.dim * heads * self.head_dim
+            else:
+                queries = self.dim * mla.q_rank + mla.q_rank + mla.q_rank * heads * self.head_dim
+            latent = self.dim * (mla.kv_rank + mla.rope_dim) + mla.kv_rank
+            expand = mla.kv_rank * heads * (mla.nope_dim + mla.v_dim)
+            return queries + latent + expand + heads * mla.v_dim * self.dim
         projections = self.dim * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
         bias = (
             self.head_dim * (self.num_heads + 2 * self.num_kv_heads) if self.attention_bias else 0
@@ -92,6 +174,7 @@ class ModelArgs:
             return 3 * self.dim * self.ffn_dim
         assert self.moe is not None
         experts = self.moe.top_k if active else self.moe.num_experts
+        experts += self.moe.shared_experts
         return experts * 3 * self.dim * self.moe.expert_ffn_dim + self.moe.num_experts * self.dim
 
     def num_params(self, active: bool = False) -> int:

@@ -23,7 +23,8 @@ from tuneforge.packed import PackedSequences
 log = logging.getLogger(__name__)
 
 AttentionFn = Callable[..., torch.Tensor]
-"""(q, k, v, packed, window=None) -> out [T, H, D]; `window`: attend to the last W positions."""
+"""(q, k, v, packed, window=None, scale=None) -> out [T, H, D_v]: `window`, attend to the last
+W positions; `scale`, the softmax's (1/√D by default); v may be narrower than q and k."""
 
 
 def visible(length: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -40,6 +41,7 @@ def sdpa_attention(
     v: torch.Tensor,
     packed: PackedSequences,
     window: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     lengths = packed.lengths()
     outputs = []
@@ -49,10 +51,14 @@ def sdpa_attention(
         gqa = kd.shape[1] != qd.shape[1]
         length = qd.shape[2]
         if window is None or window >= length:
-            od = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, enable_gqa=gqa)
+            od = F.scaled_dot_product_attention(
+                qd, kd, vd, is_causal=True, enable_gqa=gqa, scale=scale
+            )
         else:
             mask = visible(length, window, q.device)
-            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, enable_gqa=gqa)
+            od = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=mask, enable_gqa=gqa, scale=scale
+            )
         outputs.append(od.squeeze(0).transpose(0, 1))
     return torch.cat(outputs)
 
@@ -63,6 +69,7 @@ def eager_attention(
     v: torch.Tensor,
     packed: PackedSequences,
     window: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     outputs = []
@@ -71,7 +78,8 @@ def eager_attention(
         qd = qd.transpose(0, 1)
         kd = kd.transpose(0, 1).repeat_interleave(groups, dim=0)
         vd = vd.transpose(0, 1).repeat_interleave(groups, dim=0)
-        scores = qd.float() @ kd.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+        factor = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+        scores = qd.float() @ kd.float().transpose(-1, -2) * factor
         scores = scores.masked_fill(~visible(len(qd[0]), window, q.device), float("-inf"))
         outputs.append((scores.softmax(-1) @ vd.float()).to(q.dtype).transpose(0, 1))
     return torch.cat(outputs)
@@ -83,6 +91,7 @@ def varlen_attention(
     v: torch.Tensor,
     packed: PackedSequences,
     window: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
@@ -90,10 +99,15 @@ def varlen_attention(
     kwargs: dict[str, Any] = {"window_size": (-1 if window is None else window - 1, 0)}
     if k.shape[1] != q.shape[1] and "enable_gqa" in _varlen_parameters():
         kwargs["enable_gqa"] = True
+    if scale is not None:
+        kwargs["scale"] = scale
+    width = v.shape[-1]
+    if width != q.shape[-1]:  # the flash kernels take one head width: v padded with zeros
+        v = F.pad(v, (0, q.shape[-1] - width))
     cu = packed.cu_seqlens
     out = varlen_attn(q, k, v, cu, cu, packed.max_seqlen, packed.max_seqlen, **kwargs)
     assert isinstance(out, torch.Tensor)  # no auxiliary outputs were asked for
-    return out
+    return out[..., :width]
 
 
 def _varlen_parameters() -> set[str]:
@@ -108,8 +122,9 @@ def flash4_attention(
     v: torch.Tensor,
     packed: PackedSequences,
     window: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    assert window is None, "resolve_backend keeps windowed models off flash4"
+    assert window is None and scale is None, "resolve_backend keeps these models off flash4"
     return flash4.flash4_forward(q, k, v, packed.cu_seqlens, packed.max_seqlen)[0]
 
 
@@ -144,17 +159,17 @@ def resolve_backend(
     device: torch.device,
     dtype: torch.dtype = torch.bfloat16,
     head_dim: int = 128,
-    windowed: bool = False,
+    plain: bool = True,
 ) -> str:
     """The backend that will run: `auto` becomes `flash4` where its package is installed and the
-    GPU, dtype and head size are ones it takes (and no layer has a sliding window), else
-    `varlen` where that works, else `sdpa`. `flash4` asked for where it cannot run is an
-    error, not a silent fallback."""
+    GPU, dtype and head size are ones it takes (and the model's attention is `plain`: no
+    sliding window, no latent attention), else `varlen` where that works, else `sdpa`. `flash4`
+    asked for where it cannot run is an error, not a silent fallback."""
     flash_ok = dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM
-    if name == "flash4" and windowed:
+    if name == "flash4" and not plain:
         raise ModelError(
-            "attention 'flash4' does not run sliding-window layers here: set model.attention "
-            "to auto (flash varlen attention takes the window)"
+            "attention 'flash4' runs plain causal attention here, not sliding-window or latent "
+            "attention: set model.attention to auto (flash varlen attention takes them)"
         )
     if name == "flash4" and not (flash4.available(device) and flash_ok):
         raise ModelError(
@@ -166,6 +181,6 @@ def resolve_backend(
         return name
     if not flash_ok:
         return "sdpa"
-    if flash4.available(device) and flash4.supports(head_dim, device) and not windowed:
+    if flash4.available(device) and flash4.supports(head_dim, device) and plain:
         return "flash4"
     return "varlen" if varlen_available(device) else "sdpa"

@@ -3,7 +3,7 @@
 Shapes copy the published `config.json` of each model; `tuneforge models` lists them.
 """
 
-from tuneforge.models.args import ModelArgs, MoEArgs, RopeScaling
+from tuneforge.models.args import LatentAttentionArgs, ModelArgs, MoEArgs, RopeScaling, YarnScaling
 
 LLAMA31_ROPE = RopeScaling(
     factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
@@ -77,6 +77,18 @@ def mixtral(vocab: int, dim: int, layers: int, heads: int, ffn: int, context: in
     )  # fmt: skip
 
 
+DEEPSEEK_V2_LITE = ModelArgs(
+    vocab_size=102400, dim=2048, num_layers=27, num_heads=16, num_kv_heads=16, ffn_dim=10944,
+    norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=163840,
+    rope_scaling=YarnScaling(factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0,
+                             beta_slow=1.0, mscale=0.707, mscale_all_dim=0.707),
+    latent_attention=LatentAttentionArgs(kv_rank=512, nope_dim=128, rope_dim=64, v_dim=128),
+    moe=MoEArgs(num_experts=64, top_k=6, expert_ffn_dim=1408, norm_topk_prob=False,
+                mlp_only_layers=(0,), shared_experts=2),
+    family="deepseek_v2",
+)  # fmt: skip
+
+
 CATALOG: dict[str, ModelArgs] = {
     "demo-tiny": ModelArgs(
         vocab_size=384,
@@ -104,6 +116,7 @@ CATALOG: dict[str, ModelArgs] = {
     "qwen3-8b": qwen3(4096, 36, 32, 8, 12288, tied=False),
     "qwen3-14b": qwen3(5120, 40, 40, 8, 17408, tied=False),
     "qwen3-32b": qwen3(5120, 64, 64, 8, 25600, tied=False),
+    "deepseek-v2-lite": DEEPSEEK_V2_LITE,
     "mistral-7b-v0.1": mistral(32000, 10000.0, 4096),
     "mistral-7b-v0.3": mistral(32768, 1000000.0, None),
     "mixtral-8x7b": mixtral(32000, 4096, 32, 32, 14336, 32768),

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from tuneforge.models.args import ModelArgs
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LATENT_NAMES = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+"""Latent attention's projections (DeepSeek-V2), beside q_proj and o_proj."""
+PROJECTION_NAMES = LINEAR_NAMES + LATENT_NAMES
 
 
 @dataclass(frozen=True)
@@ -34,20 +37,43 @@ class LoraShape:
 
 
 def linear_shapes(args: ModelArgs, layer: int) -> dict[str, tuple[int, int]]:
-    """(in, out) of every dense linear of one layer (experts excluded)."""
-    shapes = {
-        "q_proj": (args.dim, args.num_heads * args.head_dim),
-        "k_proj": (args.dim, args.num_kv_heads * args.head_dim),
-        "v_proj": (args.dim, args.num_kv_heads * args.head_dim),
-        "o_proj": (args.num_heads * args.head_dim, args.dim),
-    }
-    if not args.is_sparse_layer(layer):
+    """(in, out) of every dense linear of one layer (routed experts excluded; a MoE layer's
+    shared experts are one MLP)."""
+    shapes = _attention_shapes(args)
+    ffn = args.ffn_dim
+    if args.is_sparse_layer(layer):
+        assert args.moe is not None
+        ffn = args.moe.expert_ffn_dim * args.moe.shared_experts
+    if ffn:
         shapes |= {
-            "gate_proj": (args.dim, args.ffn_dim),
-            "up_proj": (args.dim, args.ffn_dim),
-            "down_proj": (args.ffn_dim, args.dim),
+            "gate_proj": (args.dim, ffn),
+            "up_proj": (args.dim, ffn),
+            "down_proj": (ffn, args.dim),
         }
     return shapes
+
+
+def _attention_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
+    heads, mla = args.num_heads, args.latent_attention
+    if mla is None:
+        return {
+            "q_proj": (args.dim, heads * args.head_dim),
+            "k_proj": (args.dim, args.num_kv_heads * args.head_dim),
+            "v_proj": (args.dim, args.num_kv_heads * args.head_dim),
+            "o_proj": (heads * args.head_dim, args.dim),
+        }
+    if mla.q_rank is None:
+        queries = {"q_proj": (args.dim, heads * args.head_dim)}
+    else:
+        queries = {
+            "q_a_proj": (args.dim, mla.q_rank),
+            "q_b_proj": (mla.q_rank, heads * args.head_dim),
+        }
+    return queries | {
+        "kv_a_proj_with_mqa": (args.dim, mla.kv_rank + mla.rope_dim),
+        "kv_b_proj": (mla.kv_rank, heads * (mla.nope_dim + mla.v_dim)),
+        "o_proj": (heads * mla.v_dim, args.dim),
+    }
 
 
 def expert_projection_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
@@ -87,7 +113,7 @@ def layer_lora_params(args: ModelArgs, lora: LoraShape, layer: int, active: bool
 def attention_flops_per_token(args: ModelArgs, doc_len: int) -> float:
     """Forward FLOPs of q·kᵀ and p·v per token: causal, so a token sees (L + 1) / 2 keys on
     average, or at most W of them in a layer with a sliding window of W."""
-    per_key = 4 * args.num_heads * args.head_dim
+    per_key = 2 * args.num_heads * (args.head_dim + args.value_dim)  # q·kᵀ, then p·v
     return sum(per_key * keys_seen(doc_len, args.window(layer)) for layer in range(args.num_layers))
 
 
@@ -133,6 +159,8 @@ def attention_activation_bytes_per_token(
     """What one layer's attention keeps per token with flash-style kernels: q, k, v after rotary,
     the attention output, a log-sum-exp per head (and the q/k norms' inputs); o_proj's input
     (a contiguous copy of the output) only when o_proj's weight trains."""
+    if args.latent_attention is not None:
+        return _latent_attention_bytes(args, dtype_bytes, trainable)
     q_width, kv_width = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
     outputs = 3 if trainable else 2
     attention = (outputs * q_width + 2 * kv_width) * dtype_bytes + args.num_heads * 4
@@ -141,6 +169,24 @@ def attention_activation_bytes_per_token(
         # which keeps nothing of it)
         attention += dtype_bytes * (q_width + kv_width) + 4 * (args.num_heads + args.num_kv_heads)
     return attention
+
+
+def _latent_attention_bytes(args: ModelArgs, dtype_bytes: int, trainable: bool) -> float:
+    """Latent attention through the flash kernels, values padded to the keys' width: q, k, the
+    padded v and output, a log-sum-exp per head, o_proj's input (when it trains); the latents'
+    norms keep their inputs (the projections' whole outputs, of which they are views) and, for
+    a next projection that trains, their outputs. Not yet checked against a GPU run."""
+    mla = args.latent_attention
+    assert mla is not None
+    heads = args.num_heads
+    kept = 4 * heads * args.head_dim * dtype_bytes + heads * 4
+    kept += (mla.kv_rank + mla.rope_dim) * dtype_bytes + 4
+    if mla.q_rank is not None:
+        kept += mla.q_rank * dtype_bytes + 4
+    if trainable:
+        kept += heads * mla.v_dim * dtype_bytes + mla.kv_rank * dtype_bytes
+        kept += mla.q_rank * dtype_bytes if mla.q_rank is not None else 0
+    return kept
 
 
 def _mlp_bytes(args: ModelArgs, layer: int, dtype_bytes: int, trainable: bool) -> float:
@@ -158,7 +204,9 @@ def _mlp_bytes(args: ModelArgs, layer: int, dtype_bytes: int, trainable: bool) -
 
 
 SHARED_INPUTS = (
-    ("q_proj", "k_proj", "v_proj"),
+    ("q_proj", "k_proj", "v_proj", "q_a_proj", "kv_a_proj_with_mqa"),
+    ("q_b_proj",),
+    ("kv_b_proj",),
     ("o_proj",),
     ("gate_proj", "up_proj"),
     ("down_proj",),

@@ -1,5 +1,6 @@
-"""One decoder for the Llama and Qwen families in plain PyTorch: RMSNorm, rotary positions,
-GQA attention (optional q/k/v bias, optional per-head q/k norm), SwiGLU or a sparse MoE MLP.
+"""One decoder for the Llama, Qwen, Mistral, Mixtral and DeepSeek-V2 families in plain PyTorch:
+RMSNorm, rotary positions, GQA attention (optional q/k/v bias, per-head q/k norm, sliding window)
+or latent attention (`latent_attention.py`), SwiGLU or a sparse MoE MLP (with shared experts).
 
 Inputs are packed: a flat stream of tokens [T] with `PackedSequences` describing documents.
 """
@@ -14,6 +15,7 @@ from torch import nn
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.attention import BACKENDS
 from tuneforge.models.kv_cache import KVCache, LayerCache
+from tuneforge.models.latent_attention import LatentAttention
 from tuneforge.models.moe import MoE, load_balancing_loss
 from tuneforge.models.norm import RMSNorm
 from tuneforge.models.rope import RotaryEmbedding, apply_rotary
@@ -82,15 +84,23 @@ class MLP(nn.Module):
 
 def build_mlp(args: ModelArgs, layer: int) -> nn.Module:
     if args.moe is not None and args.is_sparse_layer(layer):
-        return MoE(args.dim, args.moe)
+        shared = args.moe.shared_experts
+        width = args.moe.expert_ffn_dim * shared
+        return MoE(args.dim, args.moe, shared_experts=MLP(args.dim, width) if shared else None)
     return MLP(args.dim, args.ffn_dim)
+
+
+def build_attention(args: ModelArgs, layer: int, backend: str) -> Attention | LatentAttention:
+    if args.latent_attention is not None:
+        return LatentAttention(args, backend)
+    return Attention(args, backend, layer)
 
 
 class Block(nn.Module):
     def __init__(self, args: ModelArgs, layer: int, backend: str) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(args.dim, args.norm_eps)
-        self.attn = Attention(args, backend, layer)
+        self.attn = build_attention(args, layer, backend)
         self.mlp_norm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = build_mlp(args, layer)
 
@@ -110,7 +120,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.args = args
         self.embed = nn.Embedding(args.vocab_size, args.dim)
-        self.rope = RotaryEmbedding(args.head_dim, args.rope_theta, args.rope_scaling)
+        self.rope = RotaryEmbedding(args.rotary_dim, args.rope_theta, args.rope_scaling)
         self.layers = nn.ModuleList(
             Block(args, layer, attention) for layer in range(args.num_layers)
         )
@@ -175,6 +185,7 @@ class Decoder(nn.Module):
             args.head_dim,
             weight.dtype,
             weight.device,
+            args.value_dim,
         )
 
     def forward(

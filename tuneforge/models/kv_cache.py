@@ -27,12 +27,13 @@ class LayerCache:
         v: torch.Tensor,
         packed: PackedSequences,
         window: int | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """Store k/v of the new tokens and attend the new queries [T, H, D] to their sequence
-        (its last `window` positions only, where given)."""
+        (its last `window` positions only, where given; `scale`: the softmax's)."""
         new = packed.lengths()
         if packed.max_seqlen == 1 and all(n == 1 for n in new):
-            return self._decode_step(q, k, v, window)
+            return self._decode_step(q, k, v, window, scale)
         out = []
         starts = packed.cu_seqlens.tolist()
         for row, (start, count) in enumerate(zip(starts[:-1], new, strict=True)):
@@ -49,12 +50,18 @@ class LayerCache:
                 self.values[row : row + 1, :, :total],
                 attn_mask=mask,
                 enable_gqa=q.shape[1] != k.shape[1],
+                scale=scale,
             )
             out.append(attended[0].transpose(0, 1))
         return torch.cat(out)
 
     def _decode_step(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        window: int | None,
+        scale: float | None,
     ) -> torch.Tensor:
         rows = torch.arange(q.shape[0], device=q.device)
         self.keys[rows, :, self.lengths] = k
@@ -69,6 +76,7 @@ class LayerCache:
             self.values,
             attn_mask=visible[:, None, None, :],
             enable_gqa=q.shape[1] != k.shape[1],
+            scale=scale,
         )
         return attended[:, :, 0, :]
 
@@ -83,13 +91,16 @@ class KVCache:
         head_dim: int,
         dtype,
         device,
+        value_dim: int | None = None,
     ) -> None:
+        """`value_dim`: the values' width where it is not the keys' (latent attention)."""
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         shape = (batch, kv_heads, capacity, head_dim)
+        values = (batch, kv_heads, capacity, value_dim or head_dim)
         self.layers = [
             LayerCache(
                 torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(values, dtype=dtype, device=device),
                 self.lengths,
             )
             for _ in range(num_layers)

@@ -176,10 +176,19 @@ class ExpertBank(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, dim: int, args: MoEArgs, implementation: str = "grouped") -> None:
+    def __init__(
+        self,
+        dim: int,
+        args: MoEArgs,
+        implementation: str = "grouped",
+        shared_experts: nn.Module | None = None,
+    ) -> None:
+        """`shared_experts`: an MLP every token goes through beside its routed experts."""
         super().__init__()
         self.top_k = args.top_k
         self.norm_topk_prob = args.norm_topk_prob
+        self.routed_scaling = args.routed_scaling
+        self.shared_experts = shared_experts
         self.router = nn.Linear(dim, args.num_experts, bias=False)
         self.experts = ExpertBank(args.num_experts, dim, args.expert_ffn_dim, implementation)
         self.last_router_logits: torch.Tensor | None = None
@@ -193,9 +202,12 @@ class MoE(nn.Module):
         top_probs, expert_ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+        if self.routed_scaling != 1.0:
+            top_probs = top_probs * self.routed_scaling
         if self.record_router_logits:  # for the load-balancing loss
             self.last_router_logits = logits
-        return self.experts(x_TD, expert_ids, top_probs.to(x_TD.dtype))
+        routed = self.experts(x_TD, expert_ids, top_probs.to(x_TD.dtype))
+        return routed if self.shared_experts is None else routed + self.shared_experts(x_TD)
 
 
 def load_balancing_loss(

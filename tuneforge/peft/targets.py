@@ -25,6 +25,12 @@ BANK_PROJECTIONS = ("gate_up_proj", "down_proj")
 ALIASES = {
     "linear_qkv": ["q_proj", "k_proj", "v_proj"],
     "linear_proj": ["o_proj"],
+    # Megatron's latent attention (DeepSeek-V2)
+    "linear_q_proj": ["q_proj"],
+    "linear_q_down_proj": ["q_a_proj"],
+    "linear_q_up_proj": ["q_b_proj"],
+    "linear_kv_down_proj": ["kv_a_proj_with_mqa"],
+    "linear_kv_up_proj": ["kv_b_proj"],
     "linear_fc1": ["gate_proj", "up_proj", "experts.gate_up_proj"],
     "linear_fc2": ["down_proj", "experts.down_proj"],
     "experts.linear_fc1": ["experts.gate_up_proj"],

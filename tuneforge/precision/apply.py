@@ -13,6 +13,7 @@ from torch import nn
 from tuneforge.config.schema import ModelSection, PrecisionSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB, low_precision_cores
+from tuneforge.models.cost import PROJECTION_NAMES
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.lora import LoRALinear, LowPrecisionBase
@@ -265,7 +266,7 @@ def _swap_trained(
         )
 
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = PROJECTION_NAMES
 """The decoder's projections (a MoE router, also a linear, stays in the model's dtype)."""
 
 

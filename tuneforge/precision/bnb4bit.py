@@ -9,7 +9,7 @@ products run in FP8 instead (`four_bit_fp8.py`)."""
 import torch
 from torch import nn
 
-from tuneforge.models.cost import LINEAR_NAMES
+from tuneforge.models.cost import PROJECTION_NAMES
 from tuneforge.peft.lora import LowPrecisionBase
 from tuneforge.precision.bnb_codes import BLOCK, FourBitLayout, code_values, dequantize
 from tuneforge.precision.four_bit_fp8 import FourBitFp8Product, fp8_multipliers
@@ -154,7 +154,7 @@ def quantize_on_arrival(model, quant_type: str, double_quant: bool, device: torc
     adapters made on it; never read): the 4-bit base waits on the linear (`FOUR_BIT`) until the
     precision step swaps it in (`precision/apply.py`)."""
     for name, module in model.layers.named_modules():
-        if name.rsplit(".", 1)[-1] not in LINEAR_NAMES or not isinstance(module, nn.Linear):
+        if name.rsplit(".", 1)[-1] not in PROJECTION_NAMES or not isinstance(module, nn.Linear):
             continue
         four_bit = Bnb4bitLinear(module, quant_type, double_quant, device)
         weight = module.weight

@@ -71,7 +71,8 @@ def build_model(section: ModelSection, device: torch.device, seed: int) -> Decod
         model.to(device)
         args = model.args
         dtype = model.embed.weight.dtype
-        backend = resolve_backend(section.attention, device, dtype, args.head_dim, args.windowed)
+        plain = args.plain_attention
+        backend = resolve_backend(section.attention, device, dtype, args.head_dim, plain)
         model.set_attention_backend(backend)
     backend = model.attention_backend
     log.info("attention backend: %s", backend)

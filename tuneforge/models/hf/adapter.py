@@ -13,8 +13,19 @@ from typing import Any
 
 import torch
 
-from tuneforge.models.args import ModelArgs, MoEArgs, RopeScaling
+from tuneforge.models.args import (
+    ModelArgs,
+    RopeScaling,
+    YarnScaling,
+)
 from tuneforge.models.errors import ModelError
+from tuneforge.models.hf.config_fields import (
+    deepseek_config,
+    latent_from_config,
+    moe_from_config,
+    num_experts,
+    rope_from_config,
+)
 
 LLAMA_KEYS = {
     "model.embed_tokens.weight": "embed.weight",
@@ -56,6 +67,19 @@ MIXTRAL_KEYS = {
 }
 """Mixtral's checkpoint layout; transformers names the modules `mlp.gate` and `mlp.experts` once
 loaded (`StateDictAdapter.renames`)."""
+LATENT_ATTENTION_KEYS = {
+    f"model.layers.{{i}}.self_attn.{name}.weight": f"layers.{{i}}.attn.{name}.weight"
+    for name in (
+        "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
+        "kv_b_proj",
+    )
+}  # fmt: skip
+SHARED_EXPERT_KEYS = {
+    f"model.layers.{{i}}.mlp.shared_experts.{p}_proj.weight": (
+        f"layers.{{i}}.mlp.shared_experts.{p}_proj.weight"
+    )
+    for p in ("gate", "up", "down")
+}
 
 
 @functools.cache
@@ -115,9 +139,10 @@ class StateDictAdapter:
     """(checkpoint, module) name parts where transformers' modules are not named as the
     checkpoint's tensors (adapters and PEFT name modules)."""
     moe_config: str = "qwen"
-    """How the config names the experts: `qwen` (`num_experts`, `moe_intermediate_size`, ...)
-    or `mixtral` (`num_local_experts`, every layer sparse, experts as wide as
-    `intermediate_size`, the top-k weights renormalised)."""
+    """How the config names the experts: `qwen` (`num_experts`, `moe_intermediate_size`, ...),
+    `mixtral` (`num_local_experts`, every layer sparse, experts as wide as
+    `intermediate_size`, the top-k weights renormalised) or `deepseek` (`n_routed_experts`,
+    shared experts, the first `first_k_dense_replace` layers dense, latent attention)."""
 
     def from_hf(self, hf_name: str) -> Place | None:
         """Where a HF tensor goes in ours (None: not part of this family's layout)."""
@@ -167,7 +192,7 @@ class StateDictAdapter:
 
     def args_from_config(self, config: dict[str, Any]) -> ModelArgs:
         num_heads = config["num_attention_heads"]
-        rope_theta, rope_scaling = _rope(config)
+        rope_theta, rope_scaling = rope_from_config(config)
         return ModelArgs(
             vocab_size=config["vocab_size"],
             dim=config["hidden_size"],
@@ -182,7 +207,8 @@ class StateDictAdapter:
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=bool(config.get("attention_bias", self.qkv_bias)),
             qk_norm=self.qk_norm,
-            moe=_moe(config, self.moe_config) if _num_experts(config) else None,
+            moe=moe_from_config(config, self.moe_config) if num_experts(config) else None,
+            latent_attention=latent_from_config(config) if self.moe_config == "deepseek" else None,
             max_position_embeddings=config.get("max_position_embeddings", 4096),
             sliding_window=config.get("sliding_window") if self.windowed else None,
             family=self.model_type,
@@ -190,7 +216,7 @@ class StateDictAdapter:
 
     def config_from_args(self, args: ModelArgs, dtype: str) -> dict[str, Any]:
         rope: dict[str, Any] = {"rope_type": "default", "rope_theta": args.rope_theta}
-        if args.rope_scaling is not None:
+        if isinstance(args.rope_scaling, RopeScaling):
             scaling = args.rope_scaling
             rope |= {
                 "rope_type": "llama3",
@@ -222,6 +248,16 @@ class StateDictAdapter:
         }
         if self.windowed:
             config["sliding_window"] = args.sliding_window
+        if isinstance(args.rope_scaling, YarnScaling):
+            yarn = args.rope_scaling
+            rope = {"rope_type": "yarn", "rope_theta": args.rope_theta, "factor": yarn.factor,
+                    "original_max_position_embeddings": yarn.original_max_position_embeddings,
+                    "beta_fast": yarn.beta_fast, "beta_slow": yarn.beta_slow,
+                    "mscale": yarn.mscale, "mscale_all_dim": yarn.mscale_all_dim}  # fmt: skip
+            config |= {"rope_parameters": rope, "rope_scaling": rope}
+        if self.moe_config == "deepseek":
+            config |= deepseek_config(args)
+            return config
         if args.moe is not None and self.moe_config == "mixtral":
             config |= {
                 "num_local_experts": args.moe.num_experts,
@@ -241,47 +277,6 @@ class StateDictAdapter:
                 "mlp_only_layers": list(moe.mlp_only_layers),
             }
         return config
-
-
-def _rope(config: dict[str, Any]) -> tuple[float, RopeScaling | None]:
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    theta = float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-    kind = rope.get("rope_type") or rope.get("type") or "default"
-    if kind == "default":
-        return theta, None
-    if kind == "llama3":
-        return theta, RopeScaling(
-            factor=float(rope["factor"]),
-            low_freq_factor=float(rope["low_freq_factor"]),
-            high_freq_factor=float(rope["high_freq_factor"]),
-            original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
-        )
-    raise ModelError(f"rope scaling '{kind}' is not supported (supported: default, llama3)")
-
-
-def _num_experts(config: dict[str, Any]) -> int:
-    # Hub checkpoints write `num_experts`; transformers 5 writes its alias `num_local_experts`.
-    return int(config.get("num_experts") or config.get("num_local_experts") or 0)
-
-
-def _moe(config: dict[str, Any], style: str) -> MoEArgs:
-    if style == "mixtral":
-        return MoEArgs(
-            num_experts=_num_experts(config),
-            top_k=config["num_experts_per_tok"],
-            expert_ffn_dim=config["intermediate_size"],
-            norm_topk_prob=True,
-            router_aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)),
-        )
-    return MoEArgs(
-        num_experts=_num_experts(config),
-        top_k=config["num_experts_per_tok"],
-        expert_ffn_dim=config["moe_intermediate_size"],
-        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
-        router_aux_loss_coef=float(config.get("router_aux_loss_coef", 0.001)),
-        decoder_sparse_step=int(config.get("decoder_sparse_step", 1)),
-        mlp_only_layers=tuple(config.get("mlp_only_layers") or ()),
-    )
 
 
 ADAPTERS = {
@@ -312,6 +307,12 @@ ADAPTERS = {
         windowed=True,
         renames=((".block_sparse_moe.", ".mlp."),),
         moe_config="mixtral",
+    ),
+    "deepseek_v2": StateDictAdapter(
+        "deepseek_v2",
+        "DeepseekV2ForCausalLM",
+        LLAMA_KEYS | MOE_KEYS | LATENT_ATTENTION_KEYS | SHARED_EXPERT_KEYS,
+        moe_config="deepseek",
     ),
 }
 
