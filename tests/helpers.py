@@ -35,6 +35,15 @@ DEEPSEEK_V2 = {  # V2-Lite's layout, small: uncompressed queries, a dense first 
     },
 }  # fmt: skip
 
+GEMMA3 = {  # one local layer (window 8), one global with linear rotary scaling, tied embeddings
+    "head_dim": 24, "query_pre_attn_scalar": 20, "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": True,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+}  # fmt: skip
+
 FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "llama3_rope": (
@@ -67,6 +76,7 @@ FAMILIES = {
     ),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", DEEPSEEK_V2),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),
     "deepseek_v2_q": (
         "DeepseekV2Config",
         "DeepseekV2ForCausalLM",

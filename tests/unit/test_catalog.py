@@ -29,6 +29,8 @@ PUBLISHED_BILLIONS = {
     "mixtral-8x7b": (46.7, 12.9),
     "mixtral-8x22b": (141.0, 39.0),
     "deepseek-v2-lite": (15.7, None),  # its 2.4 B activated: below
+    "gemma-3-1b": (1.0, None),
+    "gemma-3-27b": (27.0, None),  # the text model (the card's 27.4 B adds the vision tower)
 }
 
 
@@ -43,7 +45,15 @@ def test_parameter_counts_match_the_model_cards(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["llama-3.2-1b", "qwen2.5-7b", "qwen3-4b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"],
+    [
+        "llama-3.2-1b",
+        "qwen2.5-7b",
+        "qwen3-4b",
+        "qwen3-30b-a3b",
+        "mixtral-8x7b",
+        "deepseek-v2-lite",
+        "gemma-3-4b",
+    ],
 )
 def test_proxy_of_a_real_shape_counts_what_it_builds(name):
     args = CATALOG[name].with_layers(1)

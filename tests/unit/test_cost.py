@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tuneforge.models.args import ModelArgs, MoEArgs
+from tuneforge.models.args import GemmaArgs, ModelArgs, MoEArgs
 from tuneforge.models.cost import (
     LoraShape,
     activation_bytes_per_token,
@@ -21,7 +21,11 @@ SHAPES = {
     "qk_norm": replace(DENSE, head_dim=64, qk_norm=True),
     # expert width chosen so that no expert tensor is as wide as the model (2 x 96 != 256)
     "moe": replace(DENSE, moe=MoEArgs(8, 2, 96), qk_norm=True, family="qwen3_moe"),
-}
+    "gemma": replace(
+        DENSE, head_dim=64, qk_norm=True, gemma=GemmaArgs(64, ("full_attention",)),
+        family="gemma3_text",
+    ),
+}  # fmt: skip
 
 
 def saved_bytes_per_token(
@@ -87,6 +91,7 @@ LORA_CASES = {
     "dense-attention": ("dense", ATTENTION),
     "dense-q-v-down": ("dense", ["q_proj", "v_proj", "down_proj"]),
     "qk_norm-all-linear": ("qk_norm", list(LoraShape(16).targets)),
+    "gemma-all-linear": ("gemma", list(LoraShape(16).targets)),
     "moe-attention": ("moe", ATTENTION),
     "moe-attention-experts": ("moe", ATTENTION + BANKS),
     "moe-down-bank": ("moe", ["experts.down_proj"]),

@@ -10,7 +10,9 @@ from tuneforge.models.generate import generate
 PROMPTS = [[5, 9, 17, 3], [44], [7, 7, 7, 1, 2, 90, 33, 12, 4]]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "mixtral", "deepseek_v2"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen3", "mistral", "mixtral", "deepseek_v2", "gemma3_text"]
+)
 def test_greedy_generation_matches_transformers(tmp_path, family):
     hf_model = save_tiny_model(tmp_path, family)
     model = tuneforge.load_model(tmp_path, dtype="float32", attention="sdpa")

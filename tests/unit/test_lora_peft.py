@@ -151,3 +151,41 @@ def test_the_public_functions_take_paths_as_text(tmp_path):
             annotation = str(parameter.annotation)
             if "Path" in annotation:
                 assert "str" in annotation, (name, parameter)
+
+
+FAMILY_TARGETS = {  # PEFT takes a MoE family's MLP names for its experts': attention there
+    "mistral": "all-linear",
+    "gemma3_text": "all-linear",
+    "mixtral": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "deepseek_v2": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+    "deepseek_v2_q": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_TARGETS))
+def test_adapters_of_every_family_go_both_ways(tmp_path, family):
+    """Ours into PEFT and PEFT's into ours, with the same logits."""
+    targets = FAMILY_TARGETS[family]
+    hf_model = save_tiny_model(tmp_path / "base", family)
+    model = load_hf_model(tmp_path / "base", "float32", "sdpa")
+    ours = [targets] if isinstance(targets, str) else targets
+    tuneforge.apply_lora(model, {"target_modules": ours, "rank": 4, "alpha": 8})
+    randomise_adapters(model)
+    tuneforge.save_adapter(model, tmp_path / "ours", str(tmp_path / "base"))
+    peft_model = PeftModel.from_pretrained(hf_model, tmp_path / "ours").eval()
+    torch.testing.assert_close(our_logits(model), peft_logits(peft_model), atol=1e-5, rtol=1e-4)
+    peft_model.unload()
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
+    theirs = get_peft_model(hf_model, config).eval()
+    theirs.save_pretrained(tmp_path / "theirs")
+    model = load_hf_model(tmp_path / "base", "float32", "sdpa")
+    tuneforge.load_adapter(model, tmp_path / "theirs")
+    torch.testing.assert_close(our_logits(model), peft_logits(theirs), atol=1e-5, rtol=1e-4)
+
+
+def test_saving_what_peft_would_read_as_experts_warns(tmp_path, caplog):
+    save_tiny_model(tmp_path / "base", "deepseek_v2")
+    model = load_hf_model(tmp_path / "base", "float32", "sdpa")
+    tuneforge.apply_lora(model, {"target_modules": ["q_proj", "gate_proj"], "rank": 4})
+    tuneforge.save_adapter(model, tmp_path / "ours", str(tmp_path / "base"))
+    assert "PEFT reads those names as the experts' projections" in caplog.text

@@ -1,22 +1,24 @@
-"""RMSNorm's own backward against the same expression left to autograd."""
+"""RMSNorm's own backward (Llama's and Gemma's) against the same expression left to autograd."""
 
 import pytest
 import torch
 
-from tuneforge.models.norm import RMSNormFunction, reference_rms_norm
+from tuneforge.models.norm import RMSNormFunction, reference_offset_rms_norm, reference_rms_norm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("weight_trains", [True, False])
-def test_rms_norm_matches_autograd(dtype, weight_trains):
+@pytest.mark.parametrize("offset", [False, True], ids=["llama", "gemma"])
+def test_rms_norm_matches_autograd(dtype, weight_trains, offset):
     generator = torch.Generator().manual_seed(0)
     x = (3 * torch.randn(2, 40, 64, generator=generator)).to(dtype)
     weight = (1 + 0.1 * torch.randn(64, generator=generator)).to(dtype)
     grad = torch.randn(2, 40, 64, generator=generator).to(dtype)
     results = []
-    for function in (RMSNormFunction.apply, reference_rms_norm):
+    reference = reference_offset_rms_norm if offset else reference_rms_norm
+    for function in (RMSNormFunction.apply, reference):
         x_, w_ = x.clone().requires_grad_(), weight.clone().requires_grad_(weight_trains)
-        y = function(x_, w_, 1e-5)
+        y = function(x_, w_, 1e-5, offset) if function is not reference else function(x_, w_, 1e-5)
         y.backward(grad)
         results.append((y, x_.grad, w_.grad))
     (y, dx, dw), (ref_y, ref_dx, ref_dw) = results

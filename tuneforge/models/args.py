@@ -17,6 +17,26 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class LinearScaling:
+    """Positions divided by `factor` (`rope_type: linear`; Gemma 3's global layers)."""
+
+    factor: float
+
+
+@dataclass(frozen=True)
+class GemmaArgs:
+    """What Gemma 3 does differently from Llama: RMSNorm scaling by 1 + weight, embeddings
+    times √dim, a norm after attention and after the MLP as well as before, GELU (tanh), the
+    softmax scaled by `query_pre_attn_scalar`^-½, and local layers (a sliding window, their own
+    rotary base, no scaling) between global ones (`layer_types`)."""
+
+    query_pre_attn_scalar: int
+    layer_types: tuple[str, ...]
+    """Per layer `sliding_attention` or `full_attention`."""
+    local_rope_theta: float = 10000.0
+
+
+@dataclass(frozen=True)
 class YarnScaling:
     """YaRN rotary scaling (`rope_type: yarn`, DeepSeek-V2): frequencies between interpolation
     and extrapolation along a ramp, and the rotary part scaled by `attention_factor`."""
@@ -93,7 +113,7 @@ class ModelArgs:
     """Per-head width; 0 means dim // num_heads."""
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | YarnScaling | None = None
+    rope_scaling: RopeScaling | YarnScaling | LinearScaling | None = None
     tie_embeddings: bool = False
     attention_bias: bool = False
     """Bias on q/k/v projections (Qwen2)."""
@@ -104,8 +124,9 @@ class ModelArgs:
     latent_attention: LatentAttentionArgs | None = None
     """DeepSeek-V2's attention; `head_dim` is then its query and key width (nope + rope)."""
     sliding_window: int | None = None
-    """Each token attends to itself and the W - 1 tokens before it (Mistral, Mixtral); None: to
-    every token before it."""
+    """Each token attends to itself and the W - 1 tokens before it (Mistral, Mixtral; Gemma 3's
+    local layers); None: to every token before it."""
+    gemma: GemmaArgs | None = None
     family: str = "llama"
 
     def __post_init__(self) -> None:
@@ -124,7 +145,18 @@ class ModelArgs:
 
     def window(self, layer: int) -> int | None:
         """The attention window of `layer` (None: unbounded)."""
+        if self.gemma is not None and not self.is_local_layer(layer):
+            return None
         return self.sliding_window
+
+    @property
+    def norms(self) -> int:
+        """RMSNorms per block: before attention and MLP, and with Gemma 3 after them too."""
+        return 4 if self.gemma is not None else 2
+
+    def is_local_layer(self, layer: int) -> bool:
+        """A Gemma 3 layer with a sliding window and the local rotary base."""
+        return self.gemma is not None and self.gemma.layer_types[layer] == "sliding_attention"
 
     @property
     def windowed(self) -> bool:
@@ -181,7 +213,7 @@ class ModelArgs:
         """Parameter count of the module this shape builds (tied embeddings counted once);
         `active=True` counts only the experts each token is routed to."""
         blocks = sum(
-            self.attention_params() + self.mlp_params(layer, active) + 2 * self.dim
+            self.attention_params() + self.mlp_params(layer, active) + self.norms * self.dim
             for layer in range(self.num_layers)
         )
         embeddings = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)

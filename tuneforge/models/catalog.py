@@ -3,7 +3,15 @@
 Shapes copy the published `config.json` of each model; `tuneforge models` lists them.
 """
 
-from tuneforge.models.args import LatentAttentionArgs, ModelArgs, MoEArgs, RopeScaling, YarnScaling
+from tuneforge.models.args import (
+    GemmaArgs,
+    LatentAttentionArgs,
+    LinearScaling,
+    ModelArgs,
+    MoEArgs,
+    RopeScaling,
+    YarnScaling,
+)
 
 LLAMA31_ROPE = RopeScaling(
     factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
@@ -89,6 +97,30 @@ DEEPSEEK_V2_LITE = ModelArgs(
 )  # fmt: skip
 
 
+def gemma3(
+    vocab: int,
+    dim: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    head_dim: int,
+    scalar: int,
+    window: int,
+    scaled: bool,
+) -> ModelArgs:
+    types = tuple(
+        "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)
+    )
+    return ModelArgs(
+        vocab_size=vocab, dim=dim, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+        ffn_dim=ffn, head_dim=head_dim, norm_eps=1e-6, rope_theta=1000000.0,
+        rope_scaling=LinearScaling(8.0) if scaled else None, tie_embeddings=True, qk_norm=True,
+        max_position_embeddings=131072 if scaled else 32768, sliding_window=window,
+        gemma=GemmaArgs(query_pre_attn_scalar=scalar, layer_types=types), family="gemma3_text",
+    )  # fmt: skip
+
+
 CATALOG: dict[str, ModelArgs] = {
     "demo-tiny": ModelArgs(
         vocab_size=384,
@@ -117,6 +149,10 @@ CATALOG: dict[str, ModelArgs] = {
     "qwen3-14b": qwen3(5120, 40, 40, 8, 17408, tied=False),
     "qwen3-32b": qwen3(5120, 64, 64, 8, 25600, tied=False),
     "deepseek-v2-lite": DEEPSEEK_V2_LITE,
+    "gemma-3-1b": gemma3(262144, 1152, 26, 4, 1, 6912, 256, 256, 512, scaled=False),
+    "gemma-3-4b": gemma3(262208, 2560, 34, 8, 4, 10240, 256, 256, 1024, scaled=True),
+    "gemma-3-12b": gemma3(262208, 3840, 48, 16, 8, 15360, 256, 256, 1024, scaled=True),
+    "gemma-3-27b": gemma3(262208, 5376, 62, 32, 16, 21504, 128, 168, 1024, scaled=True),
     "mistral-7b-v0.1": mistral(32000, 10000.0, 4096),
     "mistral-7b-v0.3": mistral(32768, 1000000.0, None),
     "mixtral-8x7b": mixtral(32000, 4096, 32, 32, 14336, 32768),

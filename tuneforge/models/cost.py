@@ -262,6 +262,8 @@ def activation_bytes_per_token(
         return args.dim * dtype_bytes
     trainable = lora is None
     norms = 2 * _norm_bytes(args.dim, dtype_bytes, trainable)
+    if args.gemma is not None:  # the norms of the attention's and MLP's outputs: no matmul next
+        norms += 2 * _norm_bytes(args.dim, dtype_bytes, False)
     attention = attention_activation_bytes_per_token(args, dtype_bytes, trainable)
     mlp = _mlp_bytes(args, layer, dtype_bytes, trainable)
     adapters = adapter_bytes_per_token(args, layer, lora, dtype_bytes) if lora is not None else 0.0

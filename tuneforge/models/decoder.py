@@ -17,7 +17,7 @@ from tuneforge.models.attention import BACKENDS
 from tuneforge.models.kv_cache import KVCache, LayerCache
 from tuneforge.models.latent_attention import LatentAttention
 from tuneforge.models.moe import MoE, load_balancing_loss
-from tuneforge.models.norm import RMSNorm
+from tuneforge.models.norm import rms_norm
 from tuneforge.models.rope import RotaryEmbedding, apply_rotary
 from tuneforge.packed import PackedSequences, to_device
 
@@ -43,8 +43,13 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(args.dim, args.num_kv_heads * args.head_dim, bias=bias)
         self.v_proj = nn.Linear(args.dim, args.num_kv_heads * args.head_dim, bias=bias)
         self.o_proj = nn.Linear(args.num_heads * args.head_dim, args.dim, bias=False)
-        self.q_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else nn.Identity()
-        self.k_norm = RMSNorm(args.head_dim, args.norm_eps) if args.qk_norm else nn.Identity()
+        offset = args.gemma is not None
+        if args.qk_norm:
+            self.q_norm = rms_norm(args.head_dim, args.norm_eps, offset)
+            self.k_norm = rms_norm(args.head_dim, args.norm_eps, offset)
+        else:
+            self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
+        self.scale = None if args.gemma is None else args.gemma.query_pre_attn_scalar**-0.5
         self.backend = backend
 
     def forward(
@@ -63,23 +68,26 @@ class Attention(nn.Module):
         v = v.contiguous().view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = (
-            BACKENDS[self.backend](q, k, v, packed, self.window)
+            BACKENDS[self.backend](q, k, v, packed, self.window, self.scale)
             if cache is None
-            else cache.attend(q, k, v, packed, self.window)
+            else cache.attend(q, k, v, packed, self.window, self.scale)
         )
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
-    def __init__(self, dim: int, ffn_dim: int) -> None:
+    def __init__(self, dim: int, ffn_dim: int, gelu: bool = False) -> None:
+        """SwiGLU, or with `gelu` GeGLU (GELU's tanh approximation, Gemma)."""
         super().__init__()
         self.gate_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.up_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.down_proj = nn.Linear(ffn_dim, dim, bias=False)
+        self.gelu = gelu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = project_each(x, self.gate_proj, self.up_proj)
-        return self.down_proj(F.silu(gate) * up)
+        activated = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(activated * up)
 
 
 def build_mlp(args: ModelArgs, layer: int) -> nn.Module:
@@ -87,7 +95,7 @@ def build_mlp(args: ModelArgs, layer: int) -> nn.Module:
         shared = args.moe.shared_experts
         width = args.moe.expert_ffn_dim * shared
         return MoE(args.dim, args.moe, shared_experts=MLP(args.dim, width) if shared else None)
-    return MLP(args.dim, args.ffn_dim)
+    return MLP(args.dim, args.ffn_dim, gelu=args.gemma is not None)
 
 
 def build_attention(args: ModelArgs, layer: int, backend: str) -> Attention | LatentAttention:
@@ -99,10 +107,16 @@ def build_attention(args: ModelArgs, layer: int, backend: str) -> Attention | La
 class Block(nn.Module):
     def __init__(self, args: ModelArgs, layer: int, backend: str) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(args.dim, args.norm_eps)
+        offset = args.gemma is not None
+        self.attn_norm = rms_norm(args.dim, args.norm_eps, offset)
         self.attn = build_attention(args, layer, backend)
-        self.mlp_norm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp_norm = rms_norm(args.dim, args.norm_eps, offset)
         self.mlp = build_mlp(args, layer)
+        if args.gemma is not None:  # Gemma 3 also normalises each branch's output
+            self.attn_post_norm = rms_norm(args.dim, args.norm_eps, offset)
+            self.mlp_post_norm = rms_norm(args.dim, args.norm_eps, offset)
+        self.local = args.is_local_layer(layer)
+        """Gemma 3's local layers turn with the local rotary base."""
 
     def forward(
         self,
@@ -111,7 +125,11 @@ class Block(nn.Module):
         packed: PackedSequences,
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, packed, cache)
+        attended = self.attn(self.attn_norm(x), rope, packed, cache)
+        if hasattr(self, "attn_post_norm"):
+            x = x + self.attn_post_norm(attended)
+            return x + self.mlp_post_norm(self.mlp(self.mlp_norm(x)))
+        x = x + attended
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -121,10 +139,12 @@ class Decoder(nn.Module):
         self.args = args
         self.embed = nn.Embedding(args.vocab_size, args.dim)
         self.rope = RotaryEmbedding(args.rotary_dim, args.rope_theta, args.rope_scaling)
+        if args.gemma is not None:
+            self.local_rope = RotaryEmbedding(args.rotary_dim, args.gemma.local_rope_theta)
         self.layers = nn.ModuleList(
             Block(args, layer, attention) for layer in range(args.num_layers)
         )
-        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.norm = rms_norm(args.dim, args.norm_eps, args.gemma is not None)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.tie_weights()
         self.source_dir: Path | None = None
@@ -156,11 +176,13 @@ class Decoder(nn.Module):
         document continues its cached sequence and is stored in it."""
         x = self.embed_tokens(tokens)
         rope = self.rope(packed.position_ids, x.dtype)
-        for index, layer in enumerate(self.layers):
+        local = self.local_rope(packed.position_ids, x.dtype) if self.args.gemma else rope
+        for index, layer in enumerate(self.blocks):
+            turns = local if layer.local else rope
             x = (
-                layer(x, rope, packed, cache.layers[index])
+                layer(x, turns, packed, cache.layers[index])
                 if cache is not None
-                else layer(x, rope, packed)
+                else layer(x, turns, packed)
             )
         if cache is not None:
             cache.advance(packed)
@@ -171,8 +193,13 @@ class Decoder(nn.Module):
         (`train.offload_embedding`) is gathered there, from host ids without a wait."""
         weight, device = self.embed.weight, self.lm_head.weight.device
         if weight.device == device:
-            return self.embed(tokens)
-        return to_device(F.embedding(tokens.to(weight.device), weight), device)
+            embedded = self.embed(tokens)
+        else:
+            embedded = to_device(F.embedding(tokens.to(weight.device), weight), device)
+        if self.args.gemma is None:
+            return embedded
+        # Gemma scales by √dim rounded to the weights' dtype, as transformers does
+        return embedded * torch.tensor(self.args.dim**0.5, dtype=embedded.dtype)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         weight = self.lm_head.weight
@@ -238,8 +265,8 @@ class Decoder(nn.Module):
     def init_weights(self, std: float, generator: torch.Generator | None = None) -> None:
         """Random initialisation for catalog shapes; residual outputs scaled by depth."""
         for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
+            if name.endswith("norm.weight"):  # Gemma's norms scale by 1 + weight
+                param.fill_(0.0 if self.args.gemma is not None else 1.0)
             elif name.endswith(".bias"):
                 param.zero_()
             elif name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):

@@ -6,11 +6,14 @@ import math
 import torch
 from torch import nn
 
-from tuneforge.models.args import RopeScaling, YarnScaling
+from tuneforge.models.args import LinearScaling, RopeScaling, YarnScaling
 
 
 def inverse_frequencies(
-    head_dim: int, theta: float, scaling: RopeScaling | YarnScaling | None, device=None
+    head_dim: int,
+    theta: float,
+    scaling: RopeScaling | YarnScaling | LinearScaling | None,
+    device=None,
 ) -> torch.Tensor:
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
     inv_freq = 1.0 / (theta**exponents)
@@ -18,6 +21,8 @@ def inverse_frequencies(
         return inv_freq
     if isinstance(scaling, YarnScaling):
         return _yarn(inv_freq, head_dim, theta, scaling)
+    if isinstance(scaling, LinearScaling):
+        return inv_freq / scaling.factor
     low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
     high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -53,7 +58,10 @@ class RotaryEmbedding(nn.Module):
     when the model is cast, nothing to re-fill after meta-device init)."""
 
     def __init__(
-        self, head_dim: int, theta: float, scaling: RopeScaling | YarnScaling | None = None
+        self,
+        head_dim: int,
+        theta: float,
+        scaling: RopeScaling | YarnScaling | LinearScaling | None = None,
     ) -> None:
         super().__init__()
         self.head_dim = head_dim

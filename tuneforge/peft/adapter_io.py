@@ -143,6 +143,26 @@ def _patterns(stems: dict[str, Adapter], attribute: str, default: float) -> dict
     return found
 
 
+PEFT_EXPERT_NAMES = {
+    "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+    "deepseek_v2": ("gate_proj", "up_proj", "down_proj"),
+    "mixtral": ("w1", "w2", "w3"),
+}
+"""Target names PEFT (with transformers 5) takes for a MoE family's experts, wherever they are."""
+
+
+def _warn_where_peft_reads_them_as_experts(model: Decoder, target_modules: list[str]) -> None:
+    names = PEFT_EXPERT_NAMES.get(model.args.family, ())
+    dense = sorted({t for t in target_modules if t.rsplit(".", 1)[-1] in names})
+    if dense:
+        log.warning(
+            "the adapter adapts %s of dense or shared-expert MLPs: PEFT reads those names as the "
+            "experts' projections on a %s model and cannot load it (tuneforge can); leave them "
+            "out of lora.target_modules for an adapter PEFT loads",
+            ", ".join(dense), model.args.family,
+        )  # fmt: skip
+
+
 def save_adapter(
     model: Decoder, out_dir: str | os.PathLike, base_model: str = "", write: bool = True
 ) -> None:
@@ -167,6 +187,7 @@ def save_adapter(
     if not write:
         return
     target_modules, target_parameters = _target_names(stems, model)
+    _warn_where_peft_reads_them_as_experts(model, target_modules)
     rank, alpha = lora.rank, lora.alpha
     if lora.init in DECOMPOSED:  # saved as the rank-2r LoRA of its update on the original base
         rank, alpha = 2 * rank, alpha * (2**0.5 if lora.use_rslora else 2.0)

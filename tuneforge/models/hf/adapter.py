@@ -15,16 +15,17 @@ import torch
 
 from tuneforge.models.args import (
     ModelArgs,
-    RopeScaling,
-    YarnScaling,
 )
 from tuneforge.models.errors import ModelError
 from tuneforge.models.hf.config_fields import (
     deepseek_config,
+    gemma_config,
+    gemma_from_config,
     latent_from_config,
     moe_from_config,
     num_experts,
     rope_from_config,
+    rope_parameters,
 )
 
 LLAMA_KEYS = {
@@ -74,6 +75,13 @@ LATENT_ATTENTION_KEYS = {
         "kv_b_proj",
     )
 }  # fmt: skip
+GEMMA3_NORM_KEYS = {
+    "model.layers.{i}.post_attention_layernorm.weight": "layers.{i}.attn_post_norm.weight",
+    "model.layers.{i}.pre_feedforward_layernorm.weight": "layers.{i}.mlp_norm.weight",
+    "model.layers.{i}.post_feedforward_layernorm.weight": "layers.{i}.mlp_post_norm.weight",
+}
+"""Gemma 3 normalises before and after attention and the MLP (Llama's `post_attention_layernorm`
+is the MLP's input norm; Gemma's is the attention output's)."""
 SHARED_EXPERT_KEYS = {
     f"model.layers.{{i}}.mlp.shared_experts.{p}_proj.weight": (
         f"layers.{{i}}.mlp.shared_experts.{p}_proj.weight"
@@ -138,11 +146,12 @@ class StateDictAdapter:
     renames: tuple[tuple[str, str], ...] = ()
     """(checkpoint, module) name parts where transformers' modules are not named as the
     checkpoint's tensors (adapters and PEFT name modules)."""
-    moe_config: str = "qwen"
-    """How the config names the experts: `qwen` (`num_experts`, `moe_intermediate_size`, ...),
-    `mixtral` (`num_local_experts`, every layer sparse, experts as wide as
-    `intermediate_size`, the top-k weights renormalised) or `deepseek` (`n_routed_experts`,
-    shared experts, the first `first_k_dense_replace` layers dense, latent attention)."""
+    config_style: str = "qwen"
+    """How the config names what differs from Llama: `qwen` (experts as `num_experts`,
+    `moe_intermediate_size`, ...), `mixtral` (`num_local_experts`, every layer sparse, experts as
+    wide as `intermediate_size`, the top-k weights renormalised), `deepseek` (`n_routed_experts`,
+    shared experts, the first `first_k_dense_replace` layers dense, latent attention) or `gemma`
+    (Gemma 3's `layer_types`, rotary parameters per kind of layer, `query_pre_attn_scalar`)."""
 
     def from_hf(self, hf_name: str) -> Place | None:
         """Where a HF tensor goes in ours (None: not part of this family's layout)."""
@@ -193,6 +202,9 @@ class StateDictAdapter:
     def args_from_config(self, config: dict[str, Any]) -> ModelArgs:
         num_heads = config["num_attention_heads"]
         rope_theta, rope_scaling = rope_from_config(config)
+        gemma = None
+        if self.config_style == "gemma":
+            gemma, rope_theta, rope_scaling = gemma_from_config(config)
         return ModelArgs(
             vocab_size=config["vocab_size"],
             dim=config["hidden_size"],
@@ -207,24 +219,18 @@ class StateDictAdapter:
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=bool(config.get("attention_bias", self.qkv_bias)),
             qk_norm=self.qk_norm,
-            moe=moe_from_config(config, self.moe_config) if num_experts(config) else None,
-            latent_attention=latent_from_config(config) if self.moe_config == "deepseek" else None,
+            moe=moe_from_config(config, self.config_style) if num_experts(config) else None,
+            latent_attention=latent_from_config(config)
+            if self.config_style == "deepseek"
+            else None,
             max_position_embeddings=config.get("max_position_embeddings", 4096),
             sliding_window=config.get("sliding_window") if self.windowed else None,
+            gemma=gemma,
             family=self.model_type,
         )
 
     def config_from_args(self, args: ModelArgs, dtype: str) -> dict[str, Any]:
-        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": args.rope_theta}
-        if isinstance(args.rope_scaling, RopeScaling):
-            scaling = args.rope_scaling
-            rope |= {
-                "rope_type": "llama3",
-                "factor": scaling.factor,
-                "low_freq_factor": scaling.low_freq_factor,
-                "high_freq_factor": scaling.high_freq_factor,
-                "original_max_position_embeddings": scaling.original_max_position_embeddings,
-            }
+        rope = rope_parameters(args.rope_theta, args.rope_scaling)
         config = {
             "architectures": [self.architecture],
             "model_type": self.model_type,
@@ -248,17 +254,13 @@ class StateDictAdapter:
         }
         if self.windowed:
             config["sliding_window"] = args.sliding_window
-        if isinstance(args.rope_scaling, YarnScaling):
-            yarn = args.rope_scaling
-            rope = {"rope_type": "yarn", "rope_theta": args.rope_theta, "factor": yarn.factor,
-                    "original_max_position_embeddings": yarn.original_max_position_embeddings,
-                    "beta_fast": yarn.beta_fast, "beta_slow": yarn.beta_slow,
-                    "mscale": yarn.mscale, "mscale_all_dim": yarn.mscale_all_dim}  # fmt: skip
-            config |= {"rope_parameters": rope, "rope_scaling": rope}
-        if self.moe_config == "deepseek":
+        if self.config_style == "gemma":
+            del config["hidden_act"], config["rope_scaling"]
+            config |= gemma_config(args)
+        if self.config_style == "deepseek":
             config |= deepseek_config(args)
             return config
-        if args.moe is not None and self.moe_config == "mixtral":
+        if args.moe is not None and self.config_style == "mixtral":
             config |= {
                 "num_local_experts": args.moe.num_experts,
                 "num_experts_per_tok": args.moe.top_k,
@@ -306,13 +308,21 @@ ADAPTERS = {
         LLAMA_KEYS | MIXTRAL_KEYS,
         windowed=True,
         renames=((".block_sparse_moe.", ".mlp."),),
-        moe_config="mixtral",
+        config_style="mixtral",
+    ),
+    "gemma3_text": StateDictAdapter(
+        "gemma3_text",
+        "Gemma3ForCausalLM",
+        LLAMA_KEYS | QK_NORM_KEYS | GEMMA3_NORM_KEYS,
+        qk_norm=True,
+        windowed=True,
+        config_style="gemma",
     ),
     "deepseek_v2": StateDictAdapter(
         "deepseek_v2",
         "DeepseekV2ForCausalLM",
         LLAMA_KEYS | MOE_KEYS | LATENT_ATTENTION_KEYS | SHARED_EXPERT_KEYS,
-        moe_config="deepseek",
+        config_style="deepseek",
     ),
 }
 

@@ -1,11 +1,13 @@
 """The fields of a Hugging Face `config.json` each family names its own way: rotary scaling,
-experts, latent attention (DeepSeek-V2)."""
+experts, latent attention (DeepSeek-V2), Gemma 3's layers."""
 
 from dataclasses import replace
 from typing import Any
 
 from tuneforge.models.args import (
+    GemmaArgs,
     LatentAttentionArgs,
+    LinearScaling,
     ModelArgs,
     MoEArgs,
     RopeScaling,
@@ -13,13 +15,17 @@ from tuneforge.models.args import (
 )
 from tuneforge.models.errors import ModelError
 
+Scaling = RopeScaling | YarnScaling | LinearScaling
 
-def rope_from_config(config: dict[str, Any]) -> tuple[float, RopeScaling | YarnScaling | None]:
+
+def rope_from_config(config: dict[str, Any]) -> tuple[float, Scaling | None]:
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     theta = float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0)
     kind = rope.get("rope_type") or rope.get("type") or "default"
     if kind == "default":
         return theta, None
+    if kind == "linear":
+        return theta, LinearScaling(float(rope["factor"]))
     if kind == "yarn":
         return theta, YarnScaling(
             factor=float(rope["factor"]),
@@ -36,7 +42,67 @@ def rope_from_config(config: dict[str, Any]) -> tuple[float, RopeScaling | YarnS
             high_freq_factor=float(rope["high_freq_factor"]),
             original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
         )
-    raise ModelError(f"rope scaling '{kind}' is not supported (supported: default, llama3, yarn)")
+    raise ModelError(
+        f"rope scaling '{kind}' is not supported (supported: default, linear, llama3, yarn)"
+    )
+
+
+def rope_parameters(theta: float, scaling: Scaling | None) -> dict[str, Any]:
+    """`rope_parameters` as transformers 5 writes them."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
+    if isinstance(scaling, LinearScaling):
+        rope |= {"rope_type": "linear", "factor": scaling.factor}
+    elif isinstance(scaling, RopeScaling):
+        rope |= {
+            "rope_type": "llama3", "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }  # fmt: skip
+    elif isinstance(scaling, YarnScaling):
+        rope |= {
+            "rope_type": "yarn", "factor": scaling.factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+            "beta_fast": scaling.beta_fast, "beta_slow": scaling.beta_slow,
+            "mscale": scaling.mscale, "mscale_all_dim": scaling.mscale_all_dim,
+        }  # fmt: skip
+    return rope
+
+
+def gemma_from_config(config: dict[str, Any]) -> tuple[GemmaArgs, float, Scaling | None]:
+    """Gemma 3's own fields, the global layers' rotary base and scaling: its rotary parameters
+    are per kind of layer."""
+    layers = config["num_hidden_layers"]
+    pattern = int(config.get("sliding_window_pattern") or 6)
+    types = config.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+    ]
+    rope = config.get("rope_parameters") or {}
+    theta, scaling = rope_from_config({"rope_parameters": rope.get("full_attention") or {}})
+    local = (rope.get("sliding_attention") or {}).get("rope_theta") or config.get(
+        "rope_local_base_freq", 10000.0
+    )
+    gemma = GemmaArgs(
+        query_pre_attn_scalar=int(config.get("query_pre_attn_scalar") or 256),
+        layer_types=tuple(types),
+        local_rope_theta=float(local),
+    )
+    return gemma, float(config.get("rope_theta") or theta), scaling
+
+
+def gemma_config(args: ModelArgs) -> dict[str, Any]:
+    gemma = args.gemma
+    assert gemma is not None
+    rope = {
+        "full_attention": rope_parameters(args.rope_theta, args.rope_scaling),
+        "sliding_attention": rope_parameters(gemma.local_rope_theta, None),
+    }
+    return {
+        "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": gemma.query_pre_attn_scalar,
+        "layer_types": list(gemma.layer_types[: args.num_layers]), "rope_parameters": rope,
+        "sliding_window": args.sliding_window, "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+    }  # fmt: skip
 
 
 def num_experts(config: dict[str, Any]) -> int:
