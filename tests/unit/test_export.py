@@ -126,6 +126,11 @@ LLAMA_CPP_NAMES = {
     "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
     "model.layers.{i}.mlp.gate.weight": "blk.{i}.ffn_gate_inp.weight",
 }
+GEMMA3_NORM_NAMES = {
+    "model.layers.{i}.post_attention_layernorm.weight": "blk.{i}.post_attention_norm.weight",
+    "model.layers.{i}.pre_feedforward_layernorm.weight": "blk.{i}.ffn_norm.weight",
+    "model.layers.{i}.post_feedforward_layernorm.weight": "blk.{i}.post_ffw_norm.weight",
+}
 EXPERT_NAMES = {
     "gate_proj": "ffn_gate_exps",
     "up_proj": "ffn_up_exps",
@@ -153,7 +158,11 @@ def expected_tensors(hf_model) -> dict[str, np.ndarray]:
             continue
         template = ".".join("{i}" if p.isdigit() else p for p in parts)
         layer = next((p for p in parts if p.isdigit()), "")
-        expected[LLAMA_CPP_NAMES[template].replace("{i}", layer)] = value
+        gemma = config.model_type == "gemma3_text"
+        names = LLAMA_CPP_NAMES | (GEMMA3_NORM_NAMES if gemma else {})
+        if gemma and name.endswith("norm.weight"):
+            value = value + 1.0  # llama.cpp's Gemma norms scale by their weight alone
+        expected[names[template].replace("{i}", layer)] = value
     return expected
 
 
@@ -197,6 +206,7 @@ def read_back(file):
         ("qwen3_moe", "qwen3moe", {}),
         ("mistral", "llama", {}),
         ("mixtral", "llama", {}),
+        ("gemma3_text", "gemma3", {}),
     ],
 )
 @pytest.mark.parametrize("kind", ["f16", "q8_0"])
@@ -278,3 +288,17 @@ def test_llama3_rope_scaling_becomes_rope_freqs(tmp_path):
             smooth = (original / wavelen - low) / (high - low)
             expected.append(1 / ((1 - smooth) / factor + smooth))
     np.testing.assert_allclose(factors, expected, rtol=1e-5)
+
+
+def test_a_sentencepiece_style_tokenizer_is_refused_before_anything_is_written(tmp_path):
+    """Llama 2, Mistral and Gemma ship BPE with byte fallback behind a Metaspace pre-tokenizer:
+    llama.cpp reads those as SentencePiece vocabularies, not as byte-level BPE."""
+
+    make_base(tmp_path / "base", "mistral")
+    spec = json.loads((tmp_path / "base" / "tokenizer.json").read_text())
+    spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}
+    spec["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}
+    (tmp_path / "base" / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ExportError, match=r"SentencePiece-style BPE.*convert_hf_to_gguf"):
+        export_gguf(resolve_source(tmp_path / "base"), tmp_path / "model.gguf")
+    assert not (tmp_path / "model.gguf").exists()

@@ -181,3 +181,21 @@ def test_a_conversation_the_template_refuses_is_named_or_skipped():
         [CONVERSATION, bad], tokenizer, 512, "drop", Rendering(), on_bad_record="skip"
     )
     assert len(examples) == 1 and stats.num_unrenderable == 1
+
+
+def test_gemma3_official_template_trains_each_model_turn_and_its_end_of_turn():
+    """Gemma 3 folds the system message into the first user turn and calls the assistant
+    `model`; each reply is trained with its `<end_of_turn>`, which generation stops at."""
+    from tuneforge.export.generation import end_of_turn_id
+
+    specials = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
+    tokenizer = official("gemma3", specials, "<bos>", "<eos>")
+    text = tokenizer.apply_chat_template(CONVERSATION.messages, tokenize=False)
+    assert text.startswith(
+        "<bos><start_of_turn>user\nYou are terse.\n\nName a colour.<end_of_turn>"
+    )
+    assert trained_pieces(tokenizer, CONVERSATION) == [
+        "Blue.<end_of_turn>",
+        "Green, of course.<end_of_turn>",
+    ]
+    assert end_of_turn_id(tokenizer) == tokenizer.convert_tokens_to_ids("<end_of_turn>")

@@ -1,7 +1,8 @@
 """`tuneforge export gguf`: a GGUF file llama.cpp runs, written with the `gguf` package.
 
 Tensor names come from gguf's own HF-to-GGUF name map; metadata keys are llama.cpp's for the
-`llama` (Llama, Mistral, Mixtral), `qwen2`, `qwen3` and `qwen3moe` architectures. As llama.cpp's converter does, Llama's
+`llama` (Llama, Mistral, Mixtral), `qwen2`, `qwen3`, `qwen3moe` and `gemma3` architectures
+(Gemma's norms shifted by one, as llama.cpp's converter writes them). As llama.cpp's converter does, Llama's
 q/k projections are permuted from Hugging Face's rotate-half rotary layout to the interleaved
 one its `llama` kernels expect, and Llama 3 rope scaling becomes a `rope_freqs` tensor. The
 tokenizer is embedded: tokens, token types, merges, special ids, the end-of-turn id and the chat
@@ -24,7 +25,7 @@ from tuneforge.export.generation import end_of_turn_id
 from tuneforge.export.merge import load_merged, load_tokenizer
 from tuneforge.export.output import write_atomically
 from tuneforge.export.sources import ExportError, ExportSource
-from tuneforge.models.args import ModelArgs
+from tuneforge.models.args import LinearScaling, ModelArgs, RopeScaling
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.rope import inverse_frequencies
@@ -33,13 +34,15 @@ log = logging.getLogger(__name__)
 
 ARCHITECTURES = {
     "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-    "mistral": "llama", "mixtral": "llama",
+    "mistral": "llama", "mixtral": "llama", "gemma3_text": "gemma3",
 }  # fmt: skip
 """llama.cpp runs Mistral and Mixtral as `llama` (its converter maps both there)."""
 PRE_TOKENIZERS = {
     "llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3_moe": "qwen2",
-    "mistral": "llama-bpe", "mixtral": "llama-bpe",
+    "mistral": "llama-bpe", "mixtral": "llama-bpe", "gemma3_text": "default",
 }  # fmt: skip
+GEMMA3_LOCAL_PATTERN = 6
+"""llama.cpp's `gemma3` takes every sixth layer as global, the rest local."""
 TYPES = ("f16", "q8_0")
 
 
@@ -71,6 +74,8 @@ def hf_tensors(model: Decoder) -> Iterator[tuple[str, torch.Tensor]]:
         hf_name = family.to_hf(name)
         if hf_name is None:
             raise ExportError(f"no Hugging Face name for {name}")
+        if args.gemma is not None and hf_name.endswith("norm.weight"):
+            tensor = tensor + 1.0  # llama.cpp's Gemma norms scale by the weight, not 1 + weight
         interleaved = ARCHITECTURES.get(args.family) == "llama"
         if interleaved and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             tensor = permute_for_llama(tensor, args.num_heads)
@@ -81,7 +86,7 @@ def hf_tensors(model: Decoder) -> Iterator[tuple[str, torch.Tensor]]:
 
 def rope_factors(args: ModelArgs) -> np.ndarray | None:
     """Llama 3 rope scaling as llama.cpp reads it: the divisor of each rotary frequency."""
-    if args.rope_scaling is None:
+    if not isinstance(args.rope_scaling, RopeScaling):  # linear scaling is metadata
         return None
     plain = inverse_frequencies(args.head_dim, args.rope_theta, None)
     scaled = inverse_frequencies(args.head_dim, args.rope_theta, args.rope_scaling)
@@ -119,6 +124,11 @@ def add_architecture(writer, args: ModelArgs, name: str, kind: str) -> None:
     writer.add_rope_freq_base(args.rope_theta)
     writer.add_layer_norm_rms_eps(args.norm_eps)
     writer.add_vocab_size(args.vocab_size)
+    if args.sliding_window is not None and args.gemma is not None:
+        writer.add_sliding_window(args.sliding_window)
+    if isinstance(args.rope_scaling, LinearScaling):
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(args.rope_scaling.factor)
     if args.moe is not None:
         writer.add_expert_count(args.moe.num_experts)
         writer.add_expert_used_count(args.moe.top_k)
@@ -154,11 +164,15 @@ def add_tokenizer(writer, tokenizer, tokenizer_dir: Path, family: str, vocab_siz
     import gguf
 
     file = tokenizer_dir / "tokenizer.json"
-    model_type = json.loads(file.read_text())["model"]["type"] if file.is_file() else None
-    if model_type != "BPE":
+    spec = json.loads(file.read_text()) if file.is_file() else {}
+    model_type = (spec.get("model") or {}).get("type")
+    byte_level = "ByteLevel" in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+    if model_type != "BPE" or not byte_level:
+        kind = "SentencePiece-style BPE" if model_type == "BPE" else model_type
         raise ExportError(
             f"{tokenizer_dir}: GGUF export embeds byte-level BPE tokenizers (Llama 3, Qwen); "
-            f"this tokenizer is {model_type or 'not a tokenizer.json'}"
+            f"this tokenizer is {kind or 'not a tokenizer.json'}: merge the model (tuneforge "
+            "export merge) and convert it with llama.cpp's convert_hf_to_gguf.py"
         )
     tokens, types = vocabulary(tokenizer, vocab_size)
     writer.add_tokenizer_model("gpt2")
@@ -191,7 +205,18 @@ def export_gguf(
         raise ExportError(f"GGUF export does not know the {args.family} architecture")
     tokenizer = load_tokenizer(source)
     arch = ARCHITECTURES[args.family]
-    if args.windowed:
+    if args.gemma is not None:
+        pattern = tuple(
+            "full_attention" if (i + 1) % GEMMA3_LOCAL_PATTERN == 0 else "sliding_attention"
+            for i in range(args.num_layers)
+        )
+        if args.gemma.layer_types[: args.num_layers] != pattern:
+            log.warning(
+                "llama.cpp's gemma3 takes every %dth layer as global; this model's layers "
+                "differ (%s): the GGUF file will not run as trained",
+                GEMMA3_LOCAL_PATTERN, ", ".join(args.gemma.layer_types[: args.num_layers]),
+            )  # fmt: skip
+    elif args.windowed:
         log.warning(
             "the model's sliding window (%s tokens) is not in the GGUF file: llama.cpp's %s "
             "architecture attends to the whole context, the same only up to the window",
