@@ -131,6 +131,14 @@ GEMMA3_NORM_NAMES = {
     "model.layers.{i}.pre_feedforward_layernorm.weight": "blk.{i}.ffn_norm.weight",
     "model.layers.{i}.post_feedforward_layernorm.weight": "blk.{i}.post_ffw_norm.weight",
 }
+DEEPSEEK2_NAMES = {
+    "model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight": "blk.{i}.attn_kv_a_mqa.weight",
+    "model.layers.{i}.self_attn.kv_a_layernorm.weight": "blk.{i}.attn_kv_a_norm.weight",
+    **{
+        f"model.layers.{{i}}.mlp.shared_experts.{p}_proj.weight": f"blk.{{i}}.ffn_{p}_shexp.weight"
+        for p in ("gate", "up", "down")
+    },
+}
 EXPERT_NAMES = {
     "gate_proj": "ffn_gate_exps",
     "up_proj": "ffn_up_exps",
@@ -159,7 +167,18 @@ def expected_tensors(hf_model) -> dict[str, np.ndarray]:
         template = ".".join("{i}" if p.isdigit() else p for p in parts)
         layer = next((p for p in parts if p.isdigit()), "")
         gemma = config.model_type == "gemma3_text"
-        names = LLAMA_CPP_NAMES | (GEMMA3_NORM_NAMES if gemma else {})
+        names = LLAMA_CPP_NAMES | (GEMMA3_NORM_NAMES if gemma else {}) | DEEPSEEK2_NAMES
+        if name.endswith("kv_b_proj.weight"):  # llama.cpp's MLA: per head, keys transposed
+            layer = parts[2]
+            heads, nope, v_dim = (
+                config.num_attention_heads,
+                config.qk_nope_head_dim,
+                config.v_head_dim,
+            )
+            per_head = value.reshape(heads, nope + v_dim, config.kv_lora_rank)
+            expected[f"blk.{layer}.attn_k_b.weight"] = per_head[:, :nope].transpose(0, 2, 1)
+            expected[f"blk.{layer}.attn_v_b.weight"] = per_head[:, nope:]
+            continue
         if gemma and name.endswith("norm.weight"):
             value = value + 1.0  # llama.cpp's Gemma norms scale by their weight alone
         expected[names[template].replace("{i}", layer)] = value
@@ -207,6 +226,7 @@ def read_back(file):
         ("mistral", "llama", {}),
         ("mixtral", "llama", {}),
         ("gemma3_text", "gemma3", {}),
+        ("deepseek_v2", "deepseek2", {}),
     ],
 )
 @pytest.mark.parametrize("kind", ["f16", "q8_0"])
@@ -256,9 +276,25 @@ def test_gguf_holds_every_tensor_and_the_metadata(tmp_path, family, arch, overri
     assert fields["general.architecture"] == arch
     assert fields[f"{arch}.block_count"] == config.num_hidden_layers
     assert fields[f"{arch}.embedding_length"] == config.hidden_size
-    assert fields[f"{arch}.attention.head_count_kv"] == config.num_key_value_heads
+    if arch == "deepseek2":  # latent attention as one key-value head of the latent's width
+        assert fields[f"{arch}.attention.head_count_kv"] == 1
+        assert fields[f"{arch}.attention.kv_lora_rank"] == config.kv_lora_rank
+        assert (
+            fields[f"{arch}.attention.key_length"] == config.kv_lora_rank + config.qk_rope_head_dim
+        )
+        assert (
+            fields[f"{arch}.attention.key_length_mla"]
+            == config.qk_nope_head_dim + config.qk_rope_head_dim
+        )
+        assert fields[f"{arch}.attention.value_length_mla"] == config.v_head_dim
+        assert fields[f"{arch}.leading_dense_block_count"] == config.first_k_dense_replace
+        assert fields[f"{arch}.expert_shared_count"] == config.n_shared_experts
+        assert fields[f"{arch}.expert_weights_scale"] == pytest.approx(config.routed_scaling_factor)
+        assert fields[f"{arch}.rope.scaling.type"] == "yarn"
+    else:
+        assert fields[f"{arch}.attention.head_count_kv"] == config.num_key_value_heads
     assert fields[f"{arch}.context_length"] == config.max_position_embeddings
-    if family in ("qwen3_moe", "mixtral"):
+    if family in ("qwen3_moe", "mixtral", "deepseek_v2"):
         assert fields[f"{arch}.expert_count"] == 8 and fields[f"{arch}.expert_used_count"] == 2
     by_id = {index: token for token, index in tokenizer.get_vocab().items()}
     assert fields["tokenizer.ggml.tokens"] == [by_id[i] for i in range(VOCAB)]

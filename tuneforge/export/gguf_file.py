@@ -1,8 +1,8 @@
 """`tuneforge export gguf`: a GGUF file llama.cpp runs, written with the `gguf` package.
 
 Tensor names come from gguf's own HF-to-GGUF name map; metadata keys are llama.cpp's for the
-`llama` (Llama, Mistral, Mixtral), `qwen2`, `qwen3`, `qwen3moe` and `gemma3` architectures
-(Gemma's norms shifted by one, as llama.cpp's converter writes them). As llama.cpp's converter does, Llama's
+`llama` (Llama, Mistral, Mixtral), `qwen2`, `qwen3`, `qwen3moe`, `gemma3` and `deepseek2`
+architectures, with what its converter rewrites per family (`gguf_families.py`). As llama.cpp's converter does, Llama's
 q/k projections are permuted from Hugging Face's rotate-half rotary layout to the interleaved
 one its `llama` kernels expect, and Llama 3 rope scaling becomes a `rope_freqs` tensor. The
 tokenizer is embedded: tokens, token types, merges, special ids, the end-of-turn id and the chat
@@ -22,37 +22,24 @@ if TYPE_CHECKING:
     import gguf
 
 from tuneforge.export.generation import end_of_turn_id
+from tuneforge.export.gguf_families import (
+    ARCHITECTURES,
+    GEMMA3_LOCAL_PATTERN,
+    PRE_TOKENIZERS,
+    add_family_metadata,
+    rewritten,
+)
 from tuneforge.export.merge import load_merged, load_tokenizer
 from tuneforge.export.output import write_atomically
 from tuneforge.export.sources import ExportError, ExportSource
-from tuneforge.models.args import LinearScaling, ModelArgs, RopeScaling
+from tuneforge.models.args import ModelArgs, RopeScaling
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.rope import inverse_frequencies
 
 log = logging.getLogger(__name__)
 
-ARCHITECTURES = {
-    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-    "mistral": "llama", "mixtral": "llama", "gemma3_text": "gemma3",
-}  # fmt: skip
-"""llama.cpp runs Mistral and Mixtral as `llama` (its converter maps both there)."""
-PRE_TOKENIZERS = {
-    "llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3_moe": "qwen2",
-    "mistral": "llama-bpe", "mixtral": "llama-bpe", "gemma3_text": "default",
-}  # fmt: skip
-GEMMA3_LOCAL_PATTERN = 6
-"""llama.cpp's `gemma3` takes every sixth layer as global, the rest local."""
 TYPES = ("f16", "q8_0")
-
-
-def permute_for_llama(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rows of each head from rotate-half order (pairs i, i + d/2) to interleaved (2i, 2i + 1)."""
-    return (
-        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
 
 
 def hf_tensors(model: Decoder) -> Iterator[tuple[str, torch.Tensor]]:
@@ -74,14 +61,7 @@ def hf_tensors(model: Decoder) -> Iterator[tuple[str, torch.Tensor]]:
         hf_name = family.to_hf(name)
         if hf_name is None:
             raise ExportError(f"no Hugging Face name for {name}")
-        if args.gemma is not None and hf_name.endswith("norm.weight"):
-            tensor = tensor + 1.0  # llama.cpp's Gemma norms scale by the weight, not 1 + weight
-        interleaved = ARCHITECTURES.get(args.family) == "llama"
-        if interleaved and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
-            tensor = permute_for_llama(tensor, args.num_heads)
-        elif interleaved and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
-            tensor = permute_for_llama(tensor, args.num_kv_heads)
-        yield hf_name, tensor
+        yield from rewritten(args, hf_name, tensor)
 
 
 def rope_factors(args: ModelArgs) -> np.ndarray | None:
@@ -117,18 +97,15 @@ def add_architecture(writer, args: ModelArgs, name: str, kind: str) -> None:
     writer.add_block_count(args.num_layers)
     writer.add_feed_forward_length(args.ffn_dim)
     writer.add_head_count(args.num_heads)
-    writer.add_head_count_kv(args.num_kv_heads)
-    writer.add_key_length(args.head_dim)
-    writer.add_value_length(args.head_dim)
-    writer.add_rope_dimension_count(args.head_dim)
+    if args.latent_attention is None:  # latent attention's are its own (`gguf_families.py`)
+        writer.add_head_count_kv(args.num_kv_heads)
+        writer.add_key_length(args.head_dim)
+        writer.add_value_length(args.head_dim)
+        writer.add_rope_dimension_count(args.head_dim)
     writer.add_rope_freq_base(args.rope_theta)
     writer.add_layer_norm_rms_eps(args.norm_eps)
     writer.add_vocab_size(args.vocab_size)
-    if args.sliding_window is not None and args.gemma is not None:
-        writer.add_sliding_window(args.sliding_window)
-    if isinstance(args.rope_scaling, LinearScaling):
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(args.rope_scaling.factor)
+    add_family_metadata(writer, args)
     if args.moe is not None:
         writer.add_expert_count(args.moe.num_experts)
         writer.add_expert_used_count(args.moe.top_k)
