@@ -60,3 +60,24 @@ def test_proxy_of_a_real_shape_counts_what_it_builds(name):
     with torch.device("meta"):
         model = Decoder(args)
     assert args.num_params() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["mistral-7b-v0.1", "mixtral-8x7b", "deepseek-v2-lite", "gemma-3-4b", "qwen3-30b-a3b"],
+)
+def test_transformers_builds_the_shape_from_the_config_we_write(name):
+    """The config.json written for a shape (a proxy's, as the benchmark's peers build it) makes
+    the same model in transformers: the same parameters, layer by layer."""
+    import transformers
+
+    from tuneforge.bench.peers import _hf_config
+    from tuneforge.bench.workloads import Workload
+    from tuneforge.models.hf.adapter import adapter_for
+
+    args = CATALOG[name].with_layers(2)
+    config = _hf_config(Workload("proxy", name, None, layers=2))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert type(model).__name__ == adapter_for(args.family).architecture
+    assert sum(p.numel() for p in model.parameters()) == args.num_params()

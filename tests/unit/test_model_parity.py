@@ -34,6 +34,24 @@ def test_packed_logits_match_separate_hf_forwards(tmp_path, family, backend):
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_packed_logits_match_a_padded_hf_batch(tmp_path, family):
+    """The documents right-padded in one batch with transformers' attention mask."""
+    hf_model = save_tiny_model(tmp_path, family)
+    ours = load_hf_model(tmp_path, "float32", "sdpa")
+    docs = documents()
+    longest = max(LENGTHS)
+    ids = torch.zeros(len(docs), longest, dtype=torch.long)
+    mask = torch.zeros(len(docs), longest, dtype=torch.long)
+    for row, doc in enumerate(docs):
+        ids[row, : len(doc)], mask[row, : len(doc)] = doc, 1
+    with torch.no_grad():
+        padded = hf_model(ids, attention_mask=mask).logits
+        expected = torch.cat([padded[row, :length] for row, length in enumerate(LENGTHS)])
+        got = ours(torch.cat(docs), cu_seqlens=PackedSequences.from_lengths(LENGTHS).cu_seqlens)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+
 def test_tied_embeddings_match(tmp_path):
     hf_model = save_tiny_model(tmp_path, "llama", tie_word_embeddings=True)
     ours = load_hf_model(tmp_path, "float32", "sdpa")
