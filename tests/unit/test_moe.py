@@ -86,6 +86,16 @@ def test_grouped_experts_compile_to_one_graph():
     assert explained.graph_count == 1
 
 
+def test_fp32_experts_compile_on_the_cpu_and_equal_eager():
+    """The grouped GEMM's compiled shape check takes bf16 only: fp32 experts compile through the
+    per-expert products instead of failing (Mixtral, DeepSeek-V2 and Qwen3-MoE on a CPU)."""
+    grouped, _ = moe_pair(norm_topk_prob=True)
+    x = torch.randn(24, 16, generator=torch.Generator().manual_seed(4))
+    torch._dynamo.reset()
+    compiled = torch.compile(grouped)(x)
+    torch.testing.assert_close(compiled, grouped(x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 def test_gather_sum_adds_each_tokens_rows_with_their_weights(weighted):
     from tuneforge.models.gather_sum import gather_sum

@@ -20,9 +20,13 @@ def grouped_linear(
     x: torch.Tensor, weight_EOI: torch.Tensor, offsets: torch.Tensor
 ) -> torch.Tensor:
     """Rows of `x` sorted by expert, each multiplied by its expert's weight [out, in]: one grouped
-    GEMM when the shapes meet its 16-byte alignment, else one matmul per expert."""
+    GEMM when the shapes meet its 16-byte alignment (and, but for eager CPU, the dtype is bf16,
+    which the compiler's shape check of the grouped GEMM insists on), else one matmul per
+    expert."""
     size = x.element_size()
-    if (x.shape[1] * size) % 16 == 0 and (weight_EOI.shape[1] * size) % 16 == 0:
+    eager_cpu = x.device.type == "cpu" and not torch.compiler.is_compiling()
+    takes = x.dtype == torch.bfloat16 or eager_cpu
+    if takes and (x.shape[1] * size) % 16 == 0 and (weight_EOI.shape[1] * size) % 16 == 0:
         return torch._grouped_mm(x, weight_EOI.transpose(-2, -1), offs=offsets)
     starts = [0, *offsets.tolist()]
     return torch.cat(
