@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 import tuneforge.config.adapter_rules  # noqa: F401 - registers its rules
 from tuneforge.config.errors import ConfigError, ConfigIssue
+from tuneforge.config.hub import HubError, looks_like_hub_id, resolve_snapshot
 from tuneforge.config.rules import check_rules
 from tuneforge.config.schema import RelativeToConfigFile, RunConfig, section_type
 from tuneforge.config.validation_messages import describe_validation_error, unknown_key_issue
@@ -184,10 +185,15 @@ def resolve_input_paths(
         if name not in raw or raw[name] is None:
             continue
         key_path = (*path, name)
-        if any(isinstance(meta, RelativeToConfigFile) for meta in field.metadata) or _is_input_path(
-            field.annotation
-        ):
-            if isinstance(raw[name], str):
+        marker = _input_path_marker(field)
+        if marker is not None:
+            if (
+                isinstance(raw[name], str)
+                and marker.hub
+                and _names_the_hub(raw[name], key_path, source_map)
+            ):
+                _resolve_hub(raw, name, key_path, source_map, issues)
+            elif isinstance(raw[name], str):
                 raw[name] = str(_resolve_one(raw[name], key_path, source_map, issues))
             continue
         section = section_type(field.annotation)
@@ -200,11 +206,33 @@ def resolve_input_paths(
             resolve_input_paths(raw[name], source_map, section, key_path, issues)
 
 
-def _is_input_path(annotation: Any) -> bool:
-    for arg in typing.get_args(annotation):
-        if any(isinstance(meta, RelativeToConfigFile) for meta in getattr(arg, "__metadata__", ())):
-            return True
-    return False
+def _input_path_marker(field: Any) -> RelativeToConfigFile | None:
+    """The field's `RelativeToConfigFile`, on it or inside its `X | None` annotation."""
+    metadata = list(field.metadata)
+    for arg in typing.get_args(field.annotation):
+        metadata += getattr(arg, "__metadata__", ())
+    return next((meta for meta in metadata if isinstance(meta, RelativeToConfigFile)), None)
+
+
+def _names_the_hub(text: str, path: KeyPath, source_map: SourceMap) -> bool:
+    """A hub id, and no file or directory of that name beside the config."""
+    if not looks_like_hub_id(text):
+        return False
+    location = source_map.get(path, Location(None, override=dotted(path)))
+    return not (location.base_dir / text).exists()
+
+
+def _resolve_hub(
+    raw: dict, name: str, path: KeyPath, source_map: SourceMap, issues: list[ConfigIssue]
+) -> None:
+    """The hub id's snapshot directory in `raw[name]`, its commit in the section's `revision`."""
+    location = source_map.get(path, Location(None, override=dotted(path)))
+    try:
+        folder, commit = resolve_snapshot(raw[name], raw.get("revision"))
+    except HubError as error:
+        issues.append(ConfigIssue(dotted(path), error.what, error.fix, str(location)))
+        return
+    raw[name], raw["revision"] = str(folder), commit
 
 
 def _resolve_one(

@@ -15,10 +15,16 @@ from tuneforge.config.durations import parse_duration
 
 
 class RelativeToConfigFile:
-    """Marks a path field that resolves against the directory of the YAML file setting it."""
+    """Marks a path field that resolves against the directory of the YAML file setting it; `hub`:
+    or names a Hugging Face hub id (`org/name`), resolved through the hub's cache
+    (`config/hub.py`)."""
+
+    def __init__(self, hub: bool = False) -> None:
+        self.hub = hub
 
 
 InputPath = Annotated[Path, RelativeToConfigFile()]
+ModelPath = Annotated[Path, RelativeToConfigFile(hub=True)]
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -45,8 +51,10 @@ class RunSection(Section):
 class ModelSection(Section):
     name: str | None = None
     """Catalog shape to build with random weights (e.g. `demo-tiny`, `llama-3-8b`); see `tuneforge models`."""
-    path: InputPath | None = None
-    """Local Hugging Face model directory (config.json + *.safetensors) to fine-tune."""
+    path: ModelPath | None = None
+    """Local Hugging Face model directory (config.json + *.safetensors) to fine-tune, or a hub id (`Qwen/Qwen3-8B`) resolved through the Hugging Face cache (downloaded there unless HF_HUB_OFFLINE is set); the run's config.yaml records the snapshot and its commit."""
+    revision: str | None = None
+    """With a hub id: the branch, tag or commit to use (default: main); the run records the commit it resolved to."""
     num_layers: int | None = Field(None, ge=1)
     """Keep only the first N decoder layers: a proxy of a real shape that fits a small machine."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
@@ -62,8 +70,10 @@ class ModelSection(Section):
 
 
 class TokenizerSection(Section):
-    path: InputPath | None = None
-    """Local tokenizer directory in the HF layout; default: model.path."""
+    path: ModelPath | None = None
+    """Local tokenizer directory in the HF layout, or a hub id resolved as model.path is; default: model.path."""
+    revision: str | None = None
+    """With a hub id: the branch, tag or commit to use; the run records the commit."""
     chat_template: str | None = None
     """Chat template instead of the tokenizer's own: chatml, llama3, alpaca, squad, or a Jinja template."""
 
