@@ -1,6 +1,8 @@
 """Models and tokenizers named by hub id, resolved offline from a Hugging Face cache that the
 test builds on disk (the hub's own layout: refs naming commits, snapshots by commit)."""
 
+import json
+
 import pytest
 
 from tests.helpers import issues_of, save_tiny_llama
@@ -59,3 +61,63 @@ def test_a_local_directory_named_like_a_hub_id_wins(tmp_path, hub_cache):
     save_tiny_llama(tmp_path / "org" / "tiny")
     config = load_config(write_config(tmp_path, "org/tiny"))
     assert config.model.path == tmp_path / "org" / "tiny" and config.model.revision is None
+
+
+README = """---
+configs:
+- config_name: plain
+  data_files:
+  - split: train
+    path: plain/train.jsonl
+  - split: validation
+    path: plain/validation.jsonl
+- config_name: other
+  data_files:
+  - split: train
+    path: other/train.jsonl
+---
+"""
+
+
+def qa(question: str, answer: str) -> str:
+    return json.dumps({"instruction": question, "output": answer}) + "\n"
+
+
+@pytest.fixture
+def dataset_cache(tmp_path, monkeypatch):
+    """`org/qa` in a hub cache of its own: two subsets, their splits in its README, offline."""
+    snapshot = tmp_path / "hub" / "datasets--org--qa" / "snapshots" / COMMIT
+    for subset, split, rows in (
+        ("plain", "train", [qa("1+1?", "2"), qa("2+2?", "4")]),
+        ("plain", "validation", [qa("3+3?", "6")]),
+        ("other", "train", [qa("red?", "colour")]),
+    ):
+        (snapshot / subset).mkdir(parents=True, exist_ok=True)
+        (snapshot / subset / f"{split}.jsonl").write_text("".join(rows))
+    (snapshot / "README.md").write_text(README)
+    (tmp_path / "hub" / "datasets--org--qa" / "refs").mkdir()
+    (tmp_path / "hub" / "datasets--org--qa" / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return snapshot
+
+
+def test_a_hub_dataset_reads_the_subset_and_split_asked_for(tmp_path, dataset_cache):
+    pytest.importorskip("datasets")
+    from tuneforge.data.reading import read_source
+
+    save_tiny_llama(tmp_path / "model")
+    source = "    - {hub: org/qa, subset: plain, split: validation, format: alpaca}\n"
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {{path: model}}\ndata:\n  train:\n{source}train: {{max_steps: 1}}\n")
+    loaded = load_config(config)
+    train = loaded.data.train[0]
+    assert train.path == dataset_cache and train.revision == COMMIT
+    conversations, _ = read_source(train, "error")
+    assert [c.messages[-1]["content"] for c in conversations] == ["6"]
+    other = train.model_copy(update={"subset": "other", "split": "train"})
+    assert [c.messages[-1]["content"] for c in read_source(other, "error")[0]] == ["colour"]
+    config.write_text(config.read_text().replace("org/qa", "org/absent"))
+    with pytest.raises(ConfigError, match="org/absent is not in the Hugging Face cache"):
+        load_config(config)

@@ -1,15 +1,30 @@
-"""Models and tokenizers named by Hugging Face hub id (`org/name`) instead of a directory:
-resolved through `huggingface_hub`'s own cache to a snapshot directory and the commit it holds.
+"""Models, tokenizers and datasets named by Hugging Face hub id (`org/name`) instead of a
+directory: resolved through `huggingface_hub`'s own cache to a snapshot directory and the commit
+it holds.
 With `HF_HUB_OFFLINE` set only the cache is read; otherwise a missing snapshot is downloaded —
-its configuration, tokenizer and safetensors files only (never pickled weights)."""
+its configuration, tokenizer and safetensors files only (never pickled weights), or a dataset's
+data files."""
 
 import os
 import re
 from pathlib import Path
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
-"""What a snapshot brings: configs, weights, tokenizers and chat templates."""
+FILES = {
+    "model": ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"],
+    "dataset": ["*.parquet", "*.jsonl", "*.json", "*.csv", "*.txt", "*.arrow", "README.md"],
+}
+"""What a snapshot brings: a model's configs, weights, tokenizers and chat templates; a
+dataset's data files and the README that maps its subsets and splits to them (no scripts)."""
+
+
+class HubName:
+    """Marks a field holding a hub id of `repo_type`, resolved into the section's `path`."""
+
+    def __init__(self, repo_type: str) -> None:
+        self.repo_type = repo_type
+
+
 TRUE = {"1", "true", "yes", "on"}
 
 
@@ -32,8 +47,10 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in TRUE or bool(constants.HF_HUB_OFFLINE)
 
 
-def resolve_snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, str]:
-    """(snapshot directory, commit) of a hub model or tokenizer."""
+def resolve_snapshot(
+    repo_id: str, revision: str | None = None, repo_type: str = "model"
+) -> tuple[Path, str]:
+    """(snapshot directory, commit) of a hub model, tokenizer or dataset."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -47,7 +64,7 @@ def resolve_snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, s
     try:
         folder = snapshot_download(
             repo_id, revision=revision, cache_dir=cache, local_files_only=local_only,
-            allow_patterns=FILES,
+            allow_patterns=FILES[repo_type], repo_type=repo_type,
         )  # fmt: skip
     except LocalEntryNotFoundError:
         where = f" at revision {revision}" if revision else ""
@@ -55,7 +72,8 @@ def resolve_snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, s
             raise HubError(
                 f"{repo_id}{where} is not in the Hugging Face cache ({cache or 'the default'}) "
                 "and HF_HUB_OFFLINE is set",
-                f"download it where there is a network (hf download {repo_id}) into that cache, "
+                f"download it where there is a network (hf download {repo_id}"
+                f"{' --repo-type dataset' if repo_type == 'dataset' else ''}) into that cache, "
                 "or give the path of a local directory",
             ) from None
         raise HubError(

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 import tuneforge.config.adapter_rules  # noqa: F401 - registers its rules
 from tuneforge.config.errors import ConfigError, ConfigIssue
-from tuneforge.config.hub import HubError, looks_like_hub_id, resolve_snapshot
+from tuneforge.config.hub import HubError, HubName, looks_like_hub_id, resolve_snapshot
 from tuneforge.config.rules import check_rules
 from tuneforge.config.schema import RelativeToConfigFile, RunConfig, section_type
 from tuneforge.config.validation_messages import describe_validation_error, unknown_key_issue
@@ -185,6 +185,10 @@ def resolve_input_paths(
         if name not in raw or raw[name] is None:
             continue
         key_path = (*path, name)
+        hub = next((meta for meta in _metadata(field) if isinstance(meta, HubName)), None)
+        if hub is not None and isinstance(raw[name], str):
+            _resolve_hub(raw, name, key_path, source_map, issues, hub.repo_type)
+            continue
         marker = _input_path_marker(field)
         if marker is not None:
             if (
@@ -206,12 +210,16 @@ def resolve_input_paths(
             resolve_input_paths(raw[name], source_map, section, key_path, issues)
 
 
-def _input_path_marker(field: Any) -> RelativeToConfigFile | None:
-    """The field's `RelativeToConfigFile`, on it or inside its `X | None` annotation."""
+def _metadata(field: Any) -> list:
+    """The field's annotation metadata, on it or inside its `X | None` annotation."""
     metadata = list(field.metadata)
     for arg in typing.get_args(field.annotation):
         metadata += getattr(arg, "__metadata__", ())
-    return next((meta for meta in metadata if isinstance(meta, RelativeToConfigFile)), None)
+    return metadata
+
+
+def _input_path_marker(field: Any) -> RelativeToConfigFile | None:
+    return next((m for m in _metadata(field) if isinstance(m, RelativeToConfigFile)), None)
 
 
 def _names_the_hub(text: str, path: KeyPath, source_map: SourceMap) -> bool:
@@ -223,16 +231,30 @@ def _names_the_hub(text: str, path: KeyPath, source_map: SourceMap) -> bool:
 
 
 def _resolve_hub(
-    raw: dict, name: str, path: KeyPath, source_map: SourceMap, issues: list[ConfigIssue]
+    raw: dict,
+    name: str,
+    path: KeyPath,
+    source_map: SourceMap,
+    issues: list[ConfigIssue],
+    repo_type: str = "model",
 ) -> None:
-    """The hub id's snapshot directory in `raw[name]`, its commit in the section's `revision`."""
+    """The hub id's snapshot directory in the section's `path` (a model's: in place of the id),
+    its commit in the section's `revision`."""
     location = source_map.get(path, Location(None, override=dotted(path)))
+    if name != "path" and raw.get("path") is not None:
+        issues.append(
+            ConfigIssue(
+                dotted(path), f"both {name} and path are given", f"keep one of {name} and path",
+                str(location),
+            )
+        )  # fmt: skip
+        return
     try:
-        folder, commit = resolve_snapshot(raw[name], raw.get("revision"))
+        folder, commit = resolve_snapshot(raw[name], raw.get("revision"), repo_type)
     except HubError as error:
         issues.append(ConfigIssue(dotted(path), error.what, error.fix, str(location)))
         return
-    raw[name], raw["revision"] = str(folder), commit
+    raw["path"], raw["revision"] = str(folder), commit
 
 
 def _resolve_one(

@@ -9,9 +9,10 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuneforge.config.durations import parse_duration
+from tuneforge.config.hub import HubName
 
 
 class RelativeToConfigFile:
@@ -79,8 +80,16 @@ class TokenizerSection(Section):
 
 
 class DataSource(Section):
-    path: InputPath
-    """A `.jsonl`, `.json` (a list) or `.parquet` file, a directory or glob of them, a dataset saved with `datasets.save_to_disk`, or (format mlperf) a packed `.npy`."""
+    path: InputPath | None = None
+    """A `.jsonl`, `.json` (a list) or `.parquet` file, a directory or glob of them, a dataset saved with `datasets.save_to_disk`, or (format mlperf) a packed `.npy`; with `hub`, the snapshot it resolved to."""
+    hub: Annotated[str, HubName("dataset")] | None = None
+    """Instead of path: a hub dataset id (`rajpurkar/squad`), resolved through the Hugging Face cache (downloaded there unless HF_HUB_OFFLINE is set) and read with `datasets`."""
+    split: str = "train"
+    """With hub: the split to read."""
+    subset: str | None = None
+    """With hub: the subset (configuration) to read, where the dataset has several."""
+    revision: str | None = None
+    """With hub: the branch, tag or commit; the run records the commit."""
     format: Literal[
         "openai", "messages", "alpaca", "squad", "sharegpt", "text", "preference", "mlperf"
     ] = "openai"
@@ -91,6 +100,18 @@ class DataSource(Section):
     """Rename fields: the format's field name -> the name in the file (e.g. {output: response})."""
     metadata: InputPath | None = None
     """Format mlperf: the packing metadata JSON written with the `.npy` (pack_size, max_samples_per_bin, ...); the data is checked against it."""
+
+    @property
+    def files(self) -> Path:
+        """Where the source's files are: its path, or the hub snapshot it resolved to."""
+        assert self.path is not None, "a hub source's path is its snapshot, set when loaded"
+        return self.path
+
+    @model_validator(mode="after")
+    def _a_path_or_a_hub_id(self) -> "DataSource":
+        if self.path is None and self.hub is None:  # (a hub id's snapshot becomes its path)
+            raise ValueError("give a data source a path or a hub dataset id (hub)")
+        return self
 
 
 class DataSection(Section):

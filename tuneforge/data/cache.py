@@ -44,9 +44,9 @@ def cache_key(sources: list[DataSource], tokenizer, options: dict) -> str:
     """Hash of source contents, format options, tokenizer files and template, and `options`."""
     digest = hashlib.sha256(f"tuneforge-tokenized-v{CACHE_VERSION}".encode())
     for source in sources:
-        for file in expand_paths(Path(source.path)):
+        for file in expand_paths(source.files):
             digest.update(
-                f"{file.name}:{file_digest(file)}:{source.format}:"
+                f"{file.name}:{file_digest(file)}:{source.format}:{source.subset}:{source.split}:"
                 f"{sorted(source.field_map.items())}".encode()
             )
         if source.metadata is not None:

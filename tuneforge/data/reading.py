@@ -12,6 +12,7 @@ from tuneforge.data.records import (
     DataError,
     RecordError,
     expand_paths,
+    iter_hub_records,
     iter_raw_records,
 )
 
@@ -36,13 +37,15 @@ def read_conversations(
     field_map: dict[str, str] | None = None,
     on_bad_record: str = "error",
     metadata: Path | None = None,
+    hub: tuple[str, str | None, str] | None = None,
 ) -> tuple[list[Conversation], BadRecords]:
-    """Every record of `path` (a file, directory or glob) as a Conversation. With
-    `on_bad_record="error"` one error lists every bad record (the first ten shown); with `"skip"`
-    they are left out and counted."""
+    """Every record of `path` (a file, directory or glob; with `hub`, (id, subset, split) of the
+    hub dataset snapshot there) as a Conversation. With `on_bad_record="error"` one error lists
+    every bad record (the first ten shown); with `"skip"` they are left out and counted."""
     conversations: list[Conversation] = []
     bad = BadRecords()
-    for file in expand_paths(path):
+    files = [path] if hub is not None else expand_paths(path)
+    for file in files:
         if format_name == "mlperf":
             for documents, origin in iter_packed_documents(file, metadata):
                 if isinstance(documents, RecordError):
@@ -50,7 +53,8 @@ def read_conversations(
                 else:
                     conversations.extend(documents)
             continue
-        for record, origin in iter_raw_records(file):
+        records = iter_hub_records(file, *hub) if hub is not None else iter_raw_records(file)
+        for record, origin in records:
             try:
                 conversations.append(to_conversation(record, format_name, field_map or {}, origin))
             except RecordError as error:
@@ -76,6 +80,7 @@ def read_conversations(
 
 
 def read_source(source: DataSource, on_bad_record: str) -> tuple[list[Conversation], BadRecords]:
+    hub = (source.hub, source.subset, source.split) if source.hub is not None else None
     return read_conversations(
-        source.path, source.format, source.field_map, on_bad_record, source.metadata
+        source.files, source.format, source.field_map, on_bad_record, source.metadata, hub
     )

@@ -6,6 +6,7 @@ Every problem names the file and line (or row) and the reason.
 
 import glob
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +145,27 @@ def _parquet_records(file: Path) -> Iterator[tuple[object, str]]:
         raise DataError(f"{file}: not a readable parquet file ({error})") from None
     for index, record in enumerate(table.to_pylist()):
         yield record, f"{file} row {index}"
+
+
+def iter_hub_records(
+    snapshot: Path, name: str, subset: str | None, split: str
+) -> Iterator[tuple[object, str]]:
+    """(record, origin) of one split of a hub dataset's snapshot, read by `datasets` as the hub
+    would read it (its README's subsets and splits), from the local files only."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"{snapshot}: a hub data source is read with the datasets package "
+            "(pip install 'tuneforge[datasets]')"
+        ) from None
+    cache = os.environ.get("HF_DATASETS_CACHE")
+    try:
+        dataset = datasets.load_dataset(str(snapshot), subset, split=split, cache_dir=cache)
+    except ValueError as error:  # an unknown subset or split names the ones there are
+        raise DataError(f"{name} ({snapshot}): {error}") from None
+    for index, record in enumerate(dataset):
+        yield record, f"{name} ({subset or 'default'}, {split}) row {index}"
 
 
 def _saved_dataset_records(directory: Path) -> Iterator[tuple[object, str]]:

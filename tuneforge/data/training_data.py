@@ -82,7 +82,7 @@ def load_training_data(
     pairs = objective == "dpo"
     split = training_conversations(data, seed) if data.eval_fraction is not None else None
     if data.eval and split is None:
-        check_disjoint_files([s.path for s in data.train], [s.path for s in data.eval])
+        check_disjoint_files([s.files for s in data.train], [s.files for s in data.eval])
 
     rendering = Rendering.of(data)
 
