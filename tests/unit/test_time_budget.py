@@ -122,3 +122,18 @@ def test_plot_draws_several_runs(tmp_path):
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     out = plot_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "curves.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_panels_carry_their_units_and_say_when_held_out_loss_is_two_points():
+    from tuneforge.runs.plot import figure_of
+
+    records = [{"step": s, "loss": 1.0 / s, "mem_reserved_gib": 2.0, "mem_peak_gib": 1.5}
+               for s in range(1, 6)]  # fmt: skip
+    records[0]["eval_loss"], records[-1]["eval_loss"] = 1.2, 0.8
+    axes = figure_of({"a": records}).axes
+    assert [axis.get_ylabel() for axis in axes] == [
+        "nats per supervised token", "nats per supervised token", "GiB",
+    ]  # fmt: skip
+    assert "2 evaluations: train.eval_steps for a curve" in axes[1].get_title()
+    assert [line.get_label() for line in axes[2].lines] == ["a reserved", "a peak allocated"]
+    assert axes[1].lines[0].get_marker() == "o"
