@@ -12,7 +12,7 @@ from tuneforge.cli.data import data_app
 from tuneforge.cli.doctor import doctor_app
 from tuneforge.cli.export import export_app
 from tuneforge.cli.plan import plan_command
-from tuneforge.cli.runs import generate, plot
+from tuneforge.cli.runs import chat, generate, plot
 from tuneforge.cli.slurm import slurm_command
 from tuneforge.cli.train import train
 from tuneforge.config import ConfigError
@@ -36,6 +36,7 @@ app.command("bench")(bench_command)
 app.command("plot")(plot)
 app.command("compare")(compare)
 app.command("generate")(generate)
+app.command("chat")(chat)
 
 
 def main() -> None:

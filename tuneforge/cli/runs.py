@@ -1,4 +1,4 @@
-"""`tuneforge plot` and `tuneforge generate`: what to do with finished runs."""
+"""`tuneforge plot`, `tuneforge generate` and `tuneforge chat`: what to do with finished runs."""
 
 from pathlib import Path
 from typing import Annotated
@@ -98,3 +98,53 @@ def _answer_file(model, tokenizer, conversations, out, batch_size, max_new_token
             **sampling,
         )  # fmt: skip
     console.print(f"{written} replies written to {out}", markup=False, highlight=False)
+
+
+def chat(
+    run_dir: Annotated[
+        Path, typer.Argument(help="Run directory of a finished run, or a model directory.")
+    ],
+    system: Annotated[str | None, typer.Option(help="A system message to start with.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest reply.")] = 256,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 for greedy decoding.")] = 0.0,
+    top_p: Annotated[
+        float, typer.Option(min=0.01, max=1.0, help="Nucleus sampling (1 keeps all).")
+    ] = 1.0,
+    top_k: Annotated[
+        int, typer.Option(min=0, help="Sample from the k likeliest tokens (0 keeps all).")
+    ] = 0,
+    seed: Annotated[int, typer.Option(help="Seed for sampling.")] = 0,
+) -> None:
+    """Chat with a trained run in the terminal: multi-turn, with its chat template, the reply
+    streamed as it is written (/reset starts over, /exit or end of input leaves)."""
+    import sys
+
+    from tuneforge.hardware.gpus import pick_device
+    from tuneforge.inference.chat import COMMANDS
+    from tuneforge.inference.chat import chat as converse
+    from tuneforge.inference.trained import load_trained
+
+    interactive = sys.stdin.isatty()
+    if interactive:
+        console.print(f"loading {run_dir} ...", markup=False, highlight=False)
+    model, tokenizer = load_trained(run_dir, pick_device())
+    if interactive:
+        console.print(f"ready ({COMMANDS})", markup=False, highlight=False)
+
+    def lines():
+        while True:
+            if interactive:
+                console.print("you> ", end="", markup=False, highlight=False)
+            line = sys.stdin.readline()
+            if not line:
+                return
+            if interactive:
+                console.print("model> ", end="", markup=False, highlight=False)
+            yield line
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+    converse(model, tokenizer, lines(), show, system, max_new_tokens, sampling)

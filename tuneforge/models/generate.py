@@ -1,6 +1,8 @@
 """Decoding for evaluation, the demo and `tuneforge generate`: greedy or sampled, many prompts
 at once, with a key/value cache (prompts are prefilled as one packed batch)."""
 
+from collections.abc import Iterator
+
 import torch
 
 from tuneforge.models.decoder import Decoder
@@ -49,3 +51,34 @@ def generate(
         step = PackedSequences(step_cu, 1, cache.lengths.clone())
         last_hidden = model.hidden_states(next_ids, step, cache)
     return replies
+
+
+@torch.no_grad()
+def stream(
+    model: Decoder,
+    prompt: list[int],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
+) -> Iterator[int]:
+    """One prompt's new tokens as they are decided (the tokens `generate` gives it), up to the
+    first stop token: for showing a reply while it is written."""
+    device = model.lm_head.weight.device
+    cache = model.new_cache(1, len(prompt) + max_new_tokens)
+    packed = PackedSequences.from_lengths([len(prompt)], device)
+    hidden = model.hidden_states(torch.tensor(prompt, device=device), packed, cache)[-1:]
+    step = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    for _ in range(max_new_tokens):
+        logits = model.lm_head(hidden).float()
+        if temperature > 0:
+            probs = next_token_probs(logits, temperature, top_p, top_k)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        else:
+            token = logits.argmax(-1)
+        if int(token) in stop_ids:
+            return
+        yield int(token)
+        hidden = model.hidden_states(token, PackedSequences(step, 1, cache.lengths.clone()), cache)
