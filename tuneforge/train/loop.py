@@ -38,7 +38,7 @@ from tuneforge.precision.apply import (
     apply_precision,
     refuse_unsupported_precision,
 )
-from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE, METRICS_FILE, TENSORBOARD_DIR
+from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE
 from tuneforge.runs.outputs import save_base, save_final
 from tuneforge.runs.pace import WARMUP_STEPS
 from tuneforge.runs.projection import project
@@ -70,6 +70,7 @@ from tuneforge.train.schedule import Schedule
 from tuneforge.train.step import StepRunner
 from tuneforge.train.stopping import StopCheck
 from tuneforge.train.strategy_choice import choose_strategy
+from tuneforge.train.trackers import require_trackers
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Trainer:
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
         refuse_unsupported_precision(config.precision, self.device)
+        require_trackers(config)
         if self.device.type == "cpu":
             threads = choose_cpu_threads(self.world.world_size)
             torch.set_num_threads(threads.threads)
@@ -166,10 +168,7 @@ class Trainer:
         stack_frozen_weights(self.model)  # where unsharded: q, k and v as one GEMM
         self.optimizer = build_optimizer(self.model, train, self.device)
         self.total_steps = self._total_steps()
-        tensorboard = self.run_dir / TENSORBOARD_DIR if config.logging.tensorboard else None
-        self.metrics = (
-            MetricsLog(self.run_dir / METRICS_FILE, tensorboard) if self.world.is_main else None
-        )
+        self.metrics = MetricsLog.of(config, self.run_dir) if self.world.is_main else None
         self.progress = Progress()
         self.resumed_from = 0
         if checkpoint is not None:

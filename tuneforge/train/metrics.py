@@ -1,4 +1,5 @@
-"""Metrics as JSON lines (one object per logged step or evaluation) and TensorBoard scalars."""
+"""Metrics as JSON lines (one object per logged step or evaluation), TensorBoard scalars and the
+configured trackers' (`trackers.py`)."""
 
 import json
 import logging
@@ -9,18 +10,22 @@ from typing import Any
 from tuneforge.config import RunConfig
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import LoraShape, training_flops_per_token
-from tuneforge.runs.files import read_metrics
+from tuneforge.runs.files import METRICS_FILE, TENSORBOARD_DIR, read_metrics
 from tuneforge.runs.pace import Pace
 from tuneforge.train.device_watch import DeviceWatch
 from tuneforge.train.progress import Progress
+from tuneforge.train.trackers import open_trackers
 
 log = logging.getLogger(__name__)
 
 
 class MetricsLog:
-    def __init__(self, file: Path, tensorboard_dir: Path | None = None) -> None:
+    def __init__(
+        self, file: Path, tensorboard_dir: Path | None = None, trackers: list | None = None
+    ) -> None:
         self.file = file
         self.file.parent.mkdir(parents=True, exist_ok=True)
+        self.trackers = trackers or []
         self.board = None
         if tensorboard_dir is not None:
             try:
@@ -32,14 +37,31 @@ class MetricsLog:
             else:
                 self.board = SummaryWriter(str(tensorboard_dir))
 
+    @classmethod
+    def of(cls, config: RunConfig, run_dir: Path) -> "MetricsLog":
+        """The run's: `metrics.jsonl`, TensorBoard where configured, the trackers of report_to."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        logging_ = config.logging
+        tensorboard = logging_.tensorboard or "tensorboard" in logging_.report_to
+        board = run_dir / TENSORBOARD_DIR if tensorboard else None
+        return cls(run_dir / METRICS_FILE, board, open_trackers(config, run_dir))
+
     def write(self, record: dict[str, Any]) -> None:
         with self.file.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
-        if self.board is not None and "step" in record:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, int | float):
-                    self.board.add_scalar(key, value, record["step"])
+        if "step" not in record:
+            return
+        numbers = {
+            key: float(value)
+            for key, value in record.items()
+            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool)
+        }
+        if self.board is not None:
+            for key, value in numbers.items():
+                self.board.add_scalar(key, value, record["step"])
             self.board.flush()
+        for tracker in self.trackers:
+            tracker.log(numbers, record["step"])
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after `step` (a resumed run logs them again)."""
@@ -50,6 +72,8 @@ class MetricsLog:
     def close(self) -> None:
         if self.board is not None:
             self.board.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def step_record(

@@ -1,0 +1,112 @@
+"""Experiment trackers read back through their own formats: MLflow's local file store (its own
+client) and a W&B offline run (its records, W&B's protobuf schema) hold the run's configuration
+and the numbers of every metrics line at its step; a missing package is refused before the run
+directory is touched."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuneforge.config import load_config
+from tuneforge.errors import TuneforgeError
+from tuneforge.runs.files import read_metrics
+from tuneforge.train.loop import Trainer
+from tuneforge.train.trackers import MLFLOW_ID, WANDB_ID, require_trackers
+
+REPO = Path(__file__).resolve().parents[2]
+OVERRIDES = [
+    "train.max_steps=3",
+    "train.tokens_per_micro_batch=256",
+    "data.eval=[]",
+    "eval.num_samples=0",
+    "logging.log_steps=1",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+    "logging.project=tracked",
+]
+
+
+def train_demo(run_dir: Path, *extra: str) -> list[dict]:
+    config = load_config(
+        REPO / "examples" / "demo.yaml",
+        [*OVERRIDES, *extra, f"run.output_dir={run_dir}", f"data.cache_dir={run_dir.parent}/c"],
+    )
+    trainer = Trainer(config)
+    try:
+        trainer.setup()
+        trainer.train()
+    finally:
+        trainer.close()
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+
+
+def test_mlflow_holds_the_config_and_every_metrics_line(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    records = train_demo(tmp_path / "run", "logging.report_to=[mlflow]")
+    client = mlflow.tracking.MlflowClient((tmp_path / "run" / "mlruns").resolve().as_uri())
+    run = client.get_run((tmp_path / "run" / MLFLOW_ID).read_text())
+    assert client.get_experiment(run.info.experiment_id).name == "tracked"
+    assert run.data.params["train.lr"] == "0.003" and run.data.params["model.name"] == "demo-tiny"
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(r["step"], r["loss"]) for r in records]
+
+
+def wandb_records(run_file: Path):
+    """The protobuf records of a W&B run file: LevelDB's log format (32 KiB blocks, each record
+    a checksum, a length, a kind and its bytes; long records in pieces) after W&B's header."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B"
+    position, pending = 7, b""
+    while position + 7 <= len(data):
+        if (left := 32768 - position % 32768) < 7:
+            position += left
+            continue
+        length, kind = (
+            int.from_bytes(data[position + 4 : position + 6], "little"),
+            data[position + 6],
+        )
+        piece = data[position + 7 : position + 7 + length]
+        position += 7 + length
+        pending = piece if kind in (1, 2) else pending + piece
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            yield record
+
+
+def test_wandb_offline_holds_the_config_and_every_metrics_line(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    import json
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    records = train_demo(tmp_path / "run", "logging.report_to=[wandb]")
+    run_id = (tmp_path / "run" / WANDB_ID).read_text()
+    (run_file,) = (tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+    config, losses = {}, []
+    for record in wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            assert record.run.project == "tracked"
+            config = {item.key: json.loads(item.value_json) for item in record.run.config.update}
+        elif kind == "history":
+            items = {
+                item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                for item in record.history.item
+            }
+            losses.append((items["_step"], items["loss"]))
+    assert config["train"]["lr"] == 0.003 and config["model"]["name"] == "demo-tiny"
+    assert losses == [(r["step"], r["loss"]) for r in records]
+
+
+def test_a_missing_tracker_package_is_refused_by_name(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
+    config = load_config(REPO / "examples" / "demo.yaml", ["logging.report_to=[mlflow]"])
+    with pytest.raises(
+        TuneforgeError, match=r"mlflow needs the mlflow package.*tuneforge\[mlflow\]"
+    ):
+        require_trackers(config)
