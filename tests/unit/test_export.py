@@ -338,3 +338,34 @@ def test_a_sentencepiece_style_tokenizer_is_refused_before_anything_is_written(t
     with pytest.raises(ExportError, match=r"SentencePiece-style BPE.*convert_hf_to_gguf"):
         export_gguf(resolve_source(tmp_path / "base"), tmp_path / "model.gguf")
     assert not (tmp_path / "model.gguf").exists()
+
+
+def test_k_quants_need_llama_cpp_and_say_so_without_writing(tmp_path, monkeypatch):
+    import sys
+
+    make_base(tmp_path / "base")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as if not installed
+    with pytest.raises(
+        ExportError, match=r"q4_k_m is quantised by llama\.cpp.*tuneforge\[llamacpp\]"
+    ):
+        export_gguf(resolve_source(tmp_path / "base"), tmp_path / "model.gguf", "q4_k_m")
+    assert not (tmp_path / "model.gguf").exists() and list(tmp_path.iterdir()) == [
+        tmp_path / "base"
+    ]
+
+
+@pytest.mark.parametrize(("kind", "file_type"), [("q4_k_m", 15), ("q6_k", 18)])
+def test_k_quants_are_llama_cpps_own(tmp_path, kind, file_type):
+    pytest.importorskip("llama_cpp", reason="k-quants are written by llama.cpp (llama-cpp-python)")
+    make_base(tmp_path / "base", intermediate_size=256)
+    export_gguf(resolve_source(tmp_path / "base"), tmp_path / "model.gguf", kind)
+    reader = gguf.GGUFReader(tmp_path / "model.gguf")
+    assert reader.fields["general.file_type"].contents() == file_type
+    assert {t.name for t in reader.tensors} == {
+        t.name for t in gguf.GGUFReader(_f16(tmp_path)).tensors
+    }
+
+
+def _f16(tmp_path):
+    export_gguf(resolve_source(tmp_path / "base"), tmp_path / "f16.gguf", "f16")
+    return tmp_path / "f16.gguf"

@@ -44,7 +44,13 @@ def gguf(
     model: Annotated[Path | None, typer.Option(help="Model directory (or use SOURCE).")] = None,
     base: BaseOption = None,
     adapter: AdapterOption = None,
-    type: Annotated[str, typer.Option(help="Tensor type: f16 or q8_0.")] = "f16",
+    type: Annotated[
+        str,
+        typer.Option(
+            help="Tensor type: f16 or q8_0 (the gguf package), q4_k_m, q5_k_m or q6_k "
+            "(llama.cpp's quantiser: pip install 'tuneforge[llamacpp]')."
+        ),
+    ] = "f16",
     overwrite: OverwriteOption = False,
 ) -> None:
     """Write a GGUF file for llama.cpp, tokenizer and chat template included."""

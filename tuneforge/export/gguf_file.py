@@ -29,6 +29,7 @@ from tuneforge.export.gguf_families import (
     add_family_metadata,
     rewritten,
 )
+from tuneforge.export.gguf_quantize import LLAMA_CPP_TYPES, quantize_with_llama_cpp
 from tuneforge.export.merge import load_merged, load_tokenizer
 from tuneforge.export.output import write_atomically
 from tuneforge.export.sources import ExportError, ExportSource
@@ -39,7 +40,7 @@ from tuneforge.models.rope import inverse_frequencies
 
 log = logging.getLogger(__name__)
 
-TYPES = ("f16", "q8_0")
+TYPES = ("f16", "q8_0", *LLAMA_CPP_TYPES)
 
 
 def hf_tensors(model: Decoder) -> Iterator[tuple[str, torch.Tensor]]:
@@ -201,9 +202,17 @@ def export_gguf(
         )  # fmt: skip
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], args.num_layers)
 
+    written = "f16" if kind in LLAMA_CPP_TYPES else kind  # llama.cpp quantises from F16
+
     def write(partial: Path) -> None:
+        target = partial.with_suffix(".f16.gguf") if written != kind else partial
+        write_file(target)
+        if target != partial:
+            quantize_with_llama_cpp(target, partial, kind)
+
+    def write_file(partial: Path) -> None:
         writer = gguf.GGUFWriter(str(partial), arch)
-        add_architecture(writer, args, source.base.name, kind)
+        add_architecture(writer, args, source.base.name, written)
         add_tokenizer(writer, tokenizer, source.tokenizer_dir, args.family, args.vocab_size)
         factors = rope_factors(args)
         if factors is not None:
@@ -212,7 +221,7 @@ def export_gguf(
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if gguf_name is None:
                 raise ExportError(f"gguf has no name for {hf_name} in the {arch} architecture")
-            data, raw_dtype = encode(tensor.float().numpy(), kind)
+            data, raw_dtype = encode(tensor.float().numpy(), written)
             writer.add_tensor(gguf_name, data, raw_dtype=raw_dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
