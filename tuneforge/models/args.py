@@ -176,8 +176,8 @@ class ModelArgs:
     @property
     def plain_attention(self) -> bool:
         """Every layer is causal attention over the whole document with equal q, k and v widths
-        (what FlashAttention-4's path takes here)."""
-        return not self.windowed and self.latent_attention is None
+        and the default softmax scale (what FlashAttention-4's path takes here)."""
+        return not self.windowed and self.latent_attention is None and self.gemma is None
 
     def is_sparse_layer(self, layer: int) -> bool:
         return self.moe is not None and self.moe.is_sparse(layer)

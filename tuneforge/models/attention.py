@@ -99,8 +99,10 @@ def varlen_attention(
     kwargs: dict[str, Any] = {"window_size": (-1 if window is None else window - 1, 0)}
     if k.shape[1] != q.shape[1] and "enable_gqa" in _varlen_parameters():
         kwargs["enable_gqa"] = True
-    if scale is not None:
+    if scale is not None and "scale" in _varlen_parameters():
         kwargs["scale"] = scale
+    elif scale is not None:  # an older torch: the queries carry the scale instead
+        q = q * (scale * math.sqrt(q.shape[-1]))
     width = v.shape[-1]
     if width != q.shape[-1]:  # the flash kernels take one head width: v padded with zeros
         v = F.pad(v, (0, q.shape[-1] - width))

@@ -1,6 +1,8 @@
-"""One decoder for the Llama, Qwen, Mistral, Mixtral and DeepSeek-V2 families in plain PyTorch:
-RMSNorm, rotary positions, GQA attention (optional q/k/v bias, per-head q/k norm, sliding window)
-or latent attention (`latent_attention.py`), SwiGLU or a sparse MoE MLP (with shared experts).
+"""One decoder for the Llama, Qwen, Mistral, Mixtral, DeepSeek-V2 and Gemma 3 families in plain
+PyTorch: RMSNorm (Gemma's too, and its norms after each branch), rotary positions (Gemma's local
+layers with their own), GQA attention (optional q/k/v bias, per-head q/k norm, sliding window,
+softmax scale) or latent attention (`latent_attention.py`), SwiGLU or GeGLU, or a sparse MoE MLP
+(with shared experts).
 
 Inputs are packed: a flat stream of tokens [T] with `PackedSequences` describing documents.
 """
