@@ -8,6 +8,7 @@ import pytest
 from tests.helpers import issues_of, save_tiny_llama
 from tuneforge.assets import DEMO_TOKENIZER_DIR
 from tuneforge.config import ConfigError, load_config
+from tuneforge.config.loading import dump_config
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TAGGED = "fedcba9876543210fedcba9876543210fedcba98"
@@ -118,6 +119,9 @@ def test_a_hub_dataset_reads_the_subset_and_split_asked_for(tmp_path, dataset_ca
     assert [c.messages[-1]["content"] for c in conversations] == ["6"]
     other = train.model_copy(update={"subset": "other", "split": "train"})
     assert [c.messages[-1]["content"] for c in read_source(other, "error")[0]] == ["colour"]
+    recorded = tmp_path / "recorded.yaml"  # a run's config.yaml, read again to resume
+    recorded.write_text(dump_config(loaded))
+    assert load_config(recorded).data.train[0] == train
     config.write_text(config.read_text().replace("org/qa", "org/absent"))
     with pytest.raises(ConfigError, match="org/absent is not in the Hugging Face cache"):
         load_config(config)

@@ -242,6 +242,8 @@ def _resolve_hub(
     its commit in the section's `revision`."""
     location = source_map.get(path, Location(None, override=dotted(path)))
     if name != "path" and raw.get("path") is not None:
+        if raw.get("revision") and Path(raw["path"]).is_dir():
+            return  # resolved before: a run's config.yaml records the snapshot and its commit
         issues.append(
             ConfigIssue(
                 dotted(path), f"both {name} and path are given", f"keep one of {name} and path",
