@@ -9,6 +9,8 @@ import os
 import re
 from pathlib import Path
 
+from tuneforge.errors import TuneforgeError
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 FILES = {
     "model": ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"],
@@ -28,7 +30,7 @@ class HubName:
 TRUE = {"1", "true", "yes", "on"}
 
 
-class HubError(Exception):
+class HubError(TuneforgeError):
     """A hub id that cannot be resolved here: why (`what`) and what to do (`fix`)."""
 
     def __init__(self, what: str, fix: str) -> None:
