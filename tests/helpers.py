@@ -108,6 +108,38 @@ def save_tiny_llama(directory: Path, seed: int = 0, **overrides):
     return save_tiny_model(directory, "llama", seed, **overrides)
 
 
+def save_tiny_chat_model(directory: Path):
+    """A tiny Llama with the demo tokenizer (and its chat template) beside it."""
+    import shutil
+
+    from tuneforge.assets import DEMO_TOKENIZER_DIR
+
+    save_tiny_llama(directory, vocab_size=512)
+    for file in DEMO_TOKENIZER_DIR.iterdir():
+        shutil.copy(file, directory / file.name)
+    return directory
+
+
+def train_demo(run_dir: Path, overrides: list[str]) -> list[dict]:
+    """The demo trained in this process with `overrides` into `run_dir`: its metrics records."""
+    from tuneforge.config import load_config
+    from tuneforge.runs.files import read_metrics
+    from tuneforge.train.loop import Trainer
+
+    repo = Path(__file__).resolve().parents[1]
+    config = load_config(
+        repo / "examples" / "demo.yaml",
+        [*overrides, f"run.output_dir={run_dir}", f"data.cache_dir={run_dir.parent / 'cache'}"],
+    )
+    trainer = Trainer(config)
+    try:
+        trainer.setup()
+        trainer.train()
+    finally:
+        trainer.close()
+    return read_metrics(run_dir / "metrics.jsonl")
+
+
 def packed_batch(tokens, labels, packed):
     """A `PackedBatch` of `tokens` with their `labels`, every label not ignored counted as
     supervised."""

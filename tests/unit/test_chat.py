@@ -2,7 +2,6 @@
 conversation as the chat template renders it, /reset starts over, and the command reads turns
 from its input."""
 
-import shutil
 import subprocess
 import sys
 
@@ -10,8 +9,7 @@ import pytest
 import torch
 
 from tests.cli_runs import REPO
-from tests.helpers import save_tiny_llama
-from tuneforge.assets import DEMO_TOKENIZER_DIR
+from tests.helpers import save_tiny_chat_model
 from tuneforge.data.chat import prompt_ids, stop_ids
 from tuneforge.inference.chat import chat
 from tuneforge.inference.trained import load_trained
@@ -20,11 +18,7 @@ from tuneforge.models.generate import generate, stream
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("model")
-    save_tiny_llama(directory, vocab_size=512)
-    for file in DEMO_TOKENIZER_DIR.iterdir():
-        shutil.copy(file, directory / file.name)
-    return directory
+    return save_tiny_chat_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneforge.config import load_config
-from tuneforge.runs.files import read_metrics
-from tuneforge.train.loop import Trainer
+from tests.helpers import train_demo
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "assets" / "losses" / "demo.json"
@@ -33,17 +31,7 @@ the curve by far more."""
 
 
 def demo_losses(run_dir: Path) -> list[float]:
-    config = load_config(
-        REPO / "examples" / "demo.yaml",
-        [*OVERRIDES, f"run.output_dir={run_dir}", f"data.cache_dir={run_dir.parent / 'cache'}"],
-    )
-    trainer = Trainer(config)
-    try:
-        trainer.setup()
-        trainer.train()
-    finally:
-        trainer.close()
-    return [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    return [r["loss"] for r in train_demo(run_dir, OVERRIDES) if "loss" in r]
 
 
 def test_the_demo_follows_its_golden_loss_curve(tmp_path):

@@ -3,14 +3,12 @@ batches, greedy), written as openai messages in order; prompts come as {prompt} 
 (a final assistant turn answered anew); a bad line names its file and line."""
 
 import json
-import shutil
 
 import pytest
 import torch
 
 from tests.cli_runs import assert_clean_failure, run_cli
-from tests.helpers import save_tiny_llama
-from tuneforge.assets import DEMO_TOKENIZER_DIR
+from tests.helpers import save_tiny_chat_model
 from tuneforge.data.records import DataError
 from tuneforge.inference.replies import read_prompts, write_replies
 from tuneforge.inference.trained import load_trained
@@ -19,11 +17,7 @@ from tuneforge.models.generate import generate
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("model")
-    save_tiny_llama(directory, vocab_size=512)
-    for file in DEMO_TOKENIZER_DIR.iterdir():
-        shutil.copy(file, directory / file.name)
-    return directory
+    return save_tiny_chat_model(tmp_path_factory.mktemp("model"))
 
 
 def test_a_file_of_prompts_gets_the_replies_each_gets_alone(tmp_path, model_dir):

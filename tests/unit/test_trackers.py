@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import train_demo
 from tuneforge.config import load_config
 from tuneforge.errors import TuneforgeError
-from tuneforge.runs.files import read_metrics
-from tuneforge.train.loop import Trainer
 from tuneforge.train.trackers import MLFLOW_ID, WANDB_ID, require_trackers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,24 +26,14 @@ OVERRIDES = [
 ]
 
 
-def train_demo(run_dir: Path, *extra: str) -> list[dict]:
-    config = load_config(
-        REPO / "examples" / "demo.yaml",
-        [*OVERRIDES, *extra, f"run.output_dir={run_dir}", f"data.cache_dir={run_dir.parent}/c"],
-    )
-    trainer = Trainer(config)
-    try:
-        trainer.setup()
-        trainer.train()
-    finally:
-        trainer.close()
-    return [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+def tracked_run(run_dir: Path, *extra: str) -> list[dict]:
+    return [r for r in train_demo(run_dir, [*OVERRIDES, *extra]) if "loss" in r]
 
 
 def test_mlflow_holds_the_config_and_every_metrics_line(tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    records = train_demo(tmp_path / "run", "logging.report_to=[mlflow]")
+    records = tracked_run(tmp_path / "run", "logging.report_to=[mlflow]")
     client = mlflow.tracking.MlflowClient((tmp_path / "run" / "mlruns").resolve().as_uri())
     run = client.get_run((tmp_path / "run" / MLFLOW_ID).read_text())
     assert client.get_experiment(run.info.experiment_id).name == "tracked"
@@ -84,7 +73,7 @@ def test_wandb_offline_holds_the_config_and_every_metrics_line(tmp_path, monkeyp
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    records = train_demo(tmp_path / "run", "logging.report_to=[wandb]")
+    records = tracked_run(tmp_path / "run", "logging.report_to=[wandb]")
     run_id = (tmp_path / "run" / WANDB_ID).read_text()
     (run_file,) = (tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
     config, losses = {}, []

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import torch
 
 from tuneforge.models.decoder import Decoder
-from tuneforge.models.sampling import next_token_probs
+from tuneforge.models.sampling import next_tokens
 from tuneforge.packed import PackedSequences
 
 
@@ -35,11 +35,7 @@ def generate(
     step_cu = torch.arange(len(prompts) + 1, dtype=torch.int32, device=device)
     for _ in range(max_new_tokens):
         logits = model.lm_head(last_hidden).float()
-        if temperature > 0:
-            probs = next_token_probs(logits, temperature, top_p, top_k)
-            next_ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        else:
-            next_ids = logits.argmax(-1)
+        next_ids = next_tokens(logits, temperature, generator, top_p, top_k)
         for row, token in enumerate(next_ids.tolist()):
             if not done[row]:
                 if token in stop_ids:
@@ -72,12 +68,7 @@ def stream(
     hidden = model.hidden_states(torch.tensor(prompt, device=device), packed, cache)[-1:]
     step = torch.tensor([0, 1], dtype=torch.int32, device=device)
     for _ in range(max_new_tokens):
-        logits = model.lm_head(hidden).float()
-        if temperature > 0:
-            probs = next_token_probs(logits, temperature, top_p, top_k)
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        else:
-            token = logits.argmax(-1)
+        token = next_tokens(model.lm_head(hidden).float(), temperature, generator, top_p, top_k)
         if int(token) in stop_ids:
             return
         yield int(token)

@@ -19,3 +19,18 @@ def next_token_probs(
         tail[:, -1] = False  # the likeliest token always stays
         scores = scores.masked_fill(tail.scatter(1, order, tail), float("-inf"))
     return scores.softmax(-1)
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    generator: torch.Generator | None = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
+) -> torch.Tensor:
+    """[rows] token ids from `logits` [rows, vocab]: the likeliest at temperature 0, else drawn
+    from `next_token_probs`."""
+    if temperature > 0:
+        probs = next_token_probs(logits, temperature, top_p, top_k)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return logits.argmax(-1)
