@@ -18,10 +18,29 @@ def plot(
     console.print(f"written {plot_runs(run_dirs, out)}", markup=False, highlight=False)
 
 
+RunDirArgument = Annotated[
+    Path, typer.Argument(help="Run directory of a finished run, or a model directory.")
+]
+MaxNewTokensOption = Annotated[int, typer.Option(min=1, help="Longest reply.")]
+TemperatureOption = Annotated[float, typer.Option(min=0.0, help="0 for greedy decoding.")]
+TopPOption = Annotated[
+    float,
+    typer.Option(
+        min=0.01,
+        max=1.0,
+        help="Sample from the likeliest tokens holding this much probability (nucleus "
+        "sampling; 1 keeps all).",
+    ),
+]
+TopKOption = Annotated[
+    int, typer.Option(min=0, help="Sample from the k likeliest tokens (0 keeps all).")
+]
+SeedOption = Annotated[int, typer.Option(help="Seed for sampling.")]
+"""Options `generate` and `chat` share."""
+
+
 def generate(
-    run_dir: Annotated[
-        Path, typer.Argument(help="Run directory of a finished run, or a model directory.")
-    ],
+    run_dir: RunDirArgument,
     prompt: Annotated[
         str | None, typer.Option("--prompt", "-p", help="User message to answer.")
     ] = None,
@@ -34,21 +53,11 @@ def generate(
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing --out file.")] = False,
     batch_size: Annotated[int, typer.Option(min=1, help="Prompts answered at once.")] = 32,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest reply.")] = 64,
-    temperature: Annotated[float, typer.Option(min=0.0, help="0 for greedy decoding.")] = 0.0,
-    top_p: Annotated[
-        float,
-        typer.Option(
-            min=0.01,
-            max=1.0,
-            help="Sample from the likeliest tokens holding this much probability (nucleus "
-            "sampling; 1 keeps all).",
-        ),
-    ] = 1.0,
-    top_k: Annotated[
-        int, typer.Option(min=0, help="Sample from the k likeliest tokens (0 keeps all).")
-    ] = 0,
-    seed: Annotated[int, typer.Option(help="Seed for sampling.")] = 0,
+    max_new_tokens: MaxNewTokensOption = 64,
+    temperature: TemperatureOption = 0.0,
+    top_p: TopPOption = 1.0,
+    top_k: TopKOption = 0,
+    seed: SeedOption = 0,
 ) -> None:
     """Answer a prompt, or a whole file of prompts (an SFT dataset of the replies: sequence-level
     distillation), with a trained run (base + adapter, or full weights) or a model directory."""
@@ -101,19 +110,13 @@ def _answer_file(model, tokenizer, conversations, out, batch_size, max_new_token
 
 
 def chat(
-    run_dir: Annotated[
-        Path, typer.Argument(help="Run directory of a finished run, or a model directory.")
-    ],
+    run_dir: RunDirArgument,
     system: Annotated[str | None, typer.Option(help="A system message to start with.")] = None,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest reply.")] = 256,
-    temperature: Annotated[float, typer.Option(min=0.0, help="0 for greedy decoding.")] = 0.0,
-    top_p: Annotated[
-        float, typer.Option(min=0.01, max=1.0, help="Nucleus sampling (1 keeps all).")
-    ] = 1.0,
-    top_k: Annotated[
-        int, typer.Option(min=0, help="Sample from the k likeliest tokens (0 keeps all).")
-    ] = 0,
-    seed: Annotated[int, typer.Option(help="Seed for sampling.")] = 0,
+    max_new_tokens: MaxNewTokensOption = 256,
+    temperature: TemperatureOption = 0.0,
+    top_p: TopPOption = 1.0,
+    top_k: TopKOption = 0,
+    seed: SeedOption = 0,
 ) -> None:
     """Chat with a trained run in the terminal: multi-turn, with its chat template, the reply
     streamed as it is written (/reset starts over, /exit or end of input leaves)."""
