@@ -93,6 +93,35 @@ CASES = {
             "seq=8192",
         ],
     ),
+    "mistral-7b-4l-lora-none-8k": (
+        1,
+        ["model.name=mistral-7b-v0.1", "model.num_layers=4", "lora.enabled=true", "seq=8192"],
+    ),
+    "mixtral-2l-lora-experts-4k": (
+        1,
+        [
+            "model.name=mixtral-8x7b",
+            "model.num_layers=2",
+            "lora.enabled=true",
+            "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,w1,w2,w3]",
+            "seq=4096",
+        ],
+    ),
+    "deepseek-v2-lite-4l-lora-experts-4k": (
+        1,
+        [
+            "model.name=deepseek-v2-lite",
+            "model.num_layers=4",
+            "lora.enabled=true",
+            "lora.target_modules=[q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,"
+            "experts.gate_up_proj,experts.down_proj]",
+            "seq=4096",
+        ],
+    ),
+    "gemma-3-4b-8l-lora-none-4k": (
+        1,
+        ["model.name=gemma-3-4b", "model.num_layers=8", "lora.enabled=true", "seq=4096"],
+    ),
     "1b-full-fsdp2-2gpu-4k": (
         2,
         ["model.name=llama-3.2-1b", "lora.enabled=false", "parallel.strategy=fsdp", "seq=4096"],

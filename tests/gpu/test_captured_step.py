@@ -28,10 +28,9 @@ def batches() -> list:
     return [*packed, short, *packed[:2], many, *packed[2:4]]
 
 
-def run(captured: bool, compiled: bool, attention: str, moe: bool = False):
+def run(captured: bool, compiled: bool, attention: str, shape: str = "llama-3.2-1b"):
     torch._dynamo.reset()  # each run compiles its own blocks, within the recompile limit
     torch.manual_seed(0)
-    shape = "qwen3-30b-a3b" if moe else "llama-3.2-1b"
     model = load_model(
         shape, num_layers=2, dtype="bfloat16", device="cuda", seed=0, attention=attention
     )
@@ -51,12 +50,18 @@ def run(captured: bool, compiled: bool, attention: str, moe: bool = False):
 
 
 @pytest.mark.parametrize(
-    ("compiled", "attention", "moe"),
-    [(False, "varlen", False), (True, "auto", False), (True, "auto", True)],
+    ("compiled", "attention", "shape"),
+    [
+        (False, "varlen", "llama-3.2-1b"),
+        (True, "auto", "llama-3.2-1b"),
+        (True, "auto", "qwen3-30b-a3b"),
+        (True, "auto", "deepseek-v2-lite"),  # latent attention, YaRN, shared experts
+    ],
 )
-def test_the_captured_step_trains_as_the_eager_step(compiled, attention, moe):
-    eager, eager_adapters, _ = run(False, compiled, attention, moe)
-    captured, captured_adapters, step = run(True, compiled, attention, moe)
+def test_the_captured_step_trains_as_the_eager_step(compiled, attention, shape):
+    eager, eager_adapters, _ = run(False, compiled, attention, shape)
+    captured, captured_adapters, step = run(True, compiled, attention, shape)
+    moe = shape != "llama-3.2-1b"
     assert step.captured is not None
     assert (
         step.captured.graph is not None and step.captured.slots == 32

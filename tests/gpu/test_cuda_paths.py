@@ -87,12 +87,15 @@ def test_grouped_gemm_experts_equal_the_loop_in_bf16():
         assert error(a.grad, r.grad) < 0.06, name
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "mistral", "mixtral"])
-def test_whole_model_varlen_matches_cpu_fp32(tmp_path, family):
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen3", "qwen3_moe", "mistral", "mixtral", "deepseek_v2", "gemma3_text"]
+)
+def test_whole_model_varlen_matches_sdpa_and_cpu_fp32(tmp_path, family):
     import tuneforge
 
     save_tiny_model(tmp_path, family, hidden_size=128, intermediate_size=256)
     reference = tuneforge.load_model(tmp_path, dtype="float32", attention="sdpa")
+    same_dtype = tuneforge.load_model(tmp_path, dtype="bfloat16", device="cuda", attention="sdpa")
     on_gpu = tuneforge.load_model(tmp_path, dtype="bfloat16", device="cuda")
     args = on_gpu.args
     expected = resolve_backend("auto", CUDA, torch.bfloat16, args.head_dim, args.plain_attention)
@@ -100,9 +103,14 @@ def test_whole_model_varlen_matches_cpu_fp32(tmp_path, family):
     tokens = torch.randint(0, 128, (90,), generator=torch.Generator().manual_seed(0))
     cu = torch.tensor([0, 30, 31, 90], dtype=torch.int32)
     with torch.no_grad():
-        expected = reference(tokens, cu_seqlens=cu)
+        fp32 = reference(tokens, cu_seqlens=cu)
+        sdpa = same_dtype(tokens.cuda(), cu_seqlens=cu.cuda()).float().cpu()
         got = on_gpu(tokens.cuda(), cu_seqlens=cu.cuda()).float().cpu()
-    torch.testing.assert_close(got, expected, atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(got, sdpa, atol=2e-2, rtol=2e-2)
+    # against fp32 on average: bf16 alone moves a few rows past 5e-2 (Gemma's larger logits; a
+    # MoE token whose best experts nearly tie routes otherwise), in sdpa on the CPU as well
+    error, bf16_error = (got - fp32).abs().mean(), (sdpa - fp32).abs().mean()
+    assert error <= 1.1 * bf16_error + 1e-3 and error < 2e-2
 
 
 @pytest.mark.parametrize("rank", [16, 4])

@@ -128,7 +128,7 @@ WORKLOADS = {
             LATENT_ATTENTION + EXPERT_BANKS,
             layers=4,
             peer_checkpointing=(False,),
-            variants=("compiled", "compiled+graph"),
+            variants=("compiled+onedoc", "compiled+graph+onedoc"),
         ),
         Workload(
             "qwen3-moe-4l-lora-attn-experts",

@@ -48,8 +48,9 @@ def _yarn(inv_freq: torch.Tensor, dim: int, theta: float, yarn: YarnScaling) -> 
     high = float(min(math.ceil(boundary(yarn.beta_slow)), dim - 1))
     if low == high:
         high += 0.001
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    extrapolated = 1 - ramp.to(inv_freq.device)
+    # built on the frequencies' device: a host-to-device copy each step cannot be captured
+    positions = torch.arange(dim // 2, dtype=torch.float32, device=inv_freq.device)
+    extrapolated = 1 - ((positions - low) / (high - low)).clamp(0, 1)
     return inv_freq / yarn.factor * (1 - extrapolated) + inv_freq * extrapolated
 
 
