@@ -60,6 +60,7 @@ def add_family_metadata(writer, args: ModelArgs) -> None:
 
     if args.sliding_window is not None and args.gemma is not None:
         writer.add_sliding_window(args.sliding_window)
+        writer.add_rope_freq_base_swa(args.gemma.local_rope_theta)
     scaling = args.rope_scaling
     if isinstance(scaling, LinearScaling):
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -68,6 +69,8 @@ def add_family_metadata(writer, args: ModelArgs) -> None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(scaling.factor)
         writer.add_rope_scaling_orig_ctx_len(scaling.original_max_position_embeddings)
+        writer.add_rope_scaling_yarn_beta_fast(scaling.beta_fast)
+        writer.add_rope_scaling_yarn_beta_slow(scaling.beta_slow)
         if scaling.mscale_all_dim:
             writer.add_rope_scaling_yarn_log_mul(0.1 * scaling.mscale_all_dim)
     mla = args.latent_attention

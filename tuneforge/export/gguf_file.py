@@ -75,11 +75,11 @@ def rope_factors(args: ModelArgs) -> np.ndarray | None:
 
 
 def encode(array: np.ndarray, kind: str):
-    """(data, raw dtype or None) in the GGUF type: vectors stay F32, matrices F16 or Q8_0
-    (F16 where a row does not split into Q8_0 blocks)."""
+    """(data, raw dtype or None) in the GGUF type (`f32`, `f16`, `q8_0`): vectors stay F32,
+    matrices F16 or Q8_0 (F16 where a row does not split into Q8_0 blocks)."""
     import gguf
 
-    if array.ndim < 2:
+    if array.ndim < 2 or kind == "f32":
         return array.astype(np.float32), None
     if kind == "q8_0":
         block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
@@ -221,7 +221,9 @@ def export_gguf(
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if gguf_name is None:
                 raise ExportError(f"gguf has no name for {hf_name} in the {arch} architecture")
-            data, raw_dtype = encode(tensor.float().numpy(), written)
+            # routers stay in F32 in every file type, as llama.cpp's converter and quantiser keep them
+            router = ".ffn_gate_inp" in gguf_name
+            data, raw_dtype = encode(tensor.float().numpy(), "f32" if router else written)
             writer.add_tensor(gguf_name, data, raw_dtype=raw_dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
