@@ -97,7 +97,7 @@ def test_full_fine_tuning_learns_and_leaves_a_complete_run_directory(tmp_path):
     dpo_config = load_config(
         REPO / "examples" / "demo-dpo.yaml",
         [f"model.path={run / 'final'}", f"run.output_dir={tmp_path / 'dpo'}",
-         f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=2", "train.eval_steps=2",
+         f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=2", "eval.every_steps=2",
          "eval.num_samples=0", "logging.log_steps=1"],
     )  # fmt: skip
     dpo = Trainer(dpo_config)

@@ -15,7 +15,7 @@ def _train(tmp_path, name: str, *settings: str) -> subprocess.CompletedProcess:
     command = [
         sys.executable, "-m", "tuneforge", "train", str(DEMO), f"run.output_dir={tmp_path / name}",
         f"data.cache_dir={tmp_path / 'cache'}", "train.objective=distill", "train.max_steps=30",
-        "train.eval_steps=30", "eval.num_samples=0", "logging.log_steps=1",
+        "eval.every_steps=30", "eval.num_samples=0", "logging.log_steps=1",
         "logging.progress=false", "distill.teacher.name=demo-tiny", "distill.kd_weight=0.9",
         "distill.temperature=2.0", *settings,
     ]  # fmt: skip
@@ -27,7 +27,7 @@ def test_a_distillation_run_learns_its_teacher(tmp_path):
         tmp_path,
         "same",
         "train.max_steps=1",
-        "train.eval_steps=1",
+        "eval.every_steps=1",
         "distill.teacher.init_std=0.06",
         "distill.teacher.dtype=float32",
     )

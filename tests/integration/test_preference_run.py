@@ -64,7 +64,7 @@ def test_an_adapter_continued_from_an_sft_run_starts_where_it_ended(tmp_path):
     data = REPO / "tuneforge" / "assets" / "demo_data"
     _write_pairs(data / "pairs_train.jsonl", tmp_path / "pairs.jsonl", 400)
     _write_pairs(data / "pairs_eval.jsonl", tmp_path / "eval_pairs.jsonl", 50)
-    common = [f"data.cache_dir={tmp_path / 'cache'}", "eval.num_samples=0", "train.eval_steps=15"]
+    common = [f"data.cache_dir={tmp_path / 'cache'}", "eval.num_samples=0", "eval.every_steps=15"]
     common += ["lora.enabled=true", "lora.rank=8", "lora.alpha=16", "logging.log_steps=1"]
     sft = tmp_path / "sft"
     first = _train(str(DEMO), f"run.output_dir={sft}", "train.max_steps=15", *common)

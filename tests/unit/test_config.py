@@ -186,6 +186,22 @@ def test_cross_field_rules_run_alongside_field_errors(data_dir):
     assert {"train.min_lr", "lora.rank", "parallel.reshard_after_forward"} <= set(found)
 
 
+def test_evaluation_steps_take_their_older_name_once(data_dir):
+    text = MINIMAL.replace("max_steps: 10", "max_steps: 10\n  eval_steps: 4")
+    text = text.replace("data:\n", "data:\n  eval_fraction: 0.5\n")
+    assert load_config(write(data_dir / "old.yaml", text)).eval.every_steps == 4
+    same = load_config(write(data_dir / "same.yaml", text + "eval:\n  every_steps: 4\n"))
+    assert same.eval.every_steps == 4
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "both.yaml", text + "eval:\n  every_steps: 5\n"))
+    found = issues_of(raised.value)
+    assert "contradicts eval.every_steps=5" in found["train.eval_steps"]
+    no_data = MINIMAL + "eval:\n  every_steps: 5\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "no_data.yaml", no_data))
+    assert "data.eval is empty" in issues_of(raised.value)["eval.every_steps"]
+
+
 def test_kept_blocks_need_checkpointing(data_dir):
     text = MINIMAL.replace("max_steps: 10", "max_steps: 10\n  keep_activations: 2")
     with pytest.raises(ConfigError) as raised:

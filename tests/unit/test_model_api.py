@@ -154,3 +154,22 @@ def test_auto_attention_picks_by_dtype_and_head_size(monkeypatch):
     assert attention.resolve_backend("auto", gpu, torch.float16, 256) == "varlen"
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         attention.resolve_backend("flash4", gpu, torch.float32, 128)
+
+
+def test_modules_built_on_meta_skip_their_initialisation_and_restore_it():
+    from tuneforge.models.meta import on_meta
+
+    originals = (torch.nn.Linear.reset_parameters, torch.nn.Embedding.reset_parameters)
+    with on_meta():
+        linear = torch.nn.Linear(4, 4)
+        embedding = torch.nn.Embedding(4, 4)
+    assert linear.weight.is_meta and embedding.weight.is_meta
+    torch.manual_seed(0)
+    first = torch.nn.Linear(4, 4).weight
+    torch.manual_seed(0)
+    with torch.no_grad():
+        second = torch.nn.init.kaiming_uniform_(torch.empty(4, 4), a=5**0.5)
+    torch.testing.assert_close(first, second)  # nn.Linear's own initialisation is back
+    with pytest.raises(RuntimeError), on_meta():
+        raise RuntimeError("a failure while building")
+    assert (torch.nn.Linear.reset_parameters, torch.nn.Embedding.reset_parameters) == originals

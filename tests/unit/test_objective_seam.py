@@ -58,7 +58,7 @@ def test_the_step_normalises_by_the_objectives_units_and_reports_its_metrics():
 def test_the_schedule_says_what_happens_at_each_step():
     config = load_config(
         "examples/demo.yaml",
-        ["checkpoint.save_steps=4", "train.eval_steps=3", "logging.projection_step=5"],
+        ["checkpoint.save_steps=4", "eval.every_steps=3", "logging.projection_step=5"],
     )
     schedule = Schedule(config, total_steps=9, evaluates=True)
     plans = {step: schedule.at(step) for step in range(1, 10)}

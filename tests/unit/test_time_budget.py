@@ -134,6 +134,6 @@ def test_plot_panels_carry_their_units_and_say_when_held_out_loss_is_two_points(
     assert [axis.get_ylabel() for axis in axes] == [
         "nats per supervised token", "nats per supervised token", "GiB",
     ]  # fmt: skip
-    assert "2 evaluations: train.eval_steps for a curve" in axes[1].get_title()
+    assert "2 evaluations: eval.every_steps for a curve" in axes[1].get_title()
     assert [line.get_label() for line in axes[2].lines] == ["a reserved", "a peak allocated"]
     assert axes[1].lines[0].get_marker() == "o"

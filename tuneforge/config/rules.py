@@ -182,6 +182,19 @@ def source_formats(data) -> list[tuple[str, str, str]]:
     return problems
 
 
+@rule("train", "eval")
+def evaluation_steps_once(train, eval) -> list[tuple[str, str, str]]:
+    if train.eval_steps is None or eval.every_steps in (None, train.eval_steps):
+        return []
+    return [
+        (
+            "train.eval_steps",
+            f"contradicts eval.every_steps={eval.every_steps}",
+            "set only eval.every_steps (train.eval_steps is its older name)",
+        )
+    ]
+
+
 @rule("train", "data", "eval")
 def evaluation_needs_data(train, data, eval) -> list[tuple[str, str, str]]:
     if data.eval and data.eval_fraction is not None:
@@ -195,10 +208,10 @@ def evaluation_needs_data(train, data, eval) -> list[tuple[str, str, str]]:
     if data.eval or data.eval_fraction is not None:
         return []
     problems = []
-    if train.eval_steps is not None:
+    if eval.every_steps is not None or train.eval_steps is not None:
         problems.append(
             (
-                "train.eval_steps",
+                "eval.every_steps" if eval.every_steps is not None else "train.eval_steps",
                 "evaluation asked for but data.eval is empty",
                 "add data.eval sources or set data.eval_fraction",
             )

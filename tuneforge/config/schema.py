@@ -235,7 +235,7 @@ class TrainSection(Section):
     cuda_graph: bool = False
     """Capture the whole optimizer step as one CUDA graph after two eager steps and replay it: the host queues one launch per step instead of thousands (for runs where Python cannot keep the GPU busy: small models, MoE). Batches are brought to a fixed shape (padded to tokens_per_micro_batch, document slots for the most documents seen), and the loss projects every row. One CUDA GPU, attention flash4 or varlen, nothing offloaded to host memory; memory stays reserved for the graph."""
     eval_steps: int | None = Field(None, ge=1)
-    """Evaluate held-out loss every N steps (and at the start and the end)."""
+    """The older name of `eval.every_steps`."""
     on_nonfinite: Literal["skip", "stop"] = "skip"
     """A step with NaN/Inf loss or gradients: skip its update (`skip`) or stop the run (`stop`)."""
     max_nonfinite_steps: int = Field(10, ge=1)
@@ -329,6 +329,8 @@ class LoggingSection(Section):
 
 
 class EvalSection(Section):
+    every_steps: int | None = Field(None, ge=1)
+    """Evaluate held-out loss every N steps (and at the start and the end), so that the held-out curve has points between them."""
     num_samples: int = Field(0, ge=0)
     """Held-out prompts answered by greedy decoding for exact-match accuracy (0 disables)."""
     max_new_tokens: int = Field(32, ge=1)
@@ -374,9 +376,15 @@ class RunConfig(Section):
     logging: LoggingSection = LoggingSection()
     """Metrics and progress."""
     eval: EvalSection = EvalSection()
-    """Generation-based evaluation."""
+    """Held-out evaluation: how often, and generation-based accuracy."""
     parallel: ParallelSection = ParallelSection()
     """Devices and sharding."""
+
+    @model_validator(mode="after")
+    def _evaluation_steps_by_their_older_name(self) -> "RunConfig":
+        if self.eval.every_steps is None and self.train.eval_steps is not None:
+            self.eval.every_steps = self.train.eval_steps
+        return self
 
 
 def section_type(annotation: Any) -> type[BaseModel] | None:

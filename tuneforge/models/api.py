@@ -17,6 +17,7 @@ from tuneforge.models.hf.checkpoint import (
     read_hf_config,
     save_hf_model,
 )
+from tuneforge.models.meta import on_meta
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -58,7 +59,7 @@ def load_model(
         model.source_dir = path
     elif str(path_or_shape) in CATALOG:
         args = model_args(path_or_shape, num_layers)
-        with torch.device("meta"):
+        with on_meta():
             model = Decoder(args, backend)
         model.to(DTYPES[dtype_name or "bfloat16"]).to_empty(device=target)
         model.tie_weights()

@@ -3,13 +3,12 @@ for `apply_lora` and for the planner, which sees the model only as its shape."""
 
 import re
 
-import torch
-
 from tuneforge.config.schema import LoraSection
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import LoraShape
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.models.meta import on_meta
 from tuneforge.peft.targets import Candidate, LoraTargetError, candidates, matches, pattern_value
 from tuneforge.peft.targets import select as select_targets
 
@@ -50,7 +49,7 @@ _SHAPES: dict[tuple[ModelArgs, str, bool], LoraShape] = {}
 
 
 def _shape(args: ModelArgs, lora: LoraSection) -> LoraShape:
-    with torch.device("meta"):  # the selection needs the modules' names, not their weights
+    with on_meta():  # the selection needs the modules' names, not their weights
         model = Decoder(args)
     chosen = {c for hits in selected_targets(model, lora).values() for c in hits}
     ranks = set()

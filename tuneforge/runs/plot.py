@@ -1,5 +1,5 @@
 """`tuneforge plot`: loss, throughput and memory of one or more runs, side by side, each panel
-with its unit; the held-out loss as the evaluations it holds (`train.eval_steps` for a curve)."""
+with its unit; the held-out loss as the evaluations it holds (`eval.every_steps` for a curve)."""
 
 from pathlib import Path
 
@@ -43,7 +43,7 @@ def figure_of(runs: dict[str, list[dict]]):
                 axis.plot(steps, values, label=label, marker=marker)
                 evaluations = max(evaluations, len(points)) if held_out else evaluations
         if 0 < evaluations <= 2:
-            title += f"\n({evaluations} evaluations: train.eval_steps for a curve)"
+            title += f"\n({evaluations} evaluations: eval.every_steps for a curve)"
         axis.set_title(title)
         axis.set_xlabel("optimizer step")
         axis.set_ylabel(unit)

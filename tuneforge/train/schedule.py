@@ -23,9 +23,10 @@ class Schedule:
 
     def at(self, step: int) -> StepPlan:
         train, save_steps = self.config.train, self.config.checkpoint.save_steps
+        every = self.config.eval.every_steps
         last = step == self.total_steps
         save = save_steps is not None and step % save_steps == 0
-        evaluate = bool(self.evaluates and train.eval_steps and step % train.eval_steps == 0)
+        evaluate = bool(self.evaluates and every and step % every == 0)
         project = step == self.config.logging.projection_step
         read_now = save or evaluate or project or last or train.on_nonfinite == "stop"
         return StepPlan(evaluate and not last, save, project, last, read_now)

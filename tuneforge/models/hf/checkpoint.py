@@ -14,6 +14,7 @@ from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.errors import ModelError
 from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.models.meta import on_meta
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def load_hf_model(
     """Build our decoder from a HF directory, streaming tensors one at a time (no 2x host peak)."""
     args = args_from_dir(model_dir, num_layers)
     adapter = adapter_for(args.family)
-    with torch.device("meta"):
+    with on_meta():
         model = Decoder(args, attention)
     model.to_empty(device="cpu")
     model.tie_weights()
