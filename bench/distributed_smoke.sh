@@ -5,7 +5,7 @@
 set -u
 OUT=${1:-bench-out}
 mkdir -p "$OUT"
-COMMON="logging.progress=false logging.tensorboard=false logging.log_steps=5 data.eval=[] eval.num_samples=0"
+COMMON="logging.progress=false logging.tensorboard=false logging.log_steps=5 data.eval=[] eval.every_steps=null eval.num_samples=0"
 MOE="examples/qwen3-moe-proxy.yaml train.max_steps=40 $COMMON"
 DENSE="examples/demo.yaml model.name=llama-3.2-1b model.dtype=bfloat16 data.max_seq_len=64 train.tokens_per_micro_batch=8192 train.max_steps=40 train.lr=1e-4 train.min_lr=1e-5 train.warmup_steps=5 $COMMON"
 run() {  # name, launcher..., config + overrides

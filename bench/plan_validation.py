@@ -197,6 +197,7 @@ def overrides_of(name: str, data: Path, out: Path) -> tuple[int, list[str]]:
         "model.dtype=bfloat16",
         f"data.train=[{{path: {data}, format: text}}]",
         "data.eval=[]",
+        "eval.every_steps=null",
         "data.on_too_long=truncate",
         f"data.max_seq_len={seq}",
         f"train.tokens_per_micro_batch={seq}",

@@ -31,6 +31,7 @@ def overrides(run_dir: Path, *extra: str) -> list[str]:
         "train.tokens_per_micro_batch=512",
         "train.grad_accum_steps=2",
         "data.eval=[]",
+        "eval.every_steps=null",
         "eval.num_samples=0",
         "checkpoint.save_steps=3",
         "checkpoint.keep_last=2",

@@ -43,6 +43,7 @@ def overrides(run_dir: Path, steps: int) -> list[str]:
         "train.warmup_steps=5",
         "train.tokens_per_micro_batch=1024",
         "data.eval=[]",
+        "eval.every_steps=null",
         "eval.num_samples=0",
         "checkpoint.save_steps=25",
         "checkpoint.exit_margin_s=3",

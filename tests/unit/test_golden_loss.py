@@ -20,6 +20,7 @@ OVERRIDES = [
     f"train.max_steps={STEPS}",
     "train.tokens_per_micro_batch=512",
     "data.eval=[]",
+    "eval.every_steps=null",
     "eval.num_samples=0",
     "logging.log_steps=1",
     "logging.progress=false",

@@ -532,6 +532,7 @@ def test_a_preference_run_adds_the_references_forward_and_its_frozen_copy_or_one
     pairs = f"[{{path: {DEMO_DATA_DIR / 'pairs_train.jsonl'}, format: preference}}]"
     common = ["model.name=qwen3-8b", "model.dtype=bfloat16", "data.max_seq_len=4096"]
     common += ["train.tokens_per_micro_batch=4096", "train.max_steps=10", "data.eval=[]"]
+    common += ["eval.every_steps=null"]
     common += ["eval.num_samples=0"]
 
     def plans(*settings: str):

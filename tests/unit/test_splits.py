@@ -33,6 +33,7 @@ def test_trainer_holds_out_a_fraction_when_asked(tmp_path):
         [
             f"run.output_dir={tmp_path / 'run'}",
             "data.eval=[]",
+            "eval.every_steps=null",
             "data.eval_fraction=0.05",
             "train.max_steps=1",
         ],

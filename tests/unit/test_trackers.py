@@ -18,6 +18,7 @@ OVERRIDES = [
     "train.max_steps=3",
     "train.tokens_per_micro_batch=256",
     "data.eval=[]",
+    "eval.every_steps=null",
     "eval.num_samples=0",
     "logging.log_steps=1",
     "logging.progress=false",
