@@ -136,4 +136,5 @@ def test_plot_panels_carry_their_units_and_say_when_held_out_loss_is_two_points(
     ]  # fmt: skip
     assert "2 evaluations: eval.every_steps for a curve" in axes[1].get_title()
     assert [line.get_label() for line in axes[2].lines] == ["a reserved", "a peak allocated"]
+    assert axes[2].get_ylim()[0] == 0  # memory read against zero
     assert axes[1].lines[0].get_marker() == "o"

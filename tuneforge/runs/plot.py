@@ -47,6 +47,8 @@ def figure_of(runs: dict[str, list[dict]]):
         axis.set_title(title)
         axis.set_xlabel("optimizer step")
         axis.set_ylabel(unit)
+        if unit in ("GiB", "tokens/s"):  # amounts, read against zero (not a zoomed-in band)
+            axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
         axis.legend(fontsize="small")
     figure.tight_layout()
