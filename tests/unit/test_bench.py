@@ -581,6 +581,35 @@ def test_idle_gaps_are_binned_by_length_with_the_kernels_around_the_longest():
     assert got["longest"][1] == {"ms": 0.05, "after": "c", "before": "e"}
 
 
+def test_kernels_are_traced_to_the_operators_that_launched_them():
+    """Profiler events as torch gives them: a kernel hangs on the runtime call that launched it,
+    whose parents are the operators; the runtime's own name is left out of the chain."""
+    from types import SimpleNamespace as Event
+
+    from tuneforge.bench.profile import launchers
+
+    def op(name, parent=None, kernels=()):
+        return Event(name=name, cpu_parent=parent, kernels=[Event(name=k) for k in kernels])
+
+    to = op("aten::to")
+    copy = op("aten::copy_", op("aten::_to_copy", to))
+    contiguous = op("aten::copy_", op("aten::clone", op("aten::contiguous")))
+    events = [
+        to,
+        op("cudaMemcpyAsync", copy, ["Memcpy DtoD"]),
+        op("cudaMemcpyAsync", copy, ["Memcpy DtoD"]),
+        op("cudaMemcpyAsync", contiguous, ["Memcpy DtoD"]),
+        op("cuLaunchKernel", op("aten::mm"), ["gemm"]),
+    ]
+    got = launchers(events, {"Memcpy DtoD"})
+    assert got == {
+        "Memcpy DtoD": [
+            {"ops": "aten::copy_ < aten::_to_copy < aten::to", "launches": 2},
+            {"ops": "aten::copy_ < aten::clone < aten::contiguous", "launches": 1},
+        ]
+    }
+
+
 def test_nccl_channels_are_set_before_the_process_group_starts(monkeypatch):
     import os
 

@@ -11,7 +11,7 @@ import torch
 from tuneforge.hardware.gpus import GIB
 
 
-def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> dict:
+def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 30) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -35,6 +35,7 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
     ]
     host.sort(key=lambda op: -op[1])
     busy_ms = sum(ms for _, ms, _ in kernels)
+    sources = launchers(profiler.events(), {name for name, _, _ in kernels[:top]})
     named = [
         (event.time_range.start, event.time_range.end, event.name)
         for event in profiler.events()
@@ -48,13 +49,45 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 20) -> di
         "gpu_busy_ms_per_step": busy_ms,
         "gpu_busy_share": busy_ms / wall_ms,
         "top_kernels": [
-            {"kernel": name[:120], "ms_per_step": round(ms, 3), "calls_per_step": calls}
+            {
+                "kernel": name[:120],
+                "ms_per_step": round(ms, 3),
+                "calls_per_step": calls,
+                "launched_by": sources.get(name, []),
+            }
             for name, ms, calls in kernels[:top]
         ],
         "top_host_ops": [
             {"op": name[:120], "host_ms_per_step": round(ms, 3), "calls_per_step": calls}
             for name, ms, calls in host[:top]
         ],
+    }
+
+
+def launchers(events, names: set[str], depth: int = 3, top: int = 3) -> dict[str, list[dict]]:
+    """For each kernel named, the operators that launched it, most launches first: the
+    innermost operator and its callers, `depth` in all (`aten::copy_ < aten::_to_copy < ...`;
+    the CUDA runtime's own calls left out)."""
+    counts: dict[str, dict[str, int]] = {}
+    for event in events:
+        for kernel in getattr(event, "kernels", ()):
+            if kernel.name not in names:
+                continue
+            chain: list[str] = []
+            op = event
+            while op is not None and len(chain) < depth:
+                if not op.name.startswith(("cuda", "cuLaunch")):
+                    chain.append(op.name[:60])
+                op = op.cpu_parent
+            by_chain = counts.setdefault(kernel.name, {})
+            key = " < ".join(chain)
+            by_chain[key] = by_chain.get(key, 0) + 1
+    return {
+        name: [
+            {"ops": ops, "launches": launches}
+            for ops, launches in sorted(by_chain.items(), key=lambda item: -item[1])[:top]
+        ]
+        for name, by_chain in counts.items()
     }
 
 
