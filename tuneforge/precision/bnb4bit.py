@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from tuneforge.models.cost import PROJECTION_NAMES
-from tuneforge.peft.fused_lora import matmul_add_low_rank
 from tuneforge.peft.lora import LowPrecisionBase
 from tuneforge.precision.bnb_codes import BLOCK, FourBitLayout, code_values, dequantize
 from tuneforge.precision.four_bit_fp8 import FourBitFp8Product, fp8_multipliers
@@ -107,12 +106,12 @@ class Bnb4bitProduct(torch.autograd.Function):
         lora_B, scaling,
     ):  # fmt: skip
         held = (codes, absmax, nested_absmax, nested_code, offset)
-        weight = dequantize(*held, layout, rows.dtype)
+        y = rows @ dequantize(*held, layout, rows.dtype).t()
+        if bias is not None:
+            y = y + bias
         u, A, B = low_rank_input(rows, lora_A, lora_B)
         if u is not None:
-            y = matmul_add_low_rank(rows, weight.t(), u, B.t(), scaling, bias)
-        else:
-            y = rows @ weight.t() if bias is None else torch.addmm(bias, rows, weight.t())
+            y = y.addmm_(u, B.t(), alpha=scaling)
         ctx.save_for_backward(rows if u is not None else None, u, A, B, *held)
         ctx.layout, ctx.scaling = layout, scaling
         ctx.adapter_dtype = None if lora_A is None else lora_A.dtype
@@ -122,13 +121,11 @@ class Bnb4bitProduct(torch.autograd.Function):
     def backward(ctx, grad):
         rows, u, A, B, codes, absmax, nested_absmax, nested_code, offset = ctx.saved_tensors
 
-        def input_grad(low, up, scaling) -> torch.Tensor:
+        def input_grad() -> torch.Tensor:
             weight = dequantize(
                 codes, absmax, nested_absmax, nested_code, offset, ctx.layout, grad.dtype
             )
-            if low is None:
-                return grad @ weight
-            return matmul_add_low_rank(grad, weight, low, up, scaling)
+            return grad @ weight
 
         dx, dA, dB = low_rank_grads(
             grad, rows, u, A, B, ctx.scaling, ctx.adapter_dtype,

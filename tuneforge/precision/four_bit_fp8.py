@@ -200,12 +200,10 @@ class FourBitFp8Product(torch.autograd.Function):
         rows, u, A, B, values, multiplier, weight_scale, *held = ctx.saved_tensors
         recipe = ctx.recipe
 
-        def input_grad(low, up, scaling) -> torch.Tensor:
+        def input_grad() -> torch.Tensor:
             columns = fp8_weight(tuple(held), ctx.layout, values, multiplier, True).t()
             rowwise = recipe.scaling == "rowwise"
-            return fp8_input_grad(
-                grad, columns, weight_scale, recipe.backward, rowwise, low, up, scaling
-            )
+            return fp8_input_grad(grad, columns, weight_scale, recipe.backward, rowwise)
 
         dx, dA, dB = low_rank_grads(
             grad, rows, u, A, B, ctx.scaling, ctx.adapter_dtype,

@@ -8,7 +8,6 @@ LoRA update reads the unquantised input, as the adapters stay in bf16."""
 
 import torch
 
-from tuneforge.peft.fused_lora import matmul_add_low_rank
 from tuneforge.precision.fp4 import Fp4Tensor, quantize_fp4
 from tuneforge.precision.low_rank import low_rank_grads, low_rank_input
 
@@ -32,12 +31,12 @@ class Fp4LoRAProduct(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, stored, scales, tensor_scale, bias, lora_A, lora_B, scaling, recipe):
         weight = _weight(stored, scales, tensor_scale, recipe, rows.dtype)
-        quantized = fake_quantize(rows, recipe)
+        y = fake_quantize(rows, recipe) @ weight.t()
+        if bias is not None:
+            y = y + bias
         u, A, B = low_rank_input(rows, lora_A, lora_B)
         if u is not None:
-            y = matmul_add_low_rank(quantized, weight.t(), u, B.t(), scaling, bias)
-        else:
-            y = quantized @ weight.t() if bias is None else torch.addmm(bias, quantized, weight.t())
+            y = y.addmm_(u, B.t(), alpha=scaling)
         ctx.save_for_backward(
             rows if u is not None else None, u, stored, scales, tensor_scale, A, B
         )
@@ -49,12 +48,9 @@ class Fp4LoRAProduct(torch.autograd.Function):
     def backward(ctx, grad):
         rows, u, stored, scales, tensor_scale, A, B = ctx.saved_tensors
 
-        def input_grad(low, up, scaling) -> torch.Tensor:
+        def input_grad() -> torch.Tensor:
             weight = _weight(stored, scales, tensor_scale, ctx.recipe, grad.dtype)
-            quantized = fake_quantize(grad, ctx.recipe, stochastic=True)
-            if low is None:
-                return quantized @ weight
-            return matmul_add_low_rank(quantized, weight, low, up, scaling)
+            return fake_quantize(grad, ctx.recipe, stochastic=True) @ weight
 
         dx, dA, dB = low_rank_grads(
             grad, rows, u, A, B, ctx.scaling, ctx.adapter_dtype,

@@ -85,11 +85,9 @@ class Fp8LoRAProduct(torch.autograd.Function):
     def backward(ctx, grad):
         rows, u, weight, weight_scale, A, B = ctx.saved_tensors
 
-        def input_grad(low, up, scaling) -> torch.Tensor:
+        def input_grad() -> torch.Tensor:
             columns = weight.t().contiguous().t()  # [out, in] with `out` contiguous
-            return fp8_input_grad(
-                grad, columns, weight_scale, ctx.backward_dtype, ctx.rowwise, low, up, scaling
-            )
+            return fp8_input_grad(grad, columns, weight_scale, ctx.backward_dtype, ctx.rowwise)
 
         dx, dA, dB = low_rank_grads(
             grad, rows, u, A, B, ctx.scaling, ctx.adapter_dtype,
@@ -116,18 +114,12 @@ def fp8_input_grad(
     weight_scale: torch.Tensor,
     dtype: torch.dtype,
     rowwise: bool,
-    low: torch.Tensor | None = None,
-    up: torch.Tensor | None = None,
-    scaling: float = 0.0,
 ) -> torch.Tensor:
-    """g·W (+ scaling·low·up, accumulated by the same GEMM) for FP8 W given as `columns`,
-    [out, in] with `out` contiguous (the layout the FP8 GEMM reads for this product), with its
-    scales: the per-channel ones folded into g."""
+    """g·W for FP8 W given as `columns`, [out, in] with `out` contiguous (the layout the FP8
+    GEMM reads for this product), with its scales: the per-channel ones folded into g."""
     if rowwise:
         quantized, scale = quantize(grad * weight_scale, dtype, rowwise=True)
         ones = torch.ones(1, columns.shape[1], device=grad.device, dtype=torch.float32)
-        return scaled_mm_add_low_rank(quantized, columns, scale, ones, grad.dtype, low, up, scaling)
+        return scaled_mm_add_low_rank(quantized, columns, scale, ones, grad.dtype)
     quantized, scale = quantize(grad, dtype, rowwise=False)
-    return scaled_mm_add_low_rank(
-        quantized, columns, scale, weight_scale, grad.dtype, low, up, scaling
-    )
+    return scaled_mm_add_low_rank(quantized, columns, scale, weight_scale, grad.dtype)

@@ -13,12 +13,12 @@ def low_rank_input(rows: torch.Tensor, lora_A: torch.Tensor | None, lora_B: torc
 
 
 def low_rank_grads(grad, rows, u, A, B, scaling: float, dtype, input_grad):
-    """dx, dA and dB. dx is `input_grad(low, up, s)`: the base's product plus s·low·up
-    accumulated by that product's GEMM (low = g·B and up = A, or Nones for the base alone), so
-    that no compiled graph copies dx for an addition in place. dx is None where `input_grad` is
-    None; dA and dB are None for the base alone."""
+    """dx (from `input_grad()`, the base's product, plus s·(g·B)·A), dA and dB; dx is None
+    where `input_grad` is None, dA and dB for the base alone."""
     gu = None if B is None else grad @ B
-    dx = None if input_grad is None else input_grad(gu, A, scaling)
+    dx = None if input_grad is None else input_grad()
+    if dx is not None and gu is not None:
+        dx.addmm_(gu, A, alpha=scaling)
     if gu is None:
         return dx, None, None
     dA = (gu.t() @ rows).mul_(scaling).to(dtype)
