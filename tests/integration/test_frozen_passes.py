@@ -43,8 +43,8 @@ def test_a_precomputed_reference_trains_as_the_frozen_copy_and_resumes_from_the_
         f"extends: {DEMO}\n"
         f"data: {{train: [{{path: {pairs}, format: preference}}], "
         f"eval: [{{path: {held_out}, format: preference}}], cache_dir: {tmp_path / 'cache'}}}\n"
-        "train: {objective: dpo, max_steps: 30, eval_steps: 15, lr: 1.0e-3, warmup_steps: 1}\n"
-        "eval: {num_samples: 0}\n"
+        "train: {objective: dpo, max_steps: 30, lr: 1.0e-3, warmup_steps: 1}\n"
+        "eval: {every_steps: 15, num_samples: 0}\n"
         "logging: {log_steps: 1}\n"
     )
     copy = _train(config, tmp_path / "copy", "dpo.reference=frozen_copy")
@@ -77,9 +77,9 @@ def test_cached_teacher_logits_distil_as_the_teacher_run_online(tmp_path):
         f"extends: {DEMO}\n"
         f"data: {{train: [{{path: {train}}}], eval: [{{path: {held_out}}}], "
         f"cache_dir: {tmp_path / 'cache'}}}\n"
-        "train: {objective: distill, max_steps: 3, eval_steps: 3}\n"
+        "train: {objective: distill, max_steps: 3}\n"
         "distill: {teacher: {name: demo-tiny, init_std: 0.2}, kd_weight: 0.9, temperature: 2.0}\n"
-        "eval: {num_samples: 0}\n"
+        "eval: {every_steps: 3, num_samples: 0}\n"
         "logging: {log_steps: 1}\n"
     )
     vocabulary = model_args("demo-tiny").vocab_size

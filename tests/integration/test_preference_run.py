@@ -27,9 +27,9 @@ def test_dpo_starts_at_ln_2_and_learns_to_tell_the_pairs_apart(tmp_path):
         f"  train: [{{path: {tmp_path / 'pairs.jsonl'}, format: preference}}]\n"
         f"  eval: [{{path: {tmp_path / 'eval_pairs.jsonl'}, format: preference}}]\n"
         "lora: {enabled: true, rank: 8, alpha: 16}\n"
-        "train: {objective: dpo, max_steps: 40, lr: 5.0e-3, eval_steps: 20, warmup_steps: 2}\n"
+        "train: {objective: dpo, max_steps: 40, lr: 5.0e-3, warmup_steps: 2}\n"
         "dpo: {beta: 0.5}\n"
-        "eval: {num_samples: 0}\n"
+        "eval: {every_steps: 20, num_samples: 0}\n"
         "logging: {log_steps: 1}\n"
     )
     run = tmp_path / "run"
