@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.helpers import QUIET_DEMO
 from tuneforge.runs.files import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,14 +31,9 @@ def overrides(run_dir: Path, *extra: str) -> list[str]:
         "train.warmup_steps=2",
         "train.tokens_per_micro_batch=512",
         "train.grad_accum_steps=2",
-        "data.eval=[]",
-        "eval.every_steps=null",
-        "eval.num_samples=0",
+        *QUIET_DEMO,
         "checkpoint.save_steps=3",
         "checkpoint.keep_last=2",
-        "logging.log_steps=1",
-        "logging.progress=false",
-        "logging.tensorboard=false",
         *extra,
     ]
 

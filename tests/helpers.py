@@ -120,6 +120,18 @@ def save_tiny_chat_model(directory: Path):
     return directory
 
 
+QUIET_DEMO = [
+    "data.eval=[]",
+    "eval.every_steps=null",
+    "eval.num_samples=0",
+    "logging.log_steps=1",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
+"""Demo overrides for a test run: no held-out data or evaluation, every step logged, no progress
+bar or TensorBoard files."""
+
+
 def train_demo(run_dir: Path, overrides: list[str]) -> list[dict]:
     """The demo trained in this process with `overrides` into `run_dir`: its metrics records."""
     from tuneforge.config import load_config

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import train_demo
+from tests.helpers import QUIET_DEMO, train_demo
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "assets" / "losses" / "demo.json"
@@ -19,12 +19,7 @@ STEPS = 30
 OVERRIDES = [
     f"train.max_steps={STEPS}",
     "train.tokens_per_micro_batch=512",
-    "data.eval=[]",
-    "eval.every_steps=null",
-    "eval.num_samples=0",
-    "logging.log_steps=1",
-    "logging.progress=false",
-    "logging.tensorboard=false",
+    *QUIET_DEMO,
 ]
 RTOL = 2e-3
 """CPU kernels round differently by instruction set and thread count; a numerics change moves

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import train_demo
+from tests.helpers import QUIET_DEMO, train_demo
 from tuneforge.config import load_config
 from tuneforge.errors import TuneforgeError
 from tuneforge.train.trackers import MLFLOW_ID, WANDB_ID, require_trackers
@@ -17,12 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = [
     "train.max_steps=3",
     "train.tokens_per_micro_batch=256",
-    "data.eval=[]",
-    "eval.every_steps=null",
-    "eval.num_samples=0",
-    "logging.log_steps=1",
-    "logging.progress=false",
-    "logging.tensorboard=false",
+    *QUIET_DEMO,
     "logging.project=tracked",
 ]
 
