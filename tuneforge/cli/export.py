@@ -47,8 +47,9 @@ def gguf(
     type: Annotated[
         str,
         typer.Option(
+            # "\\[": rich would read [llamacpp] as markup and drop it
             help="Tensor type: f16 or q8_0 (the gguf package), q4_k_m, q5_k_m or q6_k "
-            "(llama.cpp's quantiser: pip install 'tuneforge[llamacpp]')."
+            "(llama.cpp's quantiser: pip install 'tuneforge\\[llamacpp]').",
         ),
     ] = "f16",
     overwrite: OverwriteOption = False,
