@@ -14,7 +14,9 @@ from tuneforge.errors import TuneforgeError
 def slurm_command(
     args: Annotated[
         list[str],
-        typer.Argument(help="CONFIG [key=value ...] to write a chain; submit DIR; status RUN_DIR."),
+        typer.Argument(
+            help="CONFIG \\[key=value ...] to write a chain; submit DIR; status RUN_DIR."
+        ),
     ],
     jobs: Annotated[int, typer.Option(min=1, help="Jobs in the chain.")] = 1,
     time: Annotated[str | None, typer.Option(help="Time limit of each job (HH:MM:SS).")] = None,
