@@ -35,10 +35,11 @@ def profile_steps(step: Callable[[], None], steps: int = 2, top: int = 30) -> di
     ]
     host.sort(key=lambda op: -op[1])
     busy_ms = sum(ms for _, ms, _ in kernels)
-    sources = launchers(profiler.events(), {name for name, _, _ in kernels[:top]})
+    every_event = profiler.events()
+    sources = launchers(every_event, {name for name, _, _ in kernels[:top]})
     named = [
         (event.time_range.start, event.time_range.end, event.name)
-        for event in profiler.events()
+        for event in every_event
         if _is_kernel(event)
     ]
     spans = [(start, end, _is_collective(name)) for start, end, name in named]
