@@ -179,6 +179,8 @@ def run_ours(
         world,
     )
     stack_frozen_weights(model)
+    if world.device.type == "cuda":  # the load's cached blocks (a bf16 base before it was
+        torch.cuda.empty_cache()  # quantised) would count as the steps' reserved memory
     optimizer = build_optimizer(model, train, world.device)
     if workload.objective == "dpo":
         vocab = model.args.vocab_size

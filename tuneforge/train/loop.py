@@ -166,6 +166,8 @@ class Trainer:
             objective, self.model.layers, self.strategy, config.parallel, self.world
         )
         stack_frozen_weights(self.model)  # where unsharded: q, k and v as one GEMM
+        if self.device.type == "cuda":  # what loading and quantising left cached goes back
+            torch.cuda.empty_cache()
         self.optimizer = build_optimizer(self.model, train, self.device)
         self.total_steps = self._total_steps()
         self.metrics = MetricsLog.of(config, self.run_dir) if self.world.is_main else None
