@@ -87,7 +87,7 @@ WORKLOADS = {
             peer_checkpointing=(True,),
             variants=(
                 "compiled+full+offload+chunk512+onedoc",
-                "compiled+full+offload+chunk512+onedoc+fp8",
+                "compiled+full+offload+budget0.8+chunk512+host20+hostembed+onedoc",
             ),
         ),
         Workload(
@@ -108,6 +108,7 @@ WORKLOADS = {
                 "compiled+full+offload+budget0.8+chunk512",
                 "compiled+full+offload+budget0.8+chunk512+host16+hostembed",
                 "compiled+full+offload+budget0.8+chunk512+host16+hostembed+keep2",
+                "compiled+budget0.8+chunk512+host16+hostembed+onedoc+fp8+fp8base",
             ),
         ),
         Workload(
