@@ -1,9 +1,11 @@
 """Kernel timings behind the Llama-3-8B LoRA step, one GPU: attention backends over a packed
 step (forward + backward, checked against PyTorch's flash varlen: FlashAttention-4 where
-installed, cuDNN through nested tensors), the block's GEMMs run separately or fused (q, k, v as
-one; gate and up as one), and each adapter's GEMMs with the update accumulated or over a wide
-weight [W | B]. `python bench/kernel_probe.py`."""
+installed, cuDNN through nested tensors) and over one 4,096-token document (SDPA's flash and cuDNN
+kernels on the dense sequence), the block's GEMMs run separately or fused (q, k, v as one; gate
+and up as one), and each adapter's GEMMs with the update accumulated or over a wide weight
+[W | B]. `python bench/kernel_probe.py [attention]` (attention: its probes only)."""
 
+import sys
 import traceback
 
 import numpy as np
@@ -54,14 +56,36 @@ def cudnn_nested(q, k, v, packed):
     return out.transpose(1, 2).values()
 
 
+def sdpa_dense(backend_name: str, gqa: bool):
+    """SDPA on the whole step as one causal sequence [1, H, T, D] through one backend; `gqa`
+    False repeats k and v to every query head first (a backend without GQA)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def attend(q, k, v, packed):
+        assert packed.cu_seqlens.numel() == 2, "one document"
+        groups = q.shape[1] // k.shape[1]
+        if not gqa:
+            k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+        dense = [t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)]
+        with sdpa_kernel(backend):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *dense, is_causal=True, enable_gqa=gqa and groups > 1
+            )
+        return out.squeeze(0).transpose(0, 1)
+
+    return attend
+
+
 def flash4_varlen(q, k, v, packed):
     from tuneforge.models.attention import flash4_attention
 
     return flash4_attention(q, k, v, packed)
 
 
-def probe_attention() -> None:
-    lengths = document_lengths(TOKENS, np.random.default_rng(0))
+def probe_attention(one_document: bool = False) -> None:
+    lengths = [TOKENS] if one_document else document_lengths(TOKENS, np.random.default_rng(0))
     packed = PackedSequences.from_lengths(lengths, "cuda")
     pairs = sum(n * (n + 1) // 2 for n in lengths)
     flops = 4 * HEADS * HEAD_DIM * pairs * 3.5  # forward 2 GEMMs, backward 5 (2.5x)
@@ -72,11 +96,16 @@ def probe_attention() -> None:
     v = torch.randn_like(k)
     grad = torch.randn_like(q)
     reference = None
-    for name, fn in (
-        ("flash varlen", flash_varlen),
-        ("flash4", flash4_varlen),
-        ("cudnn nested", cudnn_nested),
-    ):
+    candidates = [("flash varlen", flash_varlen), ("flash4", flash4_varlen)]
+    if one_document:
+        candidates += [
+            ("sdpa flash", sdpa_dense("FLASH_ATTENTION", gqa=True)),
+            ("sdpa cudnn gqa", sdpa_dense("CUDNN_ATTENTION", gqa=True)),
+            ("sdpa cudnn repeated k, v", sdpa_dense("CUDNN_ATTENTION", gqa=False)),
+        ]
+    else:
+        candidates.append(("cudnn nested", cudnn_nested))
+    for name, fn in candidates:
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         try:
             out = fn(*leaves, packed)
@@ -182,5 +211,8 @@ def probe_gemms() -> None:
 if __name__ == "__main__":
     print(torch.__version__, torch.cuda.get_device_name(), "cudnn", torch.backends.cudnn.version())
     probe_attention()
+    probe_attention(one_document=True)
+    if sys.argv[1:] == ["attention"]:
+        sys.exit(0)
     print("GEMMs (bf16, 4,096 tokens):")
     probe_gemms()
