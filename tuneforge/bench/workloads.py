@@ -223,7 +223,7 @@ class Variant:
         for option in options:
             if option in ("full", "selective"):
                 settings["checkpointing"] = option
-            elif option in ("flash4", "varlen", "sdpa"):
+            elif option in ("flash4", "varlen", "sdpa", "cudnn"):
                 settings["attention"] = option
             elif option in flags:
                 settings[flags[option]] = True
@@ -249,7 +249,7 @@ class Variant:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
                     "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, "
-                    "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, onedoc, fp32lora, graph, "
+                    "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, cudnn, onedoc, fp32lora, graph, "
                     "accum<micro-batches>, tokens<per micro-batch>, samedata, balanced, autotune, "
                     "fp8, fp8hybrid, tensorwise, fp8base, fp4, fp4param)"
                 )

@@ -4,6 +4,7 @@ Backends, all taking q [T, H, D] and k, v [T, H_kv, D]:
 - `flash4`: FlashAttention-4's kernels for Hopper and Blackwell (`flash-attn-4`, optional), GQA native;
 - `varlen`: flash kernels through `torch.nn.attention.varlen.varlen_attn` (CUDA), GQA native;
 - `sdpa`: `scaled_dot_product_attention` once per document;
+- `cudnn`: the same through cuDNN's fused attention kernels (CUDA);
 - `eager`: the explicit softmax(q kᵀ / √d) v per document, the reference.
 """
 
@@ -61,6 +62,23 @@ def sdpa_attention(
             )
         outputs.append(od.squeeze(0).transpose(0, 1))
     return torch.cat(outputs)
+
+
+def cudnn_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packed: PackedSequences,
+    window: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # cuDNN's kernels take as many key and value heads as query heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return sdpa_attention(q, k, v, packed, window, scale)
 
 
 def eager_attention(
@@ -134,6 +152,7 @@ BACKENDS: dict[str, AttentionFn] = {
     "flash4": flash4_attention,
     "varlen": varlen_attention,
     "sdpa": sdpa_attention,
+    "cudnn": cudnn_attention,
     "eager": eager_attention,
 }
 
