@@ -6,7 +6,12 @@ import torch
 from tests.helpers import save_tiny_model
 from tuneforge.models import flash4
 from tuneforge.models.args import MoEArgs
-from tuneforge.models.attention import resolve_backend, sdpa_attention, varlen_attention
+from tuneforge.models.attention import (
+    cudnn_attention,
+    resolve_backend,
+    sdpa_attention,
+    varlen_attention,
+)
 from tuneforge.models.moe import MoE
 from tuneforge.packed import PackedSequences
 
@@ -18,8 +23,19 @@ def test_auto_picks_the_fastest_backend_installed_here():
     assert resolve_backend("auto", CUDA) == expected
 
 
-@pytest.mark.parametrize(("kv_heads", "window"), [(8, None), (2, None), (2, 37)])
-def test_varlen_equals_sdpa_in_bf16(kv_heads, window):
+@pytest.mark.parametrize(
+    ("fast", "kv_heads", "window"),
+    [
+        (varlen_attention, 8, None),
+        (varlen_attention, 2, None),
+        (varlen_attention, 2, 37),
+        (cudnn_attention, 8, None),
+        (cudnn_attention, 2, None),
+    ],
+)
+def test_fused_kernels_equal_sdpa_in_bf16(fast, kv_heads, window):
+    """Flash varlen and cuDNN (plain causal attention only) against SDPA's own choice per
+    document."""
     lengths = [100, 1, 300, 57, 512]
     generator = torch.Generator(device=CUDA).manual_seed(0)
     total = sum(lengths)
@@ -47,7 +63,7 @@ def test_varlen_equals_sdpa_in_bf16(kv_heads, window):
     packed = PackedSequences.from_lengths(lengths, CUDA)
     grad_out = torch.randn(total, 8, 64, device=CUDA, dtype=torch.bfloat16, generator=generator)
     results = []
-    for attention in (varlen_attention, sdpa_attention):
+    for attention in (fast, sdpa_attention):
         out = attention(q, k, v, packed, window)
         grads = torch.autograd.grad(out, (q, k, v), grad_out)
         results.append((out, *grads))

@@ -154,6 +154,11 @@ def test_auto_attention_picks_by_dtype_and_head_size(monkeypatch):
     assert attention.resolve_backend("auto", gpu, torch.float16, 256) == "varlen"
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         attention.resolve_backend("flash4", gpu, torch.float32, 128)
+    with pytest.raises(ValueError, match="cuDNN"):
+        attention.resolve_backend("cudnn", torch.device("cpu"))
+    with pytest.raises(ValueError, match="sliding window"):
+        attention.resolve_backend("cudnn", gpu, plain=False)
+    assert attention.resolve_backend("cudnn", gpu) == "cudnn"
 
 
 def test_modules_built_on_meta_skip_their_initialisation_and_restore_it():

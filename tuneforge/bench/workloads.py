@@ -43,7 +43,7 @@ class Workload:
     (tokens per chunk of the loss), `zero2` and `bf16reduce` (FSDP2: parameters kept gathered
     after forward, gradients reduced in bf16), `ddp` (DDP instead of FSDP2 on several GPUs:
     parameters replicated), `ncclN` (at most N NCCL channels per collective), `flash4`,
-    `varlen` or `sdpa` (the attention backend; default: what `auto` picks), `onedoc` (one
+    `varlen`, `sdpa` or `cudnn` (the attention backend; default: what `auto` picks), `onedoc` (one
     4096-token document, as the peers see it, instead of packed documents), `fp32lora` (adapter
     matmuls in fp32), `graph` (the whole step captured as one CUDA graph, `train.cuda_graph`),
     `accumN` (N micro-batches of `tokens` per optimizer step on each GPU, gradients reduced once),

@@ -74,9 +74,6 @@ def cudnn_attention(
 ) -> torch.Tensor:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:  # cuDNN's kernels take as many key and value heads as query heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         return sdpa_attention(q, k, v, packed, window, scale)
 
@@ -197,6 +194,11 @@ def resolve_backend(
             "attention 'flash4' needs the flash-attn-4 package, a CUDA GPU of compute "
             "capability 9.x or 10.x (Hopper, Blackwell) and bfloat16 or float16 weights; install "
             "it (pip install flash-attn-4) or set model.attention to auto"
+        )
+    if name == "cudnn" and (device.type != "cuda" or not plain):
+        raise ModelError(
+            "attention 'cudnn' runs plain causal attention through cuDNN's fused kernels on a "
+            "CUDA GPU (no sliding window, no latent attention); set model.attention to auto"
         )
     if name != "auto":
         return name
