@@ -14,7 +14,7 @@ from tuneforge.bench.workloads import Variant, Workload
 from tuneforge.config.schema import ModelSection, ParallelSection, TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
-from tuneforge.hardware.gpus import GIB
+from tuneforge.hardware.gpus import GIB, release_cached_memory
 from tuneforge.models.api import load_model
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
@@ -179,8 +179,7 @@ def run_ours(
         world,
     )
     stack_frozen_weights(model)
-    if world.device.type == "cuda":  # the load's cached blocks (a bf16 base before it was
-        torch.cuda.empty_cache()  # quantised) would count as the steps' reserved memory
+    release_cached_memory(world.device)
     optimizer = build_optimizer(model, train, world.device)
     if workload.objective == "dpo":
         vocab = model.args.vocab_size

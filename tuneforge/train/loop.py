@@ -17,7 +17,7 @@ from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.records import DataError
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.cpu import choose_cpu_threads
-from tuneforge.hardware.gpus import peak_tflops
+from tuneforge.hardware.gpus import peak_tflops, release_cached_memory
 from tuneforge.parallel.block_wrappers import (
     BlockWrapping,
     refuse_unsupported_offload,
@@ -166,8 +166,7 @@ class Trainer:
             objective, self.model.layers, self.strategy, config.parallel, self.world
         )
         stack_frozen_weights(self.model)  # where unsharded: q, k and v as one GEMM
-        if self.device.type == "cuda":  # what loading and quantising left cached goes back
-            torch.cuda.empty_cache()
+        release_cached_memory(self.device)
         self.optimizer = build_optimizer(self.model, train, self.device)
         self.total_steps = self._total_steps()
         self.metrics = MetricsLog.of(config, self.run_dir) if self.world.is_main else None
