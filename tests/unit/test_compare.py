@@ -55,11 +55,23 @@ def test_a_run_two_percent_above_the_reference_shows_a_two_percent_gap(tmp_path)
     assert second.precision == "fp8 e4m3 rowwise, base in FP8 only"
     assert second.mean_gap == pytest.approx(0.02) and second.max_gap == pytest.approx(0.02)
     assert second.final_eval_loss == 1.53 and second.best_eval_loss == 1.4
-    assert second.eval_gap == pytest.approx(0.02)
+    assert second.eval_gap == pytest.approx(0.02) and second.eval_gap_step == 40
     assert second.tokens_per_s == 1400.0  # the warm-up steps are left out
     assert second.speedup == pytest.approx(1.4)
     assert second.peak_gib == pytest.approx(10.4)
     assert second.differs_in == []
+
+
+def test_a_run_stopped_sooner_is_compared_at_the_last_step_both_evaluated(tmp_path):
+    reference = write_run(tmp_path / "bf16", [3.0, 2.0, 1.5, 1.2], [(2, 1.6), (4, 1.2)])
+    short = write_run(tmp_path / "fp4", [3.0, 2.1, 1.6], [(2, 1.68), (3, 1.5)])
+    summary = compare_runs([reference, short])[1]
+    assert summary.eval_gap == pytest.approx(0.05) and summary.eval_gap_step == 2
+    assert summary.final_eval_loss == 1.5 and summary.final_eval_step == 3
+    result = CliRunner().invoke(
+        app, ["compare", str(reference), str(short)], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 0 and "(+5.0% at step 2)" in result.output
 
 
 def test_other_differences_are_named_and_the_cli_writes_json_and_a_plot(tmp_path):

@@ -161,6 +161,19 @@ def test_auto_attention_picks_by_dtype_and_head_size(monkeypatch):
     assert attention.resolve_backend("cudnn", gpu) == "cudnn"
 
 
+def test_cudnn_attention_falls_back_where_cudnn_refuses():
+    """cuDNN takes no one-token document; SDPA's other kernels compute it (here on the CPU,
+    where cuDNN is absent altogether)."""
+    from tuneforge.models import attention
+    from tuneforge.packed import PackedSequences
+
+    packed = PackedSequences.from_lengths([5, 1, 7], torch.device("cpu"))
+    q, k, v = torch.randn(13, 4, 16), torch.randn(13, 2, 16), torch.randn(13, 2, 16)
+    expected = attention.sdpa_attention(q, k, v, packed)
+    torch.testing.assert_close(attention.cudnn_attention(q, k, v, packed), expected)
+    torch.testing.assert_close(expected[5], v[5].repeat_interleave(2, dim=0))
+
+
 def test_modules_built_on_meta_skip_their_initialisation_and_restore_it():
     from tuneforge.models.meta import on_meta
 

@@ -36,7 +36,10 @@ def compare(
         reference = summary is summaries[0]
         held_out = _number(summary.final_eval_loss)
         if summary.eval_gap is not None and not reference:
-            held_out += f" ({summary.eval_gap:+.1%})"
+            ends = (summaries[0].final_eval_step, summary.final_eval_step)
+            last = ends == (summary.eval_gap_step,) * 2
+            where = "" if last else f" at step {summary.eval_gap_step}"
+            held_out += f" ({summary.eval_gap:+.1%}{where})"
         table.add_row(
             f"{summary.name} ({summary.steps})",
             summary.precision,
@@ -51,7 +54,7 @@ def compare(
     console.print(
         f"run (steps); loss: smoothed training loss at the last step (moving average, "
         f"{smoothing}); gaps: relative to {summaries[0].name}'s smoothed curve; held-out: at the "
-        "end (relative to the reference)",
+        "end (relative to the reference's at the last step both evaluated)",
         markup=False,
     )
     for summary in summaries[1:]:

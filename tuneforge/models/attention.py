@@ -74,7 +74,14 @@ def cudnn_attention(
 ) -> torch.Tensor:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    # cuDNN first, SDPA's other kernels where it refuses (it takes no one-token document)
+    preferred = [
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    ]
+    with sdpa_kernel(preferred, set_priority=True):
         return sdpa_attention(q, k, v, packed, window, scale)
 
 

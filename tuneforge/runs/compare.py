@@ -46,6 +46,7 @@ class RunSummary:
     final_loss: float | None
     """The smoothed training loss at the last step."""
     final_eval_loss: float | None
+    final_eval_step: int | None
     best_eval_loss: float | None
     mean_gap: float | None
     """Mean of |smoothed loss - the reference's| over their common steps, relative to the
@@ -53,7 +54,9 @@ class RunSummary:
     max_gap: float | None
     final_gap: float | None
     eval_gap: float | None
-    """The final held-out loss against the reference's, relative."""
+    """The held-out loss against the reference's, relative, at the last step both evaluated."""
+    eval_gap_step: int | None
+    """That step: the runs' last evaluation unless one of them stopped sooner."""
     tokens_per_s: float | None
     speedup: float | None
     """Tokens/s over the reference's."""
@@ -124,20 +127,25 @@ def _summary(run: RunCurves, reference: RunCurves) -> RunSummary:
         if theirs.get(step)
     ]
     final_gap = gaps[-1] if gaps else None
-    eval_gap = None
-    if run.final_eval is not None and reference.final_eval:
-        eval_gap = (run.final_eval - reference.final_eval) / reference.final_eval
+    evaluated = dict(reference.evals)
+    shared = [(step, value) for step, value in run.evals if evaluated.get(step)]
+    eval_gap = eval_gap_step = None
+    if shared:
+        eval_gap_step, value = shared[-1]
+        eval_gap = (value - evaluated[eval_gap_step]) / evaluated[eval_gap_step]
     return RunSummary(
         name=run.name,
         precision=run.precision,
         steps=run.steps[-1],
         final_loss=run.smoothed[-1],
         final_eval_loss=run.final_eval,
+        final_eval_step=run.evals[-1][0] if run.evals else None,
         best_eval_loss=run.best_eval,
         mean_gap=sum(gaps) / len(gaps) if gaps else None,
         max_gap=max(gaps) if gaps else None,
         final_gap=final_gap,
         eval_gap=eval_gap,
+        eval_gap_step=eval_gap_step,
         tokens_per_s=run.tokens_per_s,
         speedup=(
             run.tokens_per_s / reference.tokens_per_s
