@@ -4,10 +4,11 @@
 # `tuneforge compare` per seed (the pairs share data order and adapter initialisation) and
 # across bf16's seeds (the yardstick for the gaps). Run directories go to RUNS (default
 # /tmp/precision-ab); logs, metrics and configurations to OUT_DIR. JOBS runs that many at once
-# (their tokens/s are then not comparable). ROUNDED="fp8 nvfp4" adds, per seed, the bf16 run on
+# (their tokens/s are then not comparable); FP4's emulation runs at about a quarter of bf16's
+# speed, so its runs get FP4_LIMIT (default 600s) where the others get LIMIT. ROUNDED="fp8 nvfp4" adds, per seed, the bf16 run on
 # the model with its projections rounded through each format (`bench/rounded_base.py`): what
 # rounding the base alone does, apart from rounding activations and gradients.
-#   [PRECISIONS="bf16 fp8 fp4"] [SEEDS="0 1 2"] [ROUNDED=""] [JOBS=1] [LIMIT=210s] \
+#   [PRECISIONS="bf16 fp8 fp4"] [SEEDS="0 1 2"] [ROUNDED=""] [JOBS=1] [LIMIT=210s] [FP4_LIMIT=600s] \
 #     bash bench/precision_ab.sh OUT_DIR [STEPS [RUNS]]
 set -euo pipefail
 out=${1:?an output directory}
@@ -29,10 +30,12 @@ done
 
 one_run() {  # PRECISION SEED [ROUNDED_FORMAT]
   local name="ab-$1${3:+-$3w}-s$2" base="$AB_BASE"
+  local limit="${LIMIT:-210s}"
+  [ "$1" != fp4 ] || limit="${FP4_LIMIT:-600s}"
   [ -z "${3:-}" ] || base="$runs/base-$3"
   AB_BASE="$base" python -m tuneforge train "examples/precision-ab/$1.yaml" run.name="$name" \
     run.output_dir="$runs/$name" train.seed="$2" train.max_steps="$steps" \
-    train.time_limit="${LIMIT:-210s}" "${quiet[@]}" > "$out/$name.log" 2>&1 \
+    train.time_limit="$limit" "${quiet[@]}" > "$out/$name.log" 2>&1 \
     || { echo "$name failed:"; tail -20 "$out/$name.log"; }
   mkdir -p "$out/$name"
   cp "$runs/$name/metrics.jsonl" "$runs/$name/config.yaml" "$out/$name/" || true
