@@ -4,10 +4,11 @@
 # `tuneforge compare` per seed (the pairs share data order and adapter initialisation) and
 # across bf16's seeds (the yardstick for the gaps). Run directories go to RUNS (default
 # /tmp/precision-ab); logs, metrics and configurations to OUT_DIR. JOBS runs that many at once
-# (their tokens/s are then not comparable); FP4's emulation runs at about a quarter of bf16's
-# speed, so its runs get FP4_LIMIT (default 600s) where the others get LIMIT. ROUNDED="fp8 nvfp4" adds, per seed, the bf16 run on
-# the model with its projections rounded through each format (`bench/rounded_base.py`): what
-# rounding the base alone does, apart from rounding activations and gradients.
+# (their tokens/s are then not comparable). FP4's emulation runs at about a quarter of bf16's
+# speed: its runs get FP4_LIMIT where the others get LIMIT. ROUNDED="fp8 nvfp4" adds, per seed,
+# the bf16 run on the model with its projections rounded through each format
+# (`bench/rounded_base.py`): what rounding the base alone does, apart from rounding activations
+# and gradients.
 #   [PRECISIONS="bf16 fp8 fp4"] [SEEDS="0 1 2"] [ROUNDED=""] [JOBS=1] [LIMIT=210s] [FP4_LIMIT=600s] \
 #     bash bench/precision_ab.sh OUT_DIR [STEPS [RUNS]]
 set -euo pipefail
