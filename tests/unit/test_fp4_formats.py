@@ -10,7 +10,9 @@ import torch
 from tuneforge.precision.fp4 import (
     E2M1_VALUES,
     e2m1_codes,
+    e2m1_round,
     e2m1_values,
+    fake_quantize,
     pack_pairs,
     quantize_fp4,
     quantize_mxfp4,
@@ -50,6 +52,39 @@ def test_rounding_is_to_nearest_with_ties_to_even_and_saturates():
     assert e2m1_values(e2m1_codes(near)).tolist() == [0.5, 0.5, 1.5, 2.0, 3.0, 4.0, 6.0]
     huge = torch.tensor([6.0, 7.0, 1e9, -100.0])
     assert e2m1_values(e2m1_codes(huge)).tolist() == [6.0, 6.0, 6.0, -6.0]
+
+
+def test_direct_rounding_gives_the_codes_values_at_every_grid_point_and_tie():
+    grid = torch.tensor(E2M1_VALUES)
+    midpoints = (grid[1:] + grid[:-1]) / 2
+    near = torch.cat(
+        [grid, midpoints, midpoints.nextafter(grid[1:]), midpoints.nextafter(grid[:-1])]
+    )
+    values = torch.cat([near, -near, torch.rand(10_000) * 12 - 6])
+    assert torch.equal(e2m1_round(values), e2m1_values(e2m1_codes(values)))
+    torch.manual_seed(3)
+    codes = e2m1_codes(values, stochastic=True)
+    torch.manual_seed(3)
+    assert torch.equal(e2m1_round(values, stochastic=True), e2m1_values(codes))
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("square", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fake_quantisation_is_the_quantised_tensor_dequantised_bit_for_bit(recipe, square, dtype):
+    values = torch.randn(64, 128) * torch.logspace(-6, 3, 64).unsqueeze(1)
+    values[0, :5] = torch.tensor([math.nan, math.inf, -math.inf, 1e30, -0.0])
+    values[1] = 0.0
+    values[2, 40:48] = 1e-38
+    values = values.to(dtype)
+    for stochastic in (False, True):
+        torch.manual_seed(7)
+        expected = quantize_fp4(values, recipe, stochastic, square).dequantize(dtype)
+        torch.manual_seed(7)
+        got = fake_quantize(values, recipe, stochastic, square)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(torch.signbit(got), torch.signbit(expected))
 
 
 def test_two_codes_share_a_byte_the_first_in_the_low_nibble():

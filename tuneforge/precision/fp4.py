@@ -129,9 +129,20 @@ def _block_amax(blocks: torch.Tensor, square: bool) -> torch.Tensor:
     return tiles.expand(*tiles.shape[:-2], block, tiles.shape[-1]).flatten(-3, -2)
 
 
-def quantize_mxfp4(
-    values: torch.Tensor, stochastic: bool = False, square: bool = False
-) -> Fp4Tensor:
+@dataclass
+class _Scaled:
+    """Blocks divided by their scales, ready to round onto E2M1, and the scales as stored."""
+
+    blocks: torch.Tensor
+    """float32 [..., K / block, block], clamped to ±6."""
+    scales: torch.Tensor
+    block_scale: torch.Tensor
+    """float32 [..., K / block]: each block's scale as dequantisation applies it (NaN for a
+    block holding NaN or ±Inf)."""
+    tensor_scale: torch.Tensor | None = None
+
+
+def _scaled_mxfp4(values: torch.Tensor, square: bool) -> _Scaled:
     blocks = _blocks(values, BLOCK_SIZE["mxfp4"])
     amax = _block_amax(blocks, square)
     finite = torch.isfinite(amax)
@@ -140,13 +151,11 @@ def quantize_mxfp4(
     exponent = (exponent_field - 127 - E2M1_MAX_EXPONENT).clamp(-E8M0_BIAS, E8M0_BIAS)
     biased = torch.where(finite, exponent + E8M0_BIAS, E8M0_NAN).to(torch.uint8)
     scaled = blocks * torch.exp2(-exponent.float()).unsqueeze(-1)
-    codes = e2m1_codes(scaled.clamp(-E2M1_MAX, E2M1_MAX), stochastic).flatten(-2)
-    return Fp4Tensor(pack_pairs(codes), biased, "mxfp4")
+    block_scale = torch.exp2(exponent.float()).where(finite, torch.nan)
+    return _Scaled(scaled.clamp(-E2M1_MAX, E2M1_MAX), biased, block_scale)
 
 
-def quantize_nvfp4(
-    values: torch.Tensor, tensor_scale: bool = True, stochastic: bool = False, square: bool = False
-) -> Fp4Tensor:
+def _scaled_nvfp4(values: torch.Tensor, tensor_scale: bool, square: bool) -> _Scaled:
     blocks = _blocks(values, BLOCK_SIZE["nvfp4"])
     amax = _block_amax(blocks, square)
     finite = torch.isfinite(amax)
@@ -161,16 +170,62 @@ def quantize_nvfp4(
     scales = stored.to(torch.float8_e4m3fn)
     block_scale = scales.float() * (global_scale if global_scale is not None else 1.0)
     scaled = blocks / block_scale.unsqueeze(-1)
-    codes = e2m1_codes(scaled.clamp(-E2M1_MAX, E2M1_MAX), stochastic).flatten(-2)
-    return Fp4Tensor(pack_pairs(codes), scales, "nvfp4", global_scale)
+    return _Scaled(scaled.clamp(-E2M1_MAX, E2M1_MAX), scales, block_scale, global_scale)
+
+
+def _scaled(values: torch.Tensor, recipe: str, square: bool) -> _Scaled:
+    if recipe == "mxfp4":
+        return _scaled_mxfp4(values, square)
+    if recipe == "nvfp4":
+        return _scaled_nvfp4(values, tensor_scale=True, square=square)
+    raise ValueError(f"unknown FP4 recipe {recipe!r}: nvfp4 or mxfp4")
+
+
+def _packed(scaled: _Scaled, recipe: str, stochastic: bool) -> Fp4Tensor:
+    codes = e2m1_codes(scaled.blocks, stochastic).flatten(-2)
+    return Fp4Tensor(pack_pairs(codes), scaled.scales, recipe, scaled.tensor_scale)
+
+
+def quantize_mxfp4(
+    values: torch.Tensor, stochastic: bool = False, square: bool = False
+) -> Fp4Tensor:
+    return _packed(_scaled_mxfp4(values, square), "mxfp4", stochastic)
+
+
+def quantize_nvfp4(
+    values: torch.Tensor, tensor_scale: bool = True, stochastic: bool = False, square: bool = False
+) -> Fp4Tensor:
+    return _packed(_scaled_nvfp4(values, tensor_scale, square), "nvfp4", stochastic)
+
+
+def e2m1_round(values: torch.Tensor, stochastic: bool = False) -> torch.Tensor:
+    """`values` (float32, within ±6) rounded onto the E2M1 grid as `e2m1_codes` rounds them,
+    computed directly: the grid's step is 0.5 below 2, 1 below 4 and 2 up to 6, so rounding is
+    `round` (ties to even) on the value over its step — exact, as the steps are powers of two.
+    Stochastic rounding draws the same random numbers as `e2m1_codes` does."""
+    magnitude = values.abs().nan_to_num(0.0)
+    step = torch.where(magnitude < 2, 0.5, torch.where(magnitude < 4, 1.0, 2.0))
+    if stochastic:
+        lower = torch.floor(magnitude / step) * step
+        share = (magnitude - lower) / step
+        rounded = lower + step * (torch.rand_like(magnitude) < share)
+    else:
+        rounded = torch.round(magnitude / step) * step
+    return torch.copysign(rounded, values)
+
+
+def fake_quantize(
+    values: torch.Tensor, recipe: str, stochastic: bool = False, square: bool = False
+) -> torch.Tensor:
+    """`values` quantised to the FP4 recipe and dequantised again, in their dtype: what
+    `quantize_fp4(...).dequantize()` gives, bit for bit, without codes packed and unpacked."""
+    scaled = _scaled(values, recipe, square)
+    rounded = e2m1_round(scaled.blocks, stochastic) * scaled.block_scale.unsqueeze(-1)
+    return rounded.flatten(-2).to(values.dtype)
 
 
 def quantize_fp4(
     values: torch.Tensor, recipe: str, stochastic: bool = False, square: bool = False
 ) -> Fp4Tensor:
     """`values` in `recipe` (`nvfp4` or `mxfp4`, as `precision.fp4_recipe` names them)."""
-    if recipe == "mxfp4":
-        return quantize_mxfp4(values, stochastic, square)
-    if recipe == "nvfp4":
-        return quantize_nvfp4(values, stochastic=stochastic, square=square)
-    raise ValueError(f"unknown FP4 recipe {recipe!r}: nvfp4 or mxfp4")
+    return _packed(_scaled(values, recipe, square), recipe, stochastic)

@@ -8,13 +8,8 @@ LoRA update reads the unquantised input, as the adapters stay in bf16."""
 
 import torch
 
-from tuneforge.precision.fp4 import Fp4Tensor, quantize_fp4
+from tuneforge.precision.fp4 import Fp4Tensor, fake_quantize
 from tuneforge.precision.low_rank import low_rank_grads, low_rank_input
-
-
-def fake_quantize(values: torch.Tensor, recipe: str, stochastic: bool = False) -> torch.Tensor:
-    """`values` rounded to the FP4 recipe's grid, blocks along the last dimension."""
-    return quantize_fp4(values, recipe, stochastic).dequantize(values.dtype)
 
 
 def _weight(stored, scales, tensor_scale, recipe: str, dtype: torch.dtype) -> torch.Tensor:
