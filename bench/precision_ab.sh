@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The precision A/B of examples/precision-ab on one GPU: pretrain.yaml's model first (once; the
 # A/B fine-tunes it), then the same LoRA run in bf16, FP8 and emulated FP4 for each seed, then
-# `tuneforge compare` per seed (the pairs share data order and adapter initialisation) and
-# across bf16's seeds (the yardstick for the gaps). Run directories go to RUNS (default
+# `tuneforge compare` per seed (the pairs share data order and adapter initialisation) and over
+# every run (each precision's runs grouped, against bf16's spread). Run directories go to RUNS (default
 # /tmp/precision-ab); logs, metrics and configurations to OUT_DIR. JOBS runs that many at once
 # (their tokens/s are then not comparable). FP4's emulation runs at about a quarter of bf16's
 # speed: its runs get FP4_LIMIT where the others get LIMIT. ROUNDED="fp8 nvfp4" adds, per seed,
@@ -59,4 +59,6 @@ for seed in ${SEEDS:-0 1 2}; do
   others=$(ls -d "$out"/ab-*-s"$seed"/ | grep -v "/ab-bf16-s$seed/\$" || true)
   python -m tuneforge compare "$out/ab-bf16-s$seed/" $others --out "$out/ab-s$seed.png" || true
 done
-python -m tuneforge compare "$out"/ab-bf16-s*/ || true
+# every run at once: the runs of each precision grouped, their gaps against bf16's spread
+others=$(ls -d "$out"/ab-*/ | grep -v "/ab-bf16-s[0-9]*/\$" || true)
+python -m tuneforge compare "$out"/ab-bf16-s*/ $others || true

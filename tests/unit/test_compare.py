@@ -96,3 +96,46 @@ def test_a_directory_without_metrics_is_named(tmp_path):
         compare_runs([tmp_path])
     with pytest.raises(TuneforgeError, match="smoothing"):
         compare_runs([tmp_path], smoothing=1.0)
+
+
+def test_runs_of_one_precision_are_grouped_and_gaps_judged_against_the_references_spread(
+    tmp_path,
+):
+    from tuneforge.runs.compare import read_runs
+    from tuneforge.runs.compare_groups import group_by_precision
+
+    fp8 = {"fp8": "e4m3", "fp8_scaling": "rowwise", "fp8_base_weights": True}
+    fp4 = {"fp4": "e2m1", "fp4_recipe": "nvfp4", "fp4_param": True}
+    losses = [3.0, 2.0, 1.5, 1.2]
+    runs = [
+        write_run(tmp_path / "bf16-s0", losses, [(2, 1.60), (4, 1.00)], seed=0),
+        write_run(tmp_path / "bf16-s1", losses, [(2, 1.64), (4, 1.04)], seed=1),
+        write_run(tmp_path / "bf16-s2", losses, [(2, 1.56), (4, 0.96)], seed=2),
+        write_run(tmp_path / "fp8-s0", losses, [(2, 1.52), (4, 0.95)], precision=fp8),
+        write_run(tmp_path / "fp8-s1", losses, [(2, 1.48), (4, 0.93)], seed=1, precision=fp8),
+        write_run(tmp_path / "fp4-s0", losses[:3], [(2, 1.70)], precision=fp4),
+        write_run(tmp_path / "rounded-s0", losses, [(2, 1.58), (4, 0.99)]),
+    ]
+    config = yaml.safe_load((runs[-1] / "config.yaml").read_text())
+    config["model"]["path"] = "/models/rounded"
+    (runs[-1] / "config.yaml").write_text(yaml.safe_dump(config))
+    groups = group_by_precision(read_runs(runs))
+    assert [(g.precision, len(g.runs)) for g in groups] == [
+        ("bfloat16", 3),
+        ("fp8 e4m3 rowwise, base in FP8 only", 2),
+        ("fp4 nvfp4 (emulated, packed)", 1),
+        ("bfloat16, model.path=/models/rounded", 1),
+    ]
+    bf16, fp8_group, fp4_group, rounded = groups
+    assert all(group.step == 2 for group in groups)  # the FP4 run stopped before step 4
+    assert bf16.mean_eval == pytest.approx(1.60) and bf16.spread == pytest.approx(0.08 / 1.60)
+    assert (bf16.low_eval, bf16.high_eval) == (1.56, 1.64)
+    assert fp8_group.gap == pytest.approx(-0.0625) and fp8_group.within_spread is False
+    assert fp4_group.gap == pytest.approx(0.0625) and fp4_group.spread is None
+    assert rounded.gap == pytest.approx(-0.0125) and rounded.within_spread is True
+    assert bf16.mean_final_loss == pytest.approx(compare_runs(runs)[0].final_loss)
+    result = CliRunner().invoke(app, ["compare", *map(str, runs)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "held-out at step 2: mean" in result.output and "-6.2% (beyond)" in result.output
+    document = json.loads(CliRunner().invoke(app, ["compare", *map(str, runs), "--json"]).output)
+    assert [group["runs"] for group in document["groups"]][1] == ["fp8-s0", "fp8-s1"]

@@ -1,6 +1,7 @@
 """`tuneforge compare`: an A/B of runs (precisions, or any other change) as a table and a plot."""
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -23,12 +24,15 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Loss curves, held-out loss, speed and memory of runs side by side, against the first."""
-    from tuneforge.runs.compare import as_dicts, compare_runs, plot_comparison
+    from tuneforge.runs.compare import as_dicts, plot_comparison, read_runs, summarize
+    from tuneforge.runs.compare_groups import group_by_precision
 
-    summaries = compare_runs(run_dirs, smoothing)
+    runs = read_runs(run_dirs, smoothing)
+    summaries, groups = summarize(runs), group_by_precision(runs)
     written = plot_comparison(run_dirs, out, smoothing) if out is not None else None
     if as_json:
         document = {"reference": summaries[0].name, "runs": as_dicts(summaries)}
+        document["groups"] = [asdict(group) for group in groups]
         console.print_json(json.dumps(document | {"plot": str(written) if written else None}))
         return
     table = Table("run", "precision", "loss", "gap mean/max", "held-out", "best", "tok/s", "GiB")
@@ -63,8 +67,41 @@ def compare(
                 f"[yellow]{summary.name} also differs from {summaries[0].name} in: "
                 f"{', '.join(summary.differs_in[:8])}[/yellow]"
             )
+    if any(len(group.runs) > 1 for group in groups):
+        _print_groups(groups)
     if written:
         console.print(f"written {written}", markup=False, highlight=False)
+
+
+def _print_groups(groups) -> None:
+    step = groups[0].step
+    table = Table("precision", "runs", f"held-out at step {step}: mean", "lowest-highest", "spread")
+    table.add_column("gap")
+    for group in groups:
+        reference = group is groups[0]
+        gap = "reference" if reference else _percent(group.gap)
+        if not reference and group.within_spread is not None:
+            gap += " (within)" if group.within_spread else " (beyond)"
+        table.add_row(
+            group.precision,
+            str(len(group.runs)),
+            _number(group.mean_eval),
+            f"{_number(group.low_eval)}-{_number(group.high_eval)}",
+            _percent(group.spread, signed=False),
+            gap,
+        )
+    console.print(table)
+    console.print(
+        "runs grouped by precision (and any other setting but the seed); gap: mean held-out "
+        f"loss against {groups[0].precision}'s, within or beyond its spread over its runs",
+        markup=False,
+    )
+
+
+def _percent(value: float | None, signed: bool = True) -> str:
+    if value is None:
+        return ""
+    return f"{value:+.1%}" if signed else f"{value:.1%}"
 
 
 def _speed(summary, reference: bool) -> str:

@@ -13,8 +13,9 @@ from tuneforge.errors import TuneforgeError
 from tuneforge.runs.files import CONFIG_FILE, METRICS_FILE, read_metrics
 from tuneforge.runs.pace import WARMUP_STEPS
 
-SAME_ANYWHERE = ("run.", "logging.", "checkpoint.", "precision.")
-"""Settings an A/B may change without making the comparison unfair."""
+SAME_ANYWHERE = ("run.", "logging.", "checkpoint.", "precision.", "train.time_limit")
+"""Settings an A/B may change without making the comparison unfair (a run stopped sooner by
+its time limit shows in its steps)."""
 
 
 @dataclass
@@ -111,12 +112,19 @@ def precision_label(config: dict[str, Any]) -> str:
     return (config.get("model") or {}).get("dtype", "unknown")
 
 
-def compare_runs(run_dirs: list[Path], smoothing: float = 0.9) -> list[RunSummary]:
+def read_runs(run_dirs: list[Path], smoothing: float = 0.9) -> list[RunCurves]:
     if not 0 <= smoothing < 1:
         raise TuneforgeError(f"--smoothing must be in [0, 1), not {smoothing}")
-    runs = [read_run(run_dir, smoothing) for run_dir in run_dirs]
-    reference = runs[0]
-    return [_summary(run, reference) for run in runs]
+    return [read_run(run_dir, smoothing) for run_dir in run_dirs]
+
+
+def summarize(runs: list[RunCurves]) -> list[RunSummary]:
+    """Each run against the first."""
+    return [_summary(run, runs[0]) for run in runs]
+
+
+def compare_runs(run_dirs: list[Path], smoothing: float = 0.9) -> list[RunSummary]:
+    return summarize(read_runs(run_dirs, smoothing))
 
 
 def _summary(run: RunCurves, reference: RunCurves) -> RunSummary:
@@ -157,17 +165,17 @@ def _summary(run: RunCurves, reference: RunCurves) -> RunSummary:
     )
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(tree, dict):
         return {prefix.rstrip("."): tree}
     flat: dict[str, Any] = {}
     for key, value in tree.items():
-        flat |= _flat(value, f"{prefix}{key}.")
+        flat |= flatten(value, f"{prefix}{key}.")
     return flat
 
 
 def _differences(config: dict[str, Any], reference: dict[str, Any]) -> list[str]:
-    ours, theirs = _flat(config), _flat(reference)
+    ours, theirs = flatten(config), flatten(reference)
     keys = sorted(set(ours) | set(theirs))
     return [
         key
