@@ -172,8 +172,19 @@ def full_losses(precision: PrecisionSection, steps: int = 30) -> list[float]:
     return packed_training_losses(objective, list(model.parameters()), 3e-4, steps)
 
 
-@pytest.mark.parametrize("fp8", ["e4m3", "hybrid"])
-def test_a_short_full_fine_tune_in_fp8_follows_bf16(fp8):
-    reference, low = full_losses(PrecisionSection()), full_losses(PrecisionSection(fp8=fp8))
+@pytest.mark.parametrize(
+    ("fp8", "scaling", "implementation"),
+    [
+        ("e4m3", "rowwise", "tuneforge"),
+        ("hybrid", "rowwise", "tuneforge"),
+        ("e4m3", "rowwise", "torchao"),
+        ("hybrid", "tensorwise", "torchao"),
+    ],
+)
+def test_a_short_full_fine_tune_in_fp8_follows_bf16(fp8, scaling, implementation):
+    if implementation == "torchao":
+        pytest.importorskip("torchao.float8", reason="the torchao implementation needs torchao")
+    section = PrecisionSection(fp8=fp8, fp8_scaling=scaling, fp8_implementation=implementation)
+    reference, low = full_losses(PrecisionSection()), full_losses(section)
     assert reference[-1] < reference[0] - 1.0 and low[-1] < low[0] - 1.0
     assert abs(low[-1] - reference[-1]) < 0.03 * (reference[0] - reference[-1]) + 0.02

@@ -264,7 +264,10 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
     assert Variant.parse("compiled+graph+autotune") == Variant(
         compiled=True, cuda_graph=True, autotune=True
     )
+    torchao = Variant.parse("compiled+fp8+tensorwise+torchao").precision()
+    assert torchao.fp8_implementation == "torchao" and torchao.fp8_scaling == "tensorwise"
     for bad in (
+        "compiled+torchao",
         "compiled+offlaod",
         "fast",
         "compiled+budget2",

@@ -166,6 +166,11 @@ def test_precision_rules(data_dir):
     assert "fp4_param requires fp4" in found["precision.fp4_param"]
     assert "precision.fp4_param_gather" not in found  # fp4_param is set, so this rule holds
 
+    text = MINIMAL + "precision:\n  fp8_implementation: torchao\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "t.yaml", text))
+    assert "requires fp8" in issues_of(raised.value)["precision.fp8_implementation"]
+
     text = MINIMAL + "precision:\n  fp4: e2m1\n  fp4_param_gather: true\n"
     with pytest.raises(ConfigError) as raised:
         load_config(write(data_dir / "c.yaml", text))

@@ -98,3 +98,70 @@ def test_a_full_fine_tune_runs_its_projections_in_fp8_and_learns():
         optimizer.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 1.0
+
+
+def _tiny_model(section: PrecisionSection):
+    model = load_model("demo-tiny", dtype="bfloat16", device=torch.device("cpu"), seed=0)
+    return model, apply_precision(model, section)
+
+
+def _loss_and_grads(model: nn.Module, tokens: torch.Tensor):
+    logits = model(tokens[:, :-1]).float()
+    loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return loss, {name: p.grad for name, p in model.named_parameters()}
+
+
+def test_torchao_as_the_implementation_runs_the_same_products_as_ours():
+    """`fp8_implementation: torchao` swaps every trained projection for torchao's Float8Linear
+    with the same recipe; tensorwise, both compute bit for bit the same loss and gradients."""
+    pytest.importorskip("torchao.float8", reason="torchao is the implementation under test")
+    from torchao.float8.float8_linear import Float8Linear
+
+    section = PrecisionSection(fp8="hybrid", fp8_scaling="tensorwise")
+    ours, _ = _tiny_model(section)
+    theirs, report = _tiny_model(section.model_copy(update={"fp8_implementation": "torchao"}))
+    assert sum(isinstance(m, Float8Linear) for m in theirs.modules()) == 7 * len(theirs.layers)
+    assert "through torchao's float8 training (Float8Linear)" in report.lines[0]
+    assert set(theirs.state_dict()) == set(ours.state_dict())
+    tokens = torch.randint(0, 100, (1, 64), generator=torch.Generator().manual_seed(1))
+    loss, grads = _loss_and_grads(ours, tokens)
+    their_loss, their_grads = _loss_and_grads(theirs, tokens)
+    assert loss.item() == their_loss.item()
+    for name, grad in grads.items():
+        torch.testing.assert_close(their_grads[name], grad, rtol=0, atol=0, msg=name)
+
+
+def test_torchao_missing_is_a_clear_error(monkeypatch):
+    import builtins
+
+    from tuneforge.errors import TuneforgeError
+
+    real_import = builtins.__import__
+
+    def without_torchao(name, *args, **kwargs):
+        if name.startswith("torchao"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_torchao)
+    with pytest.raises(TuneforgeError, match="pip install torchao"):
+        _tiny_model(PrecisionSection(fp8="e4m3", fp8_implementation="torchao"))
+
+
+def test_torchao_tensorwise_weights_are_gathered_in_fp8_under_fsdp2():
+    pytest.importorskip("torchao.float8", reason="the implementation under test")
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    model = load_model("demo-tiny", dtype="bfloat16", device=torch.device("cpu"), seed=0)
+    section = PrecisionSection(fp8="e4m3", fp8_scaling="tensorwise", fp8_implementation="torchao")
+    report = apply_precision(model, section, sharded=True)
+    weights = [model.layers[0].mlp.up_proj.weight, model.layers[0].attn.q_proj.weight]
+    assert all(isinstance(w, WeightWithDynamicFloat8CastTensor) for w in weights)
+    assert report.lines[-1] == (
+        "under FSDP2: trained weights sharded and all-gathered in FP8 (torchao's float8 all-gather)"
+    )
+    rowwise = load_model("demo-tiny", dtype="bfloat16", device=torch.device("cpu"), seed=0)
+    section = section.model_copy(update={"fp8_scaling": "rowwise"})
+    report = apply_precision(rowwise, section, sharded=True)
+    assert report.lines[-1].endswith("all-gathered in the model's dtype")

@@ -206,6 +206,7 @@ class Variant:
     fp8: str | None = None
     fp8_scaling: str = "rowwise"
     fp8_base_weights: bool = False
+    fp8_torchao: bool = False
     fp4: bool = False
     fp4_param: bool = False
 
@@ -219,7 +220,7 @@ class Variant:
                  "hostembed": "offload_embedding", "onedoc": "one_document",
                  "fp32lora": "fp32_lora", "graph": "cuda_graph", "samedata": "same_data",
                  "balanced": "balanced", "autotune": "autotune", "fp8base": "fp8_base_weights",
-                 "fp4": "fp4", "fp4param": "fp4_param"}  # fmt: skip
+                 "fp4": "fp4", "fp4param": "fp4_param", "torchao": "fp8_torchao"}  # fmt: skip
         for option in options:
             if option in ("full", "selective"):
                 settings["checkpointing"] = option
@@ -251,12 +252,14 @@ class Variant:
                     "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, "
                     "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, cudnn, onedoc, fp32lora, graph, "
                     "accum<micro-batches>, tokens<per micro-batch>, samedata, balanced, autotune, "
-                    "fp8, fp8hybrid, tensorwise, fp8base, fp4, fp4param)"
+                    "fp8, fp8hybrid, tensorwise, fp8base, torchao, fp4, fp4param)"
                 )
         variant = cls(**settings)
-        if (variant.fp8_base_weights or variant.fp8_scaling != "rowwise") and not variant.fp8:
+        if (
+            variant.fp8_base_weights or variant.fp8_torchao or variant.fp8_scaling != "rowwise"
+        ) and not variant.fp8:
             raise TuneforgeError(
-                f"variant {name!r}: fp8base and tensorwise go with fp8 or fp8hybrid"
+                f"variant {name!r}: fp8base, torchao and tensorwise go with fp8 or fp8hybrid"
             )
         if variant.fp4_param and not variant.fp4:
             raise TuneforgeError(f"variant {name!r}: fp4param goes with fp4")
@@ -267,6 +270,7 @@ class Variant:
             fp8=self.fp8,
             fp8_scaling=self.fp8_scaling,
             fp8_base_weights=self.fp8_base_weights,
+            fp8_implementation="torchao" if self.fp8_torchao else "tuneforge",
             fp4="e2m1" if self.fp4 else None,
             fp4_param=self.fp4_param,
         )

@@ -279,6 +279,14 @@ def precision_formats(precision, lora, model) -> list[tuple[str, str, str]]:
                 "set precision.fp8: e4m3 (or hybrid), or drop fp8_base_weights",
             )
         )
+    if precision.fp8_implementation != "tuneforge" and not precision.fp8:
+        problems.append(
+            (
+                "precision.fp8_implementation",
+                f"fp8_implementation: {precision.fp8_implementation} requires fp8",
+                "set precision.fp8: e4m3 (or hybrid), or drop fp8_implementation",
+            )
+        )
     if precision.fp4 and precision.fp8:
         problems.append(
             (

@@ -256,6 +256,8 @@ class PrecisionSection(Section):
     """FP8 matmuls (`e4m3` or `hybrid`: E4M3 forward, E5M2 backward); mutually exclusive with fp4. With model.quantize: the 4-bit base dequantised into FP8 for each product."""
     fp8_scaling: Literal["rowwise", "tensorwise"] = "rowwise"
     """FP8 scales: one per token and output channel (`rowwise`) or one per tensor (`tensorwise`)."""
+    fp8_implementation: Literal["tuneforge", "torchao"] = "tuneforge"
+    """Full fine-tuning's trained linears in FP8 through tuneforge's own `torch._scaled_mm` products or torchao's float8 training (`Float8Linear`; needs torchao; under FSDP2 with tensorwise scales it all-gathers the weights in FP8). Frozen LoRA bases always use tuneforge's, quantised once."""
     fp8_base_weights: bool = False
     """LoRA: keep the frozen base weights only in FP8 (about half the memory); otherwise their bf16 values stay beside the FP8 copy."""
     fp4: Literal["e2m1"] | None = None

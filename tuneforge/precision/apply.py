@@ -6,6 +6,7 @@ cannot run."""
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ from tuneforge.precision.fp8_experts import Fp8ExpertWeights, grouped_fp8_here
 from tuneforge.precision.fp8_training import Fp8TrainingLinear
 from tuneforge.precision.frozen_linear import Fp4Linear, Fp8Linear
 from tuneforge.precision.stacked_fp8 import stack_fp8_groups
+from tuneforge.precision.torchao_training import require_torchao, torchao_config, torchao_linear
 
 
 @dataclass
@@ -82,7 +84,8 @@ def apply_precision(
     _swap_frozen(model, section, report, left, gathered)
     banks_stay = _swap_banks(model, section, report)
     if section.fp8:
-        _swap_trained(model, Fp8Recipe.of(section.fp8, section.fp8_scaling), report, left)
+        recipe = Fp8Recipe.of(section.fp8, section.fp8_scaling)
+        _swap_trained(model, recipe, section.fp8_implementation, sharded, report, left)
         stacked = stack_fp8_groups(model)
         if stacked:
             report.lines.append(
@@ -97,7 +100,7 @@ def apply_precision(
         stays += f", {banks_stay}"
     report.lines.append(f"in the model's dtype: {stays}")
     if sharded:
-        report.lines.append(_under_fsdp(section, gathered))
+        report.lines.append(_under_fsdp(model, section, gathered))
     return report
 
 
@@ -160,17 +163,24 @@ def quantize_frozen_base(
     return report
 
 
-def _under_fsdp(section: PrecisionSection, gathered: bool) -> str:
+def _under_fsdp(model: Decoder, section: PrecisionSection, gathered: bool) -> str:
+    trained = "in the model's dtype"
+    if any(
+        getattr(getattr(module, "config", None), "enable_fsdp_float8_all_gather", False)
+        for module in model.layers.modules()
+    ):  # torchao's Float8Linear with tensorwise scales
+        trained = "in FP8 (torchao's float8 all-gather)"
     if gathered:
-        return (
-            "under FSDP2: the FP4 codes and block scales sharded across the ranks and "
-            "all-gathered as FP4 (fp4_param_gather); trained weights sharded as usual"
+        frozen = (
+            "the FP4 codes and block scales sharded across the ranks and all-gathered as FP4 "
+            "(fp4_param_gather)"
         )
-    held = "FP4 codes" if section.fp4_param else "FP8 weights" if section.fp8 else "FP4 values"
-    return (
-        f"under FSDP2: the frozen base's {held} replicated on every rank (quantised once, not "
-        "sharded); trained weights sharded and all-gathered in the model's dtype"
-    )
+    elif any(isinstance(module, LowPrecisionBase) for module in model.modules()):
+        held = "FP4 codes" if section.fp4_param else "FP8 weights" if section.fp8 else "FP4 values"
+        frozen = f"the frozen base's {held} replicated on every rank (quantised once, not sharded)"
+    else:
+        return f"under FSDP2: trained weights sharded and all-gathered {trained}"
+    return f"under FSDP2: {frozen}; trained weights sharded and all-gathered {trained}"
 
 
 def _swap_frozen(
@@ -244,9 +254,14 @@ def _swap_banks(model: Decoder, section: PrecisionSection, report: PrecisionRepo
 
 
 def _swap_trained(
-    model: Decoder, recipe: Fp8Recipe, report: PrecisionReport, left: Counter[str]
+    model: Decoder,
+    recipe: Fp8Recipe,
+    implementation: str,
+    sharded: bool,
+    report: PrecisionReport,
+    left: Counter[str],
 ) -> None:
-    swapped: Counter[str] = Counter()
+    trained = []
     for module in model.layers.modules():
         for leaf, child in list(module.named_children()):
             if leaf not in PROJECTIONS or type(child) is not nn.Linear:
@@ -256,14 +271,26 @@ def _swap_trained(
             if not fits_scaled_mm(child.in_features, child.out_features):
                 left[leaf] += 1
                 continue
-            setattr(module, leaf, Fp8TrainingLinear(child, recipe))
-            swapped[leaf] += 1
-    if swapped:
-        report.lines.append(
-            f"{_kind(swapped)} (trained): FP8 ({recipe.describe()}) through torch._scaled_mm "
-            "for the output and both gradients, the weights (in the model's dtype) quantised at "
-            "each step"
-        )
+            trained.append((module, leaf, child))
+    if not trained:
+        return
+    if implementation == "torchao":
+        require_torchao()
+        config = torchao_config(recipe, sharded)
+        swap = partial(torchao_linear, config=config)
+        how = "torchao's float8 training (Float8Linear)"
+        if config.enable_fsdp_float8_all_gather:
+            how += "; under FSDP2 the weights all-gathered in FP8"
+    else:
+        swap = partial(Fp8TrainingLinear, recipe=recipe)
+        how = "torch._scaled_mm"
+    for module, leaf, child in trained:
+        setattr(module, leaf, swap(child))
+    swapped = Counter(leaf for _, leaf, _ in trained)
+    report.lines.append(
+        f"{_kind(swapped)} (trained): FP8 ({recipe.describe()}) through {how} for the output "
+        "and both gradients, the weights (in the model's dtype) quantised at each step"
+    )
 
 
 PROJECTIONS = PROJECTION_NAMES
