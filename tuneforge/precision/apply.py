@@ -5,6 +5,7 @@ cannot run."""
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -274,6 +275,7 @@ def _swap_trained(
             trained.append((module, leaf, child))
     if not trained:
         return
+    swap: Callable[[nn.Linear], nn.Linear]
     if implementation == "torchao":
         require_torchao()
         config = torchao_config(recipe, sharded)
