@@ -165,3 +165,20 @@ def test_torchao_tensorwise_weights_are_gathered_in_fp8_under_fsdp2():
     section = section.model_copy(update={"fp8_scaling": "rowwise"})
     report = apply_precision(rowwise, section, sharded=True)
     assert report.lines[-1].endswith("all-gathered in the model's dtype")
+
+
+def test_a_model_with_weights_gathered_in_fp8_saves_plain_weights(tmp_path):
+    """The final model of a torchao FSDP2 run: its wrapped weights written as their bf16 values."""
+    pytest.importorskip("torchao.float8", reason="the implementation under test")
+    from safetensors.torch import load_file
+
+    from tuneforge.models.hf.checkpoint import save_hf_model
+
+    model = load_model("demo-tiny", dtype="bfloat16", device=torch.device("cpu"), seed=0)
+    section = PrecisionSection(fp8="e4m3", fp8_scaling="tensorwise", fp8_implementation="torchao")
+    apply_precision(model, section, sharded=True)
+    save_hf_model(model, tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    weight = saved["model.layers.1.mlp.down_proj.weight"]
+    assert type(weight) is torch.Tensor and weight.dtype == torch.bfloat16
+    assert torch.equal(weight, model.layers[1].mlp.down_proj.weight._tensor)

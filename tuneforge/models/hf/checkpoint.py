@@ -137,8 +137,12 @@ def load_hf_model(
 
 
 def gathered(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a sharded (FSDP2 DTensor) one; every rank must call it."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    """The whole tensor of a sharded (FSDP2 DTensor) one, as a plain tensor; every rank must
+    call it."""
+    whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    inner = getattr(whole, "_tensor", None)
+    # torchao's float8 training wraps a weight gathered in FP8 around its bf16 value
+    return inner if type(whole) is not torch.Tensor and isinstance(inner, torch.Tensor) else whole
 
 
 def save_hf_model(
