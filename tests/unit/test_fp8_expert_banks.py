@@ -12,7 +12,7 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.moe import ExpertBank, expert_offsets, grouped_linear
 from tuneforge.peft.apply import apply_lora, merge_lora
 from tuneforge.precision.apply import apply_precision
-from tuneforge.precision.fp8 import E4M3, dequantize, quantize
+from tuneforge.precision.fp8 import E4M3, E4M3_FNUZ, dequantize, quantize
 from tuneforge.precision.fp8_experts import Fp8ExpertWeights
 
 EXPERTS, OUT, IN = 4, 48, 64
@@ -32,25 +32,27 @@ def _rows_and_offsets():
     return rows.bfloat16(), expert_offsets(ids, EXPERTS), ids
 
 
+@pytest.mark.parametrize("dtype", [E4M3, E4M3_FNUZ], ids=["ocp", "mi300-fnuz"])
 @pytest.mark.parametrize("rowwise", [True, False], ids=["rowwise", "tensorwise"])
-def test_grouped_fp8_product_against_its_dequantised_operands_and_bf16(rowwise):
+def test_grouped_fp8_product_against_its_dequantised_operands_and_bf16(rowwise, dtype):
     rows, offsets, ids = _rows_and_offsets()
     weight = (torch.randn(EXPERTS, OUT, IN) * torch.logspace(-2, 0, OUT)[:, None]).bfloat16()
-    bank = Fp8ExpertWeights(weight, rowwise)
+    bank = Fp8ExpertWeights(weight, rowwise, dtype)
+    assert bank.weight_fp8.dtype == dtype
     x = rows.clone().requires_grad_()
     y = bank.grouped(x, offsets)
     grad = torch.randn_like(y)
     y.backward(grad)
     # the forward: each row's quantised values times its expert's quantised weight, fp32 sums
-    xq, xs = quantize(rows, E4M3, rowwise)
-    wq, ws = quantize(weight, E4M3, rowwise)
+    xq, xs = quantize(rows, dtype, rowwise)
+    wq, ws = quantize(weight, dtype, rowwise)
     x_deq, w_deq = dequantize(xq, xs, torch.float32), dequantize(wq, ws, torch.float32)
     expected = torch.stack([x_deq[i] @ w_deq[ids[i]].t() for i in range(len(ids))])
     assert torch.allclose(y.float(), expected, rtol=1e-2, atol=1e-3)
     # the input gradient: (g·s_W[e]) quantised per row (or per tensor), times W_q[e]
     scale = ws.reshape(EXPERTS, -1).expand(EXPERTS, OUT) if rowwise else ws.expand(EXPERTS, OUT)
     folded = grad.float() * scale[ids]
-    gq, gs = quantize(folded, E4M3, rowwise)
+    gq, gs = quantize(folded, dtype, rowwise)
     g_deq = dequantize(gq, gs, torch.float32)
     wq_values = wq.float()
     expected_dx = torch.stack([g_deq[i] @ wq_values[ids[i]] for i in range(len(ids))])

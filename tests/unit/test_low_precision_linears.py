@@ -63,12 +63,13 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
 
 
+@pytest.mark.parametrize("fnuz", [False, True], ids=["ocp", "mi300-fnuz"])
 @pytest.mark.parametrize("fp8", ["e4m3", "hybrid"])
 @pytest.mark.parametrize("scaling", ["rowwise", "tensorwise"])
-def test_fp8_lora_product_against_its_dequantised_operands_and_the_bf16_path(fp8, scaling):
+def test_fp8_lora_product_against_its_dequantised_operands_and_the_bf16_path(fp8, scaling, fnuz):
     torch.manual_seed(0)
     linear = nn.Linear(64, 96, bias=True).to(torch.bfloat16).requires_grad_(False)
-    recipe = Fp8Recipe.of(fp8, scaling)
+    recipe = Fp8Recipe.of(fp8, scaling, fnuz)
     layer = _layer(Fp8Linear(linear, recipe, keep_weight=True), torch.bfloat16)
     reference = _layer(linear, torch.bfloat16)
     reference.load_state_dict(layer.state_dict())
@@ -77,8 +78,9 @@ def test_fp8_lora_product_against_its_dequantised_operands_and_the_bf16_path(fp8
     y, dx, dA, dB = _run(layer, x, grad)
     # the forward is exactly the product of the dequantised operands (fp32 sums, one rounding)
     rowwise = scaling == "rowwise"
-    xq, xs = quantize(x, E4M3, rowwise)
-    wq, ws = quantize(linear.weight, E4M3, rowwise)
+    xq, xs = quantize(x, recipe.forward, rowwise)
+    wq, ws = quantize(linear.weight, recipe.forward, rowwise)
+    assert layer.base.weight_fp8.dtype == recipe.forward
     expected = dequantize(xq, xs, torch.float32) @ dequantize(wq, ws, torch.float32).t()
     update = (x.float() @ layer.lora_A.t().bfloat16().float()).bfloat16().float()
     expected = expected + linear.bias.float() + 2.0 * update @ layer.lora_B.bfloat16().float().t()

@@ -23,7 +23,7 @@ from tuneforge.peft.targets import BANK_PROJECTIONS
 from tuneforge.precision.bnb4bit import FOUR_BIT, Bnb4bitLinear
 from tuneforge.precision.bnb_codes import BLOCK as BNB_BLOCK
 from tuneforge.precision.fp4 import BLOCK_SIZE
-from tuneforge.precision.fp8 import Fp8Recipe, fits_scaled_mm
+from tuneforge.precision.fp8 import FORMAT_NAMES, Fp8Recipe, fits_scaled_mm, fnuz_formats
 from tuneforge.precision.fp8_experts import Fp8ExpertWeights, grouped_fp8_here
 from tuneforge.precision.fp8_training import Fp8TrainingLinear
 from tuneforge.precision.frozen_linear import Fp4Linear, Fp8Linear
@@ -44,7 +44,9 @@ class PrecisionReport:
             logger.info("precision: %s", line)
 
 
-def refuse_unsupported_precision(section: PrecisionSection, device: torch.device) -> None:
+def refuse_unsupported_precision(
+    section: PrecisionSection, device: torch.device, base: ModelSection | None = None
+) -> None:
     """FP8 needs FP8 tensor cores; FP4 runs emulated anywhere."""
     if not section.fp8:
         return
@@ -62,6 +64,18 @@ def refuse_unsupported_precision(section: PrecisionSection, device: torch.device
             "(NVIDIA from compute capability 8.9, AMD from gfx942): drop precision.fp8, or "
             "run where `tuneforge doctor env` lists FP8"
         )
+    _refuse_4bit_fp8_in_fnuz(section, base, fnuz_formats(device))
+
+
+def _refuse_4bit_fp8_in_fnuz(
+    section: PrecisionSection, base: ModelSection | None, fnuz: bool
+) -> None:
+    if section.fp8 and fnuz and base is not None and base.quantize:
+        raise TuneforgeError(
+            "precision.fp8 with model.quantize dequantises the 4-bit base into OCP E4M3, which "
+            "this GPU's FP8 tensor cores (MI300: FNUZ formats) do not take: drop precision.fp8 "
+            "(the 4-bit products then run in the model's dtype)"
+        )
 
 
 def apply_precision(
@@ -74,18 +88,19 @@ def apply_precision(
     ones (a LoRA base) for FP8 or FP4 ones, trained ones (full fine-tuning) for FP8 ones; or,
     with `base.quantize`, the frozen ones for bitsandbytes' 4-bit ones (QLoRA).
     `sharded`: the model is about to be sharded by FSDP2."""
+    fnuz = fnuz_formats(next(model.parameters()).device)
+    recipe = Fp8Recipe.of(section.fp8, section.fp8_scaling, fnuz) if section.fp8 else None
     if base is not None and base.quantize:
-        fp8 = Fp8Recipe.of(section.fp8, section.fp8_scaling) if section.fp8 else None
-        return quantize_frozen_base(model, base.quantize, base.double_quant, fp8)
+        _refuse_4bit_fp8_in_fnuz(section, base, fnuz)
+        return quantize_frozen_base(model, base.quantize, base.double_quant, recipe)
     report = PrecisionReport()
     if not (section.fp8 or section.fp4):
         return report
     left: Counter[str] = Counter()
     gathered = sharded and section.fp4_param and section.fp4_param_gather
-    _swap_frozen(model, section, report, left, gathered)
-    banks_stay = _swap_banks(model, section, report)
-    if section.fp8:
-        recipe = Fp8Recipe.of(section.fp8, section.fp8_scaling)
+    _swap_frozen(model, section, recipe, report, left, gathered)
+    banks_stay = _swap_banks(model, section, recipe, report)
+    if recipe is not None:
         _swap_trained(model, recipe, section.fp8_implementation, sharded, report, left)
         stacked = stack_fp8_groups(model)
         if stacked:
@@ -187,6 +202,7 @@ def _under_fsdp(model: Decoder, section: PrecisionSection, gathered: bool) -> st
 def _swap_frozen(
     model: Decoder,
     section: PrecisionSection,
+    recipe: Fp8Recipe | None,
     report: PrecisionReport,
     left: Counter[str],
     gathered: bool,
@@ -197,7 +213,7 @@ def _swap_frozen(
         if not _fits(section, linear):
             left[leaf] += 1
             continue
-        low = _low_precision(section, linear, gathered)
+        low = _low_precision(section, recipe, linear, gathered)
         setattr(parent, attribute, low)
         swapped[leaf] += 1
         weights += linear.weight.numel()
@@ -206,7 +222,7 @@ def _swap_frozen(
     if not swapped:
         return
     report.weight_bytes = after
-    report.lines.append(f"{_kind(swapped)}: {_describe(section)}")
+    report.lines.append(f"{_kind(swapped)}: {_describe(section, recipe)}")
     if section.fp8:
         kept = "kept beside them" if not section.fp8_base_weights else "dropped"
         report.lines.append(
@@ -220,12 +236,14 @@ def _swap_frozen(
         )
 
 
-def _swap_banks(model: Decoder, section: PrecisionSection, report: PrecisionReport) -> str:
+def _swap_banks(
+    model: Decoder, section: PrecisionSection, recipe: Fp8Recipe | None, report: PrecisionReport
+) -> str:
     """Frozen expert banks to FP8 through the grouped kernel; says which banks stay and why."""
     banks = [module for module in model.modules() if isinstance(module, ExpertBank)]
     if not banks:
         return ""
-    if not section.fp8:
+    if recipe is None:
         return f"expert banks ({len(banks)}: no emulated FP4 expert product)"
     device = banks[0].gate_up_proj.device
     if device.type == "cuda" and not grouped_fp8_here(device):
@@ -238,7 +256,7 @@ def _swap_banks(model: Decoder, section: PrecisionSection, report: PrecisionRepo
             if weight.requires_grad or not fits_scaled_mm(weight.shape[2], weight.shape[1]):
                 trained += 1
                 continue
-            low = Fp8ExpertWeights(weight, rowwise)
+            low = Fp8ExpertWeights(weight, rowwise, recipe.forward)
             bank.low_precision[projection] = low
             if section.fp8_base_weights:
                 setattr(bank, projection, None)  # the FP8 copy is the only one
@@ -247,7 +265,8 @@ def _swap_banks(model: Decoder, section: PrecisionSection, report: PrecisionRepo
     if swapped:
         report.weight_bytes += weight_bytes
         report.lines.append(
-            f"expert banks: {swapped} projection(s) in FP8 (E4M3, {section.fp8_scaling}) "
+            f"expert banks: {swapped} projection(s) in FP8 ({FORMAT_NAMES[recipe.forward]}, "
+            f"{section.fp8_scaling}) "
             f"through torch._scaled_grouped_mm, {weight_bytes / GIB:.2f} GiB (bf16 values "
             f"{'dropped' if section.fp8_base_weights else 'kept beside them'})"
         )
@@ -320,10 +339,9 @@ def _fits(section: PrecisionSection, linear: nn.Linear) -> bool:
 
 
 def _low_precision(
-    section: PrecisionSection, linear: nn.Linear, gathered: bool
+    section: PrecisionSection, recipe: Fp8Recipe | None, linear: nn.Linear, gathered: bool
 ) -> LowPrecisionBase:
-    if section.fp8:
-        recipe = Fp8Recipe.of(section.fp8, section.fp8_scaling)
+    if recipe is not None:
         return Fp8Linear(linear, recipe, keep_weight=not section.fp8_base_weights)
     return Fp4Linear(
         linear, section.fp4_recipe, packed=section.fp4_param, keep_weight=False, sharded=gathered
@@ -334,9 +352,8 @@ def _kind(counts: Counter[str]) -> str:
     return "linears " + ", ".join(f"{name} ×{count}" for name, count in sorted(counts.items()))
 
 
-def _describe(section: PrecisionSection) -> str:
-    if section.fp8:
-        recipe = Fp8Recipe.of(section.fp8, section.fp8_scaling)
+def _describe(section: PrecisionSection, recipe: Fp8Recipe | None) -> str:
+    if recipe is not None:
         return f"FP8 ({recipe.describe()}) through torch._scaled_mm, weights quantised once"
     storage = "packed FP4 codes and scales" if section.fp4_param else "dequantised values"
     return (

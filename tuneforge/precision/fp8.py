@@ -10,6 +10,10 @@ import torch
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
+E4M3_FNUZ = torch.float8_e4m3fnuz
+E5M2_FNUZ = torch.float8_e5m2fnuz
+"""MI300's (gfx942) FP8 formats: no negative zero, one NaN, and E4M3's largest value 240."""
+FORMAT_NAMES = {E4M3: "E4M3", E5M2: "E5M2", E4M3_FNUZ: "E4M3 FNUZ", E5M2_FNUZ: "E5M2 FNUZ"}
 AMAX_FLOOR = 1e-12
 """An all-zero row or tensor gets this amax: its scale stays finite and its values zero."""
 SCALINGS = ("tensorwise", "rowwise")
@@ -31,16 +35,27 @@ class Fp8Recipe:
     scaling: str = "rowwise"
 
     @classmethod
-    def of(cls, fp8: str, scaling: str) -> "Fp8Recipe":
+    def of(cls, fp8: str, scaling: str, fnuz: bool = False) -> "Fp8Recipe":
+        """`fnuz`: MI300's formats (`fnuz_formats`) instead of the OCP ones."""
         if fp8 not in ("e4m3", "hybrid"):
             raise ValueError(f"precision.fp8 must be e4m3 or hybrid, not {fp8!r}")
         if scaling not in SCALINGS:
             raise ValueError(f"precision.fp8_scaling must be one of {SCALINGS}, not {scaling!r}")
-        return cls(E4M3, E5M2 if fp8 == "hybrid" else E4M3, scaling)
+        e4m3, e5m2 = (E4M3_FNUZ, E5M2_FNUZ) if fnuz else (E4M3, E5M2)
+        return cls(e4m3, e5m2 if fp8 == "hybrid" else e4m3, scaling)
 
     def describe(self) -> str:
-        names = {E4M3: "E4M3", E5M2: "E5M2"}
-        return f"{names[self.forward]} forward, {names[self.backward]} gradients, {self.scaling}"
+        forward, backward = FORMAT_NAMES[self.forward], FORMAT_NAMES[self.backward]
+        return f"{forward} forward, {backward} gradients, {self.scaling}"
+
+
+def fnuz_formats(device: torch.device) -> bool:
+    """Whether FP8 on `device` takes MI300's FNUZ formats: its tensor cores (gfx942) have no
+    others, where MI350 (gfx950) and NVIDIA's take the OCP E4M3 and E5M2."""
+    if device.type != "cuda" or not torch.version.hip:
+        return False
+    arch = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "") or ""
+    return arch.split(":")[0] == "gfx942"
 
 
 def quantize(

@@ -25,9 +25,11 @@ def grouped_fp8_here(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
-def _quantize_rows(values: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """E4M3 values and one fp32 scale per row (shared by all rows unless `rowwise`)."""
-    quantized, scale = quantize(values, E4M3, rowwise)
+def _quantize_rows(
+    values: torch.Tensor, rowwise: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`dtype` values and one fp32 scale per row (shared by all rows unless `rowwise`)."""
+    quantized, scale = quantize(values, dtype, rowwise)
     return quantized, scale.reshape(-1).expand(values.shape[0]).contiguous()
 
 
@@ -55,12 +57,13 @@ def _scaled_grouped_mm(left, right, left_scale, right_scale, offsets, out_dtype)
 
 
 class Fp8GroupedProduct(torch.autograd.Function):
-    """`rows` [M, in] sorted by expert; `weight` [E, out, in] E4M3 and `scale` [E, out]."""
+    """`rows` [M, in] sorted by expert; `weight` [E, out, in] E4M3 and `scale` [E, out]; the
+    rows quantised to the weight's format."""
 
     @staticmethod
     def forward(ctx, rows, weight, scale, offsets, rowwise: bool):
         flat = rows.reshape(-1, rows.shape[-1])
-        quantized, row_scale = _quantize_rows(flat, rowwise)
+        quantized, row_scale = _quantize_rows(flat, rowwise, weight.dtype)
         ctx.save_for_backward(weight, scale, offsets)
         ctx.rowwise = rowwise
         return _scaled_grouped_mm(
@@ -73,7 +76,7 @@ class Fp8GroupedProduct(torch.autograd.Function):
         rows = torch.arange(grad.shape[0], device=grad.device, dtype=offsets.dtype)
         expert_of_row = torch.searchsorted(offsets, rows, right=True)
         folded = grad.float() * scale[expert_of_row]
-        quantized, row_scale = _quantize_rows(folded, ctx.rowwise)
+        quantized, row_scale = _quantize_rows(folded, ctx.rowwise, weight.dtype)
         transposed = weight.transpose(-2, -1).contiguous()  # [E, in, out]: out contiguous
         ones = scale.new_ones(weight.shape[0], weight.shape[2])
         dx = _scaled_grouped_mm(
@@ -85,16 +88,17 @@ class Fp8GroupedProduct(torch.autograd.Function):
 class Fp8ExpertWeights(nn.Module):
     """One projection of a frozen expert bank (`ExpertBank.low_precision[projection]`), its
     weight [E, out, in] held in FP8 with per-output-channel scales (one scale where
-    `rowwise` is off). The buffers are not saved: checkpoints hold what trains."""
+    `rowwise` is off), as E4M3 (`dtype`: MI300's FNUZ E4M3 there). The buffers are not saved:
+    checkpoints hold what trains."""
 
     weight_fp8: torch.Tensor
     weight_scale: torch.Tensor
 
-    def __init__(self, weight: torch.Tensor, rowwise: bool) -> None:
+    def __init__(self, weight: torch.Tensor, rowwise: bool, dtype: torch.dtype = E4M3) -> None:
         super().__init__()
         self.rowwise = rowwise
         with torch.no_grad():
-            quantized, scale = quantize(weight, E4M3, rowwise)
+            quantized, scale = quantize(weight, dtype, rowwise)
         scale = scale.reshape(weight.shape[0], -1) if rowwise else scale.reshape(1, 1)
         self.register_buffer("weight_fp8", quantized, persistent=False)
         self.register_buffer("weight_scale", scale, persistent=False)

@@ -119,7 +119,7 @@ class Trainer:
             log.warning(advisory)
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
-        refuse_unsupported_precision(config.precision, self.device)
+        refuse_unsupported_precision(config.precision, self.device, config.model)
         require_trackers(config)
         if self.device.type == "cpu":
             threads = choose_cpu_threads(self.world.world_size)
