@@ -12,7 +12,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-import tuneforge.config.adapter_rules  # noqa: F401 - registers its rules
+# the rule modules register their rules on import
+import tuneforge.config.adapter_rules
+import tuneforge.config.precision_rules  # noqa: F401
 from tuneforge.config.errors import ConfigError, ConfigIssue
 from tuneforge.config.hub import HubError, HubName, looks_like_hub_id, resolve_snapshot
 from tuneforge.config.rules import check_rules
