@@ -28,7 +28,12 @@ from tuneforge.precision.fp8_experts import Fp8ExpertWeights, grouped_fp8_here
 from tuneforge.precision.fp8_training import Fp8TrainingLinear
 from tuneforge.precision.frozen_linear import Fp4Linear, Fp8Linear
 from tuneforge.precision.stacked_fp8 import stack_fp8_groups
-from tuneforge.precision.torchao_training import require_torchao, torchao_config, torchao_linear
+from tuneforge.precision.torchao_training import (
+    gathers_in_fp8,
+    require_torchao,
+    torchao_config,
+    torchao_linear,
+)
 
 
 @dataclass
@@ -181,10 +186,7 @@ def quantize_frozen_base(
 
 def _under_fsdp(model: Decoder, section: PrecisionSection, gathered: bool) -> str:
     trained = "in the model's dtype"
-    if any(
-        getattr(getattr(module, "config", None), "enable_fsdp_float8_all_gather", False)
-        for module in model.layers.modules()
-    ):  # torchao's Float8Linear with tensorwise scales
+    if gathers_in_fp8(model.layers):
         trained = "in FP8 (torchao's float8 all-gather)"
     if gathered:
         frozen = (

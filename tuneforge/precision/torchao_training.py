@@ -38,6 +38,14 @@ def torchao_linear(linear: nn.Linear, config) -> nn.Linear:
     return Float8Linear.from_float(linear, config=config)
 
 
+def gathers_in_fp8(module: nn.Module) -> bool:
+    """Whether any of `module`'s linears is torchao's with its weight all-gathered in FP8."""
+    return any(
+        getattr(getattr(child, "config", None), "enable_fsdp_float8_all_gather", False)
+        for child in module.modules()
+    )
+
+
 def require_torchao() -> None:
     try:
         import torchao.float8  # noqa: F401
