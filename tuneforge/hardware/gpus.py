@@ -69,6 +69,16 @@ def pick_device() -> "torch.device":
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def gfx_target(device: "torch.device") -> str:
+    """An AMD GPU's gfx target (`gfx942`, without its feature flags); "" elsewhere."""
+    import torch
+
+    if device.type != "cuda" or not torch.version.hip:
+        return ""
+    arch = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "") or ""
+    return arch.split(":")[0]
+
+
 def low_precision_cores(capability: tuple[int, int], arch: str = "") -> dict[str, bool]:
     """Whether a GPU's tensor cores compute in FP8 and in FP4: NVIDIA by compute capability
     (FP8 from Ada, 8.9, and Hopper, 9.0; FP4 from Blackwell, 10.0), AMD by its gfx target

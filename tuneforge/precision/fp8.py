@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tuneforge.hardware.gpus import gfx_target
+
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 E4M3_FNUZ = torch.float8_e4m3fnuz
@@ -52,10 +54,7 @@ class Fp8Recipe:
 def fnuz_formats(device: torch.device) -> bool:
     """Whether FP8 on `device` takes MI300's FNUZ formats: its tensor cores (gfx942) have no
     others, where MI350 (gfx950) and NVIDIA's take the OCP E4M3 and E5M2."""
-    if device.type != "cuda" or not torch.version.hip:
-        return False
-    arch = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "") or ""
-    return arch.split(":")[0] == "gfx942"
+    return gfx_target(device) == "gfx942"
 
 
 def quantize(

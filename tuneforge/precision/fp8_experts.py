@@ -12,6 +12,7 @@ Off CUDA (tests) the product of the dequantised operands, per expert, stands in 
 import torch
 from torch import nn
 
+from tuneforge.hardware.gpus import gfx_target
 from tuneforge.precision.fp8 import E4M3, quantize
 
 
@@ -20,8 +21,7 @@ def grouped_fp8_here(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
     if torch.version.hip:
-        arch = torch.cuda.get_device_properties(device).gcnArchName
-        return arch.split(":")[0] in ("gfx942", "gfx950")
+        return gfx_target(device) in ("gfx942", "gfx950")
     return torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
