@@ -174,6 +174,27 @@ def test_cudnn_attention_falls_back_where_cudnn_refuses():
     torch.testing.assert_close(expected[5], v[5].repeat_interleave(2, dim=0))
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_sdpa_over_padded_length_classes_matches_the_explicit_softmax(window):
+    """Documents of 1 to 11 tokens in three length classes, GQA and a narrower v (latent
+    attention's shape): outputs and gradients as `eager` computes them per document."""
+    from tuneforge.models import attention
+    from tuneforge.packed import PackedSequences
+
+    lengths = [5, 1, 7, 11, 2, 8]
+    packed = PackedSequences.from_lengths(lengths, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(34, 4, 16), (34, 2, 16), (34, 2, 12)]
+    inputs = [torch.randn(*shape, generator=generator, requires_grad=True) for shape in shapes]
+    out = attention.sdpa_attention(*inputs, packed, window=window, scale=0.3)
+    expected = attention.eager_attention(*inputs, packed, window=window, scale=0.3)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn(out.shape, generator=generator)
+    grads = torch.autograd.grad(out, inputs, grad)
+    for got, want in zip(grads, torch.autograd.grad(expected, inputs, grad), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_modules_built_on_meta_skip_their_initialisation_and_restore_it():
     from tuneforge.models.meta import on_meta
 

@@ -268,6 +268,8 @@ class PrecisionSection(Section):
     """Keep the frozen base weights only as FP4 codes and scales, dequantised at each use (requires fp4)."""
     fp4_param_gather: bool = False
     """All-gather weights in FP4 (requires fp4_param)."""
+    master_weights: bool | Literal["compensated"] = True
+    """Trained 16-bit weights (full fine-tuning, lora.modules_to_save): `true` keeps an fp32 master copy of each and fp32 AdamW states, computing in the model's dtype (under FSDP2 the shards are the fp32 masters); `false` keeps weights and AdamW states in the model's dtype only (half the optimizer memory, but updates below half a bf16 step are lost); `compensated` keeps the weights in the model's dtype plus a same-size remainder of what rounding took off (Kahan), with fp32 states."""
 
 
 class DpoSection(Section):

@@ -3,12 +3,15 @@
 Backends, all taking q [T, H, D] and k, v [T, H_kv, D]:
 - `flash4`: FlashAttention-4's kernels for Hopper and Blackwell (`flash-attn-4`, optional), GQA native;
 - `varlen`: flash kernels through `torch.nn.attention.varlen.varlen_attn` (CUDA), GQA native;
-- `sdpa`: `scaled_dot_product_attention` once per document;
-- `cudnn`: the same through cuDNN's fused attention kernels (CUDA);
+- `sdpa`: `scaled_dot_product_attention` over documents padded into batches of similar length
+  (any dtype: the fp32 path's backend on a GPU);
+- `cudnn`: `scaled_dot_product_attention` once per document through cuDNN's fused attention
+  kernels (CUDA);
 - `eager`: the explicit softmax(q kᵀ / √d) v per document, the reference.
 """
 
 import inspect
+import itertools
 import logging
 import math
 from collections.abc import Callable
@@ -37,6 +40,41 @@ def visible(length: int, window: int | None, device: torch.device) -> torch.Tens
 
 
 def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packed: PackedSequences,
+    window: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Documents of similar length (the same power of two) padded into one batch per length
+    class, each batch one `scaled_dot_product_attention` call with a causal mask that also
+    hides the padding: a handful of calls per layer instead of one per document."""
+    lengths = packed.lengths()
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # the masked kernels of every dtype take K/V at the queries' head count
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    starts = [0, *itertools.accumulate(lengths)][:-1]
+    classes: dict[int, list[int]] = {}
+    for document, length in enumerate(lengths):
+        if length:
+            classes.setdefault(1 << (length - 1).bit_length(), []).append(document)
+    for width, documents in classes.items():
+        start = torch.tensor([starts[d] for d in documents], device=q.device)
+        ends = torch.tensor([lengths[d] for d in documents], device=q.device)[:, None]
+        position = torch.arange(width, device=q.device)
+        # padding repeats a document's last token: its rows are dropped, its keys hidden
+        index = start[:, None] + torch.minimum(position[None, :], ends - 1)
+        real = position[None, :] < ends
+        mask = visible(width, window, q.device)[None] & real[:, None, :]
+        qd, kd, vd = (t[index].transpose(1, 2) for t in (q, k, v))  # [B, H, W, D]
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask[:, None], scale=scale)
+        out[index[real]] = od.transpose(1, 2)[real]
+    return out
+
+
+def _sdpa_per_document(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -81,8 +119,8 @@ def cudnn_attention(
         SDPBackend.EFFICIENT_ATTENTION,
         SDPBackend.MATH,
     ]
-    with sdpa_kernel(preferred, set_priority=True):
-        return sdpa_attention(q, k, v, packed, window, scale)
+    with sdpa_kernel(preferred, set_priority=True):  # cuDNN takes causal masks, not others
+        return _sdpa_per_document(q, k, v, packed, window, scale)
 
 
 def eager_attention(

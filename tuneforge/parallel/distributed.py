@@ -15,6 +15,7 @@ from torch.distributed.fsdp import FSDPModule
 from tuneforge.config.schema import ParallelSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.plan.policies import reshard_after_forward
+from tuneforge.precision.trained_weights import LOW_PRECISION
 
 CPU = torch.device("cpu")
 
@@ -80,12 +81,14 @@ def parallelize(
     strategy: str,
     parallel: ParallelSection,
     world: Dist,
+    fp32_shards: bool = False,
 ) -> nn.Module:
     """Wrap `root` (which runs `blocks`) for the strategy; the returned module is what forward
     and backward run through. FSDP2 shards each block and then the root (embedding, final norm,
-    output layer), with parameters and compute in the model's dtype and reductions in fp32
-    (or the model's dtype). Under ZeRO-3 the last block and the root keep their parameters
-    gathered after forward: backward needs them at once."""
+    output layer), computing in the model's dtype with reductions in fp32 (or the model's
+    dtype); with `fp32_shards` the trained 16-bit parameters are held as fp32 shards, the
+    master weights, all-gathered in the model's dtype. Under ZeRO-3 the last block and the
+    root keep their parameters gathered after forward: backward needs them at once."""
     if strategy == "single":
         return root
     if strategy == "ddp":
@@ -98,6 +101,10 @@ def parallelize(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dtype = next(root.parameters()).dtype
+    if fp32_shards:
+        for param in root.parameters():
+            if param.requires_grad and param.dtype in LOW_PRECISION:
+                param.data = param.data.float()
     reduce_dtype = torch.float32 if parallel.reduce_dtype == "float32" else dtype
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
     reshard = reshard_after_forward(parallel)

@@ -19,9 +19,15 @@ from tuneforge.runs.files import ADAPTER_DIR, BASE_DIR, FINAL_DIR
 
 
 def save_final(
-    run_dir: Path, model: Decoder, tokenizer, base_model: str, write: bool = True
+    run_dir: Path,
+    model: Decoder,
+    tokenizer,
+    base_model: str,
+    write: bool = True,
+    dtype: str | None = None,
 ) -> Path:
-    """The adapter (PEFT layout) for LoRA runs, else the full model (HF layout with tokenizer).
+    """The adapter (PEFT layout) for LoRA runs, else the full model (HF layout with tokenizer),
+    its weights in `dtype` (the model's: FSDP2's fp32 master shards are saved rounded to it).
     Under FSDP every rank calls it and one writes (`write`)."""
     out = run_dir / (ADAPTER_DIR if lora_modules(model) else FINAL_DIR)
     carry_on = "run the same command with --resume auto to redo the steps since the last checkpoint"
@@ -29,7 +35,7 @@ def save_final(
         if out.name == ADAPTER_DIR:
             save_adapter(model, out, base_model, write=write)
         else:
-            save_hf_model(model, out, write=write)
+            save_hf_model(model, out, dtype, write=write)
         if write:
             tokenizer.save_pretrained(str(out))
     return out

@@ -1,6 +1,7 @@
 """Step checkpoints for exact resume: model (or adapter) and optimizer state through
 `torch.distributed.checkpoint` (sharded, reshards on load), the loop state as JSON, and the RNG
-state of every rank.
+state of every rank. Weights the run keeps an accurate copy of (fp32 masters) are saved as that
+copy, whatever the strategy.
 
 A checkpoint is written to `checkpoints/.step_N.partial` and renamed to `checkpoints/step_N`
 only when every rank has finished, then `checkpoints/latest` is pointed at it and older ones
@@ -45,6 +46,7 @@ from tuneforge.train.checkpoint_reader import (
     SafeReader,
     read_metadata_file,
 )
+from tuneforge.train.master_adamw import accurate_weights, split_accurate_weights
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,7 @@ def save_checkpoint(
     final = root / f"step_{state.step}"
     partial = root / f".step_{state.step}.partial"
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
+    accurate_weights(model_state, optimizer_state)
     content = {"model": model_state, "optim": optimizer_state}
     needed = _expected_size(root, content)
     _refuse_without_room(root, needed, state.step, world)
@@ -271,6 +274,7 @@ def load_checkpoint(
 ) -> LoopState:
     """Restore weights, optimizer and this rank's RNG (when the checkpoint has this rank)."""
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
+    parts = accurate_weights(model_state, optimizer_state)
     state = {"model": model_state, "optim": optimizer_state}
     weights = checkpoint / WEIGHTS_DIR
     metadata = read_metadata_file(weights / ".metadata")  # refused or damaged: said at once
@@ -284,6 +288,7 @@ def load_checkpoint(
             )
     except CheckpointException as error:  # a BaseException, with every rank's traceback in it
         raise _read_failure(checkpoint, error) from None
+    split_accurate_weights(model_state, optimizer_state, parts)
     set_state_dict(
         model,
         optimizer,

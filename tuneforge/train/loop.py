@@ -38,6 +38,7 @@ from tuneforge.precision.apply import (
     apply_precision,
     refuse_unsupported_precision,
 )
+from tuneforge.precision.trained_weights import LOW_PRECISION, TrainedWeights
 from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE
 from tuneforge.runs.outputs import save_base, save_final
 from tuneforge.runs.pace import WARMUP_STEPS
@@ -162,12 +163,19 @@ class Trainer:
             embedding_to_host(self.model, self.world.world_size)
         wrap_blocks(self.model, BlockWrapping.of(train))
         objective = build_objective(train, self.model, config, reference, teacher)
+        weights = TrainedWeights.of(config.precision.master_weights, config.model.dtype)
+        self._log_trained_weights(weights, sharded)
         self.objective = parallelize(
-            objective, self.model.layers, self.strategy, config.parallel, self.world
+            objective,
+            self.model.layers,
+            self.strategy,
+            config.parallel,
+            self.world,
+            fp32_shards=weights.fp32_shards(sharded),
         )
         stack_frozen_weights(self.model)  # where unsharded: q, k and v as one GEMM
         release_cached_memory(self.device)
-        self.optimizer = build_optimizer(self.model, train, self.device)
+        self.optimizer = build_optimizer(self.model, train, self.device, weights)
         self.total_steps = self._total_steps()
         self.metrics = MetricsLog.of(config, self.run_dir) if self.world.is_main else None
         self.progress = Progress()
@@ -178,6 +186,11 @@ class Trainer:
             (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
         # after the resume: a captured step keeps the optimizer's state tensors
         self.queue_step = StepRunner(self.objective, self.model, self.optimizer, train, self.device)
+
+    def _log_trained_weights(self, weights: TrainedWeights, sharded: bool) -> None:
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        if any(p.dtype in LOW_PRECISION for p in trained):
+            log.info("trained weights: %s", weights.describe(sharded))
 
     def _prepare_run_dir(self) -> Path | None:
         return prepare_run_dir(
@@ -382,7 +395,12 @@ class Trainer:
         out = None
         if self.config.checkpoint.save_final:
             out = save_final(
-                self.run_dir, self.model, self.tokenizer, self.base_model, write=self.world.is_main
+                self.run_dir,
+                self.model,
+                self.tokenizer,
+                self.base_model,
+                write=self.world.is_main,
+                dtype=self.config.model.dtype,
             )
         if self.world.is_main:
             (self.run_dir / FINISHED_FILE).write_text(f"{self.progress.step}\n")

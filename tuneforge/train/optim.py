@@ -1,4 +1,5 @@
-"""AdamW with decay only on matrices, and the learning-rate schedule as a pure function of the step."""
+"""AdamW with decay only on matrices (over fp32 masters of 16-bit weights where the run keeps
+them), and the learning-rate schedule as a pure function of the step."""
 
 import math
 
@@ -6,11 +7,17 @@ import torch
 from torch import nn
 
 from tuneforge.config.schema import TrainSection
+from tuneforge.precision.trained_weights import LOW_PRECISION, TrainedWeights
+from tuneforge.train.master_adamw import MasterAdamW
 
 
 def build_optimizer(
-    model: nn.Module, train: TrainSection, device: torch.device
-) -> torch.optim.AdamW:
+    model: nn.Module,
+    train: TrainSection,
+    device: torch.device,
+    weights: TrainedWeights | None = None,
+) -> torch.optim.Optimizer:
+    """`weights`: what the run keeps of its trained 16-bit weights (None: nothing beside them)."""
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for param in model.parameters():
@@ -21,8 +28,19 @@ def build_optimizer(
         {"params": decay, "weight_decay": train.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    groups = [group for group in groups if group["params"]]
+    update = weights.optimizer_update if weights is not None else None
+    if update is not None and any(p.dtype in LOW_PRECISION for p in decay + no_decay):
+        return MasterAdamW(
+            groups,
+            lr=train.lr,
+            betas=train.betas,
+            eps=train.eps,
+            weight_decay=train.weight_decay,
+            update=update,
+        )
     return torch.optim.AdamW(
-        [group for group in groups if group["params"]],
+        groups,
         lr=train.lr,
         betas=train.betas,
         eps=train.eps,
