@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 
 from tests.cli_runs import DEMO, MODES, REPO, finish, losses, overrides, wait_for_step
 
@@ -45,6 +46,35 @@ def test_two_ranks_give_the_losses_of_one(tmp_path, one_process, strategy):
     assert losses(run) == pytest.approx(one_process, rel=1e-5, abs=1e-6)
     if strategy == "auto":
         assert "parallel.strategy auto: fsdp" in out + err
+
+
+MASTER = ["model.dtype=bfloat16", "precision.master_weights=true"]
+
+
+@pytest.fixture(scope="module")
+def one_process_master(tmp_path_factory):
+    run = tmp_path_factory.mktemp("one-master") / "run"
+    finish(launch(run, 1, *MASTER))
+    return losses(run)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_master_weights_on_two_ranks_train_as_on_one_and_save_bf16(
+    tmp_path, one_process_master, strategy
+):
+    """bf16 compute over fp32 masters: MasterAdamW on one process and under DDP, fp32 shards
+    under FSDP2. The ranks' bf16 gradients are summed in another order (DDP) or in fp32 (FSDP2)
+    than one process's accumulation: equal to rounding, not bit for bit."""
+    run = tmp_path / "run"
+    process = launch(run, 2, *MASTER, "train.grad_accum_steps=1", f"parallel.strategy={strategy}")
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, out + err
+    assert losses(run) == pytest.approx(one_process_master, rel=2e-3)
+    text = " ".join((out + err).split())
+    assert "trained weights: fp32 master" in text
+    assert ("FSDP2 shards" in text) == (strategy == "fsdp")
+    with safe_open(run / "final" / "model.safetensors", "pt") as saved:
+        assert {saved.get_slice(name).get_dtype() for name in saved} == {"BF16"}
 
 
 def test_two_zero2_ranks_accumulating_give_the_losses_of_one(tmp_path):
@@ -89,17 +119,21 @@ def test_two_lora_ranks_resume_exactly(tmp_path):
     assert losses(run) == losses(reference)
 
 
-def test_two_ranks_resume_exactly_and_on_one_rank(tmp_path):
+@pytest.mark.parametrize("precision", [[], MASTER], ids=["fp32", "bf16-master"])
+def test_two_ranks_resume_exactly_and_on_one_rank(tmp_path, precision):
+    """With master weights the checkpoint holds the fp32 shards, and one process resumes from
+    them into its bf16 weights and fp32 masters."""
+    fsdp = ["train.grad_accum_steps=1", "parallel.strategy=fsdp", *precision]
     reference = tmp_path / "straight"
-    finish(launch(reference, 2, "train.grad_accum_steps=1", "parallel.strategy=fsdp"))
+    finish(launch(reference, 2, *fsdp))
     run = tmp_path / "run"
-    process = launch(run, 2, "train.grad_accum_steps=1", "parallel.strategy=fsdp")
+    process = launch(run, 2, *fsdp)
     wait_for_step(run, 5, process)
     process.send_signal(signal.SIGKILL)
     process.wait()
     subprocess.run(["pkill", "-9", "-f", str(run)], check=False)  # the ranks torchrun started
     assert json.loads((run / "checkpoints" / "latest").read_text())["step"] == 4
-    finish(launch(run, 2, "train.grad_accum_steps=1", "parallel.strategy=fsdp", resume=True))
+    finish(launch(run, 2, *fsdp, resume=True))
     assert losses(run) == losses(reference)
     # a checkpoint of two FSDP ranks reshards onto one process (two micro-batches per step)
     (run / "finished").unlink()
@@ -107,7 +141,7 @@ def test_two_ranks_resume_exactly_and_on_one_rank(tmp_path):
         if step_dir.name != "step_6":
             continue
         (run / "checkpoints" / "latest").write_text(json.dumps({"step": 6, "path": "step_6"}))
-    finish(launch(run, 1, "train.max_steps=8", resume=True))
+    finish(launch(run, 1, "train.max_steps=8", *precision, resume=True))
     assert losses(run)[6:] == pytest.approx(losses(reference)[6:], rel=1e-4)
 
 

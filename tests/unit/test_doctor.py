@@ -7,6 +7,7 @@ import pytest
 
 from tuneforge.doctor.log_scan import scan_log
 from tuneforge.doctor.oom import allocator_variable, diagnose
+from tuneforge.models.catalog import catalog_shape
 
 CUDA_FRAGMENTED = """Traceback (most recent call last):
   File "train.py", line 12, in <module>
@@ -231,6 +232,29 @@ def test_with_a_config_each_remedy_is_sized_by_the_planner(tmp_path):
     budget = next(line for line in compiled if line.startswith("a memory budget of 0.8"))
     before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", budget)[0])
     assert after < before
+
+
+def test_a_full_fine_tune_over_master_weights_is_offered_the_lighter_ways(tmp_path):
+    """Qwen3-8B on one GPU: fp32 masters and fp32 m and v are 12 bytes a parameter; a bf16
+    remainder with fp32 m and v 10, bf16 m and v 4 (8.2 B parameters: -15.3 and -61.1 GiB)."""
+    from tuneforge.doctor.oom_plan import remedies
+
+    config = qwen3_8b_config(
+        tmp_path,
+        "model: {name: qwen3-8b, dtype: bfloat16}",
+        "train: {tokens_per_micro_batch: 8192}",
+    )
+    lines = remedies(config, [], gpus=1, capacity_gib=139.8)
+    saved = {}
+    for name in ("compensated", "false"):
+        line = next(line for line in lines if f"precision.master_weights: {name}" in line)
+        saved[name] = float(re.findall(r"\(([-+][\d.]+)\)", line)[0])
+    params = catalog_shape("qwen3-8b").num_params()
+    assert saved["compensated"] == pytest.approx(-2 * params / 2**30, abs=0.06)
+    assert saved["false"] == pytest.approx(-8 * params / 2**30, abs=0.06)
+    assert not any(
+        "master_weights" in line for line in remedies(config, ["lora.enabled=true"], 1, 80.0)
+    )
 
 
 class _Board:

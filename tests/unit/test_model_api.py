@@ -140,7 +140,8 @@ def test_flash4_operators_report_their_output_shapes_without_running():
 
 def test_auto_attention_picks_by_dtype_and_head_size(monkeypatch):
     """On a GPU where both flash backends run: bf16 with a head size the kernels take gets
-    FlashAttention-4, float32 (which no flash kernel takes) gets SDPA, a head size over 256 too."""
+    FlashAttention-4, float32 (which no flash kernel takes) gets SDPA over padded length classes, a head size
+    over 256 too."""
     from tuneforge.models import attention, flash4
 
     monkeypatch.setattr(flash4, "available", lambda device: True)
@@ -148,8 +149,8 @@ def test_auto_attention_picks_by_dtype_and_head_size(monkeypatch):
     monkeypatch.setattr(attention, "varlen_available", lambda device: True)
     gpu = torch.device("cuda")
     assert attention.resolve_backend("auto", gpu, torch.bfloat16, 128) == "flash4"
-    assert attention.resolve_backend("auto", gpu, torch.float32, 128) == "sdpa"
-    assert attention.resolve_backend("auto", gpu, torch.bfloat16, 512) == "sdpa"
+    assert attention.resolve_backend("auto", gpu, torch.float32, 128) == "sdpa_padded"
+    assert attention.resolve_backend("auto", gpu, torch.bfloat16, 512) == "sdpa_padded"
     monkeypatch.setattr(flash4, "supports", lambda head_dim, device: head_dim <= 128)
     assert attention.resolve_backend("auto", gpu, torch.float16, 256) == "varlen"
     with pytest.raises(ValueError, match="bfloat16 or float16"):
@@ -186,7 +187,7 @@ def test_sdpa_over_padded_length_classes_matches_the_explicit_softmax(window):
     generator = torch.Generator().manual_seed(0)
     shapes = [(34, 4, 16), (34, 2, 16), (34, 2, 12)]
     inputs = [torch.randn(*shape, generator=generator, requires_grad=True) for shape in shapes]
-    out = attention.sdpa_attention(*inputs, packed, window=window, scale=0.3)
+    out = attention.padded_sdpa_attention(*inputs, packed, window=window, scale=0.3)
     expected = attention.eager_attention(*inputs, packed, window=window, scale=0.3)
     torch.testing.assert_close(out, expected)
     grad = torch.randn(out.shape, generator=generator)

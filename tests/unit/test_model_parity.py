@@ -23,7 +23,7 @@ def hf_logits_per_document(hf_model, docs):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_padded", "eager"])
 def test_packed_logits_match_separate_hf_forwards(tmp_path, family, backend):
     hf_model = save_tiny_model(tmp_path, family)
     ours = load_hf_model(tmp_path, "float32", backend)

@@ -69,7 +69,7 @@ def test_static_bytes_are_the_real_parameter_bytes():
 def test_report_qwen3_8b_zero2_on_8_gpus_of_64_gib():
     """≈30 GiB of static tensors (bf16 weights, fp32 master and AdamW sharded 8 ways), and
     gradient checkpointing needed at long sequences."""
-    hardware = Hardware(gpus=8, gpu="MI250X", master_weights=True)
+    hardware = Hardware(gpus=8, gpu="MI250X")
     plan = plan_run(qwen3_8b(), hardware)
     assert 28 <= plan.memory.static / GIB <= 31
     assert plan.gradient_checkpointing_needed and not plan.fits
@@ -605,3 +605,20 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_log
     assert "cached logits" in distill.objective and "512 bytes per supervised token" in (
         distill.objective
     )
+
+
+@pytest.mark.parametrize(
+    ("master_weights", "extra_bytes"), [(False, 0), (True, 8), ("compensated", 6)]
+)
+def test_the_optimizer_counts_what_master_weights_keep(master_weights, extra_bytes):
+    """Against pure bf16 (m and v in bf16: 4 bytes a parameter): fp32 masters and fp32 m and v
+    add 8 bytes, a bf16 remainder and fp32 m and v 6 — as measured on the 1B shape (+8.0, +6.0
+    bytes a parameter, bench/RESULTS.md)."""
+    one_gpu = Hardware(gpus=1, gpu="H100")
+    args = ["model.name=llama-3.2-1b", "model.dtype=bfloat16"]
+    pure = plan_run(load_config(DEMO, [*args, "precision.master_weights=false"]), one_gpu)
+    plan = plan_run(
+        load_config(DEMO, [*args, f"precision.master_weights={master_weights}"]), one_gpu
+    )
+    params = catalog_shape("llama-3.2-1b").num_params()
+    assert plan.memory.optimizer - pure.memory.optimizer == pytest.approx(extra_bytes * params)

@@ -37,8 +37,12 @@ def plan_command(
         Path | None, typer.Option(help="A measured run directory: use its MFU.")
     ] = None,
     master_weights: Annotated[
-        bool, typer.Option(help="Count fp32 master weights and AdamW states (DeepSpeed-style).")
-    ] = False,
+        bool | None,
+        typer.Option(
+            help="Set precision.master_weights (true: fp32 masters and AdamW states; false: "
+            "states in the weights' dtype); the configuration's value otherwise."
+        ),
+    ] = None,
     no_data: Annotated[
         bool, typer.Option(help="Do not tokenise the data for its lengths.")
     ] = False,
@@ -61,7 +65,9 @@ def plan_command(
     except ValueError as error:
         raise TuneforgeError(f"--time-limit: {error}") from None
     mfu = measured_mfu(calibrate) if calibrate is not None else None
-    hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit, mfu, master_weights)
+    hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit, mfu)
+    if master_weights is not None:
+        overrides = [*(overrides or []), f"precision.master_weights={str(master_weights).lower()}"]
     lengths = None if no_data else record_lengths(config, overrides or [])
     plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
     if as_json:

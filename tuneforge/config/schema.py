@@ -1,9 +1,7 @@
 """The typed tree of one run's configuration. YAML only fills it; unknown keys are errors.
-
 Each field's docstring is its help text (shown by `tuneforge config fields` and in errors).
-Paths marked `InputPath` are read by the run; when relative they resolve against the
-directory of the YAML file that set them. `run.output_dir` resolves against the working directory.
-"""
+Paths marked `InputPath` are read by the run, relative ones against the directory of the YAML
+file that set them; `run.output_dir` resolves against the working directory."""
 
 import typing
 from pathlib import Path

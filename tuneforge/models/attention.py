@@ -3,10 +3,10 @@
 Backends, all taking q [T, H, D] and k, v [T, H_kv, D]:
 - `flash4`: FlashAttention-4's kernels for Hopper and Blackwell (`flash-attn-4`, optional), GQA native;
 - `varlen`: flash kernels through `torch.nn.attention.varlen.varlen_attn` (CUDA), GQA native;
-- `sdpa`: `scaled_dot_product_attention` over documents padded into batches of similar length
-  (any dtype: the fp32 path's backend on a GPU);
-- `cudnn`: `scaled_dot_product_attention` once per document through cuDNN's fused attention
-  kernels (CUDA);
+- `sdpa`: `scaled_dot_product_attention` once per document;
+- `sdpa_padded`: the same over documents padded into one batch per length class: a few calls per
+  layer instead of one per document (fp32 and other dtypes flash kernels refuse, on a GPU);
+- `cudnn`: `sdpa` through cuDNN's fused attention kernels (CUDA);
 - `eager`: the explicit softmax(q kᵀ / √d) v per document, the reference.
 """
 
@@ -39,7 +39,7 @@ def visible(length: int, window: int | None, device: torch.device) -> torch.Tens
     return mask if window is None else mask & (distance < window)
 
 
-def sdpa_attention(
+def padded_sdpa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -74,7 +74,7 @@ def sdpa_attention(
     return out
 
 
-def _sdpa_per_document(
+def sdpa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -120,7 +120,7 @@ def cudnn_attention(
         SDPBackend.MATH,
     ]
     with sdpa_kernel(preferred, set_priority=True):  # cuDNN takes causal masks, not others
-        return _sdpa_per_document(q, k, v, packed, window, scale)
+        return sdpa_attention(q, k, v, packed, window, scale)
 
 
 def eager_attention(
@@ -194,6 +194,7 @@ BACKENDS: dict[str, AttentionFn] = {
     "flash4": flash4_attention,
     "varlen": varlen_attention,
     "sdpa": sdpa_attention,
+    "sdpa_padded": padded_sdpa_attention,
     "cudnn": cudnn_attention,
     "eager": eager_attention,
 }
@@ -226,7 +227,8 @@ def resolve_backend(
 ) -> str:
     """The backend that will run: `auto` becomes `flash4` where its package is installed and the
     GPU, dtype and head size are ones it takes (and the model's attention is `plain`: no
-    sliding window, no latent attention), else `varlen` where that works, else `sdpa`. `flash4`
+    sliding window, no latent attention), else `varlen` where that works, else `sdpa_padded`
+    on a GPU (fp32, head sizes flash refuses) and `sdpa` on the CPU. `flash4`
     asked for where it cannot run is an error, not a silent fallback."""
     flash_ok = dtype in FLASH_DTYPES and head_dim <= FLASH_MAX_HEAD_DIM
     if name == "flash4" and not plain:
@@ -247,8 +249,8 @@ def resolve_backend(
         )
     if name != "auto":
         return name
-    if not flash_ok:
-        return "sdpa"
+    if not flash_ok:  # one call per document would leave a GPU waiting on the host
+        return "sdpa_padded" if device.type == "cuda" else "sdpa"
     if flash4.available(device) and flash4.supports(head_dim, device) and plain:
         return "flash4"
     return "varlen" if varlen_available(device) else "sdpa"

@@ -2,10 +2,10 @@
 
 Static tensors: weights, gradients and optimizer states, sharded as the data-parallel stage
 says (0: DDP or one GPU; 1: optimizer states sharded; 2: gradients too; 3: weights too — FSDP2
-with `reshard_after_forward=False` peaks like 2, with True like 3). `pure` precision is what
-tuneforge's trainer does (gradients and AdamW states in the weights' dtype); `fp32-master` is the
-bf16 mixed precision of DeepSpeed and others (fp32 master weights, m and v). LoRA adapters are
-fp32 with their own gradients and optimizer; the frozen base has neither.
+with `reshard_after_forward=False` peaks like 2, with True like 3). What the optimizer keeps
+beside trained 16-bit weights is `precision.master_weights`' (`TrainedWeights`): fp32 masters
+and AdamW states, a remainder and fp32 states, or states in the weights' dtype. LoRA adapters
+are fp32 with their own gradients and optimizer; the frozen base has neither.
 
 Activations come from the model's per-layer cost formulas (by checkpointing mode, frozen or
 training base, eager or compiled blocks) for one micro-batch, plus eager attention's score
@@ -30,6 +30,7 @@ from tuneforge.models.cost import (
 )
 from tuneforge.plan.base_weights import BaseWeights
 from tuneforge.plan.policies import offloaded_blocks, recomputed_blocks
+from tuneforge.precision.trained_weights import TrainedWeights
 
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
 COLLECTIVE_BUFFERS_GIB = 0.5
@@ -61,7 +62,8 @@ class Setup:
     """Mean document length: eager attention keeps one score matrix per document."""
     data_parallel: int = 1
     zero_stage: int = 0
-    precision: str = "pure"
+    trained: TrainedWeights = field(default_factory=lambda: TrainedWeights("pure", "bfloat16"))
+    """What the optimizer keeps beside the trained weights (full fine-tuning)."""
     platform: str = "cuda"
     grad_accum_steps: int = 1
     """Above 1, gradients stay allocated through the forward of the later micro-batches."""
@@ -149,7 +151,7 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
         gradients = adapters * 4 / (shard if stage >= 2 else 1)
         optimizer = adapters * 8 / (shard if stage >= 1 else 1)
     else:
-        master = 12 if setup.precision == "fp32-master" else 2 * b  # (master +) m + v
+        master = setup.trained.extra_bytes_per_param(b)  # (master or remainder +) m + v
         weights = total * b / (shard if stage >= 3 else 1)
         gradients = total * b / (shard if stage >= 2 else 1)
         optimizer = total * master / (shard if stage >= 1 else 1)

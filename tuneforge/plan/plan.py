@@ -20,9 +20,6 @@ class Hardware:
     memory_gib: float | None = None
     time_limit_s: float | None = None
     mfu: float | None = None
-    master_weights: bool = False
-    """Count fp32 master weights and AdamW states, as DeepSpeed's bf16 mixed precision keeps
-    them (tuneforge keeps states in the weights' dtype)."""
 
     @property
     def data_parallel(self) -> int:

@@ -40,6 +40,7 @@ from tuneforge.plan.workload import (
     epoch_workload,
     mean_document_length,
 )
+from tuneforge.precision.trained_weights import TrainedWeights
 from tuneforge.runs.files import read_metrics
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         mean_doc_len=mean_doc_len,
         data_parallel=hardware.data_parallel,
         zero_stage=stage,
-        precision="fp32-master" if hardware.master_weights else "pure",
+        trained=TrainedWeights.of(config.precision.master_weights, config.model.dtype),
         platform=hardware.platform,
         grad_accum_steps=config.train.grad_accum_steps,
         loss_chunk_tokens=config.train.loss_chunk_tokens,

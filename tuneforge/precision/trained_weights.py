@@ -9,6 +9,7 @@ rounding took off it (Kahan), so that weight + remainder is the accurate value, 
 states; `pure` keeps weights and states in the weights' dtype, as a plain optimizer over bf16
 parameters does."""
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +18,8 @@ import torch
 Kind = Literal["master", "compensated", "pure", "full"]
 """`full`: the model is fp32 (LoRA adapters are fp32 in any model: only 16-bit weights that
 train, those of full fine-tuning or `lora.modules_to_save`, are concerned)."""
+
+log = logging.getLogger(__name__)
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -56,6 +59,12 @@ class TrainedWeights:
         if self.kind == "full":
             return 8
         return 2 * param_bytes  # m and v in the weights' dtype
+
+    def log(self, model: torch.nn.Module, sharded: bool) -> None:
+        """Say in the training log what the run keeps of its trained 16-bit weights, if any."""
+        trained = [p for p in model.parameters() if p.requires_grad]
+        if any(p.dtype in LOW_PRECISION for p in trained):
+            log.info("trained weights: %s", self.describe(sharded))
 
     def describe(self, sharded: bool = False) -> str:
         low = DTYPE_NAMES.get(self.dtype, self.dtype)

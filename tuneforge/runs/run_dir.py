@@ -37,6 +37,7 @@ RUN_SETTINGS = (
     ("precision", "fp8_base_weights"),
     ("precision", "fp4"),
     ("precision", "fp4_param"),
+    ("precision", "master_weights"),
 )
 """Settings the schedule or the memory of a run depends on: a resume may not change them
 silently."""

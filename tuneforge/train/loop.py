@@ -34,11 +34,8 @@ from tuneforge.peft.adapter_io import continue_adapter
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.selection import lora_shape
 from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.precision.apply import (
-    apply_precision,
-    refuse_unsupported_precision,
-)
-from tuneforge.precision.trained_weights import LOW_PRECISION, TrainedWeights
+from tuneforge.precision.apply import apply_precision, refuse_unsupported_precision
+from tuneforge.precision.trained_weights import TrainedWeights
 from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE
 from tuneforge.runs.outputs import save_base, save_final
 from tuneforge.runs.pace import WARMUP_STEPS
@@ -164,14 +161,10 @@ class Trainer:
         wrap_blocks(self.model, BlockWrapping.of(train))
         objective = build_objective(train, self.model, config, reference, teacher)
         weights = TrainedWeights.of(config.precision.master_weights, config.model.dtype)
-        self._log_trained_weights(weights, sharded)
+        weights.log(self.model, sharded)
+        shards = weights.fp32_shards(sharded)
         self.objective = parallelize(
-            objective,
-            self.model.layers,
-            self.strategy,
-            config.parallel,
-            self.world,
-            fp32_shards=weights.fp32_shards(sharded),
+            objective, self.model.layers, self.strategy, config.parallel, self.world, shards
         )
         stack_frozen_weights(self.model)  # where unsharded: q, k and v as one GEMM
         release_cached_memory(self.device)
@@ -186,11 +179,6 @@ class Trainer:
             (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
         # after the resume: a captured step keeps the optimizer's state tensors
         self.queue_step = StepRunner(self.objective, self.model, self.optimizer, train, self.device)
-
-    def _log_trained_weights(self, weights: TrainedWeights, sharded: bool) -> None:
-        trained = [p for p in self.model.parameters() if p.requires_grad]
-        if any(p.dtype in LOW_PRECISION for p in trained):
-            log.info("trained weights: %s", weights.describe(sharded))
 
     def _prepare_run_dir(self) -> Path | None:
         return prepare_run_dir(
@@ -392,16 +380,10 @@ class Trainer:
 
     def save(self) -> Path | None:
         """The final weights (or adapter); marks the run finished."""
-        out = None
+        out, main = None, self.world.is_main
         if self.config.checkpoint.save_final:
-            out = save_final(
-                self.run_dir,
-                self.model,
-                self.tokenizer,
-                self.base_model,
-                write=self.world.is_main,
-                dtype=self.config.model.dtype,
-            )
+            model, dtype = self.model, self.config.model.dtype  # FSDP2's fp32 masters rounded
+            out = save_final(self.run_dir, model, self.tokenizer, self.base_model, main, dtype)
         if self.world.is_main:
             (self.run_dir / FINISHED_FILE).write_text(f"{self.progress.step}\n")
             if self.metrics is not None:
