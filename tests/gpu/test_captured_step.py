@@ -10,6 +10,8 @@ from tuneforge.config.schema import TrainSection
 from tuneforge.models.api import load_model
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora
+from tuneforge.precision.trained_weights import TrainedWeights
+from tuneforge.train.master_adamw import MasterAdamW
 from tuneforge.train.objective import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import StepRunner
@@ -28,18 +30,26 @@ def batches() -> list:
     return [*packed, short, *packed[:2], many, *packed[2:4]]
 
 
-def run(captured: bool, compiled: bool, attention: str, shape: str = "llama-3.2-1b"):
+def run(
+    captured: bool,
+    compiled: bool,
+    attention: str,
+    shape: str = "llama-3.2-1b",
+    full: TrainedWeights | None = None,
+):
+    """LoRA, or with `full` full fine-tuning keeping what it says beside the bf16 weights."""
     torch._dynamo.reset()  # each run compiles its own blocks, within the recompile limit
     torch.manual_seed(0)
     model = load_model(
         shape, num_layers=2, dtype="bfloat16", device="cuda", seed=0, attention=attention
     )
     lora = {"target_modules": ["all-linear"], "rank": 16, "alpha": 32}
-    apply_lora(model, lora, torch.Generator("cuda").manual_seed(1), torch.float32)
+    if full is None:
+        apply_lora(model, lora, torch.Generator("cuda").manual_seed(1), torch.float32)
     wrap_blocks(model, BlockWrapping(compile=compiled))
     objective = NextTokenObjective(model, compiled_loss=compiled)
     train = TrainSection(max_steps=20, tokens_per_micro_batch=TOKENS, lr=1e-3, cuda_graph=captured)
-    optimizer = build_optimizer(model, train, torch.device("cuda"))
+    optimizer = build_optimizer(model, train, torch.device("cuda"), full)
     step = StepRunner(objective, model, optimizer, train, torch.device("cuda"))
     history = []
     for index, batch in enumerate(batches()):
@@ -78,3 +88,19 @@ def test_the_captured_step_trains_as_the_eager_step(compiled, attention, shape):
     for name, expected in eager_adapters.items():
         error = (captured_adapters[name] - expected).norm() / expected.norm()
         assert error.item() < tolerance, name
+
+
+@pytest.mark.parametrize("master_weights", [True, "compensated"])
+def test_full_weights_over_masters_train_captured_as_eager(master_weights):
+    """The master (or remainder) update, its fp32 gradients and the copy back into the bf16
+    weights replayed from the graph, at the learning rate the graph reads on the device."""
+    full = TrainedWeights.of(master_weights, "bfloat16")
+    eager, eager_weights, _ = run(False, True, "auto", full=full)
+    captured, captured_weights, step = run(True, True, "auto", full=full)
+    assert isinstance(step.optimizer, MasterAdamW) and step.captured is not None
+    assert eager[-1]["loss"] < eager[0]["loss"] - 0.5
+    for index, (got, expected) in enumerate(zip(captured, eager, strict=True)):
+        assert got["loss"] == pytest.approx(expected["loss"], rel=2e-2), index
+    for name, expected in eager_weights.items():
+        error = (captured_weights[name] - expected).norm() / expected.norm()
+        assert error.item() < 5e-2, name

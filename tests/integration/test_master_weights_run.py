@@ -23,7 +23,7 @@ ARMS = {
 def held_out_after_300_steps(run_dir: Path, *overrides: str) -> float:
     args = [sys.executable, "-m", "tuneforge", "train", str(DEMO), f"run.output_dir={run_dir}"]
     args += [f"data.cache_dir={run_dir.parent / 'cache'}", "train.max_steps=300"]
-    args += ["eval.every_steps=300", "eval.num_samples=0", "logging.progress=false"]
+    args += ["eval.every_steps=100", "eval.num_samples=0", "logging.progress=false"]
     args += ["logging.tensorboard=false", "checkpoint.save_final=false", *overrides, "--overwrite"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -29,6 +29,7 @@ from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.precision.apply import apply_precision
+from tuneforge.precision.trained_weights import TrainedWeights
 from tuneforge.train.objective import Objective
 from tuneforge.train.objectives import build_objective
 from tuneforge.train.optim import build_optimizer
@@ -149,7 +150,8 @@ def run_ours(
         apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
     base = ModelSection(name=workload.shape, quantize=workload.quantize)
     # in the results: what ran in low precision, no silent bf16
-    engaged = apply_precision(model, settings.precision(), base=base).lines
+    precision = settings.precision()
+    engaged = apply_precision(model, precision, base=base).lines
     if settings.offload_embedding:
         embedding_to_host(model, world.world_size)
     train = TrainSection(  # the trainer's own settings for this variant
@@ -171,16 +173,19 @@ def run_ours(
         zero_stage=2 if settings.zero2 else None,
         reduce_dtype="model" if settings.bf16_reduce else "float32",
     )
+    strategy = strategy_of(parallel, world)
+    weights = TrainedWeights.of(precision.master_weights, "bfloat16")  # the trainer's default
     objective = parallelize(
         workload_objective(workload, train, model),
         model.layers,
-        strategy_of(parallel, world),
+        strategy,
         parallel,
         world,
+        weights.fp32_shards(strategy == "fsdp"),
     )
     stack_frozen_weights(model)
     release_cached_memory(world.device)
-    optimizer = build_optimizer(model, train, world.device)
+    optimizer = build_optimizer(model, train, world.device, weights)
     if workload.objective == "dpo":
         vocab = model.args.vocab_size
         batches = [synthetic_pair(vocab, tokens, index) for index in range(DISTINCT_BATCHES)]

@@ -52,7 +52,8 @@ class Workload:
     attention work), `balanced` (the ranks' batches dealt as `data.balance_ranks` deals them),
     `fp8` / `fp8hybrid` (the frozen linears in FP8, `precision.fp8: e4m3 | hybrid`), `tensorwise`
     (`precision.fp8_scaling`), `fp8base` (`precision.fp8_base_weights`), `fp4` and `fp4param`
-    (emulated NVFP4, `precision.fp4`, `precision.fp4_param`).
+    (emulated NVFP4, `precision.fp4`, `precision.fp4_param`), `nomaster` / `compensated` (a full
+    fine-tune without fp32 master weights, or with a bf16 remainder: `precision.master_weights`).
     A multi-GPU workload also runs each variant's per-GPU work on one GPU
     (`baseline_variant`, suffixed `+1gpu`): its scaling efficiency."""
 
@@ -209,6 +210,7 @@ class Variant:
     fp8_torchao: bool = False
     fp4: bool = False
     fp4_param: bool = False
+    master_weights: bool | str = True
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -232,6 +234,8 @@ class Variant:
                 settings["fp8"] = "e4m3" if option == "fp8" else "hybrid"
             elif option == "tensorwise":
                 settings["fp8_scaling"] = option
+            elif option in ("nomaster", "compensated"):
+                settings["master_weights"] = "compensated" if option == "compensated" else False
             elif option.startswith("budget") and _is_share(option.removeprefix("budget")):
                 settings["memory_budget"] = float(option.removeprefix("budget"))
             elif option.startswith("chunk") and option.removeprefix("chunk").isdigit():
@@ -252,7 +256,8 @@ class Variant:
                     "host<blocks>, keep<blocks>, hostembed, budget<share>, chunk<tokens>, zero2, "
                     "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, cudnn, onedoc, fp32lora, graph, "
                     "accum<micro-batches>, tokens<per micro-batch>, samedata, balanced, autotune, "
-                    "fp8, fp8hybrid, tensorwise, fp8base, torchao, fp4, fp4param)"
+                    "fp8, fp8hybrid, tensorwise, fp8base, torchao, fp4, fp4param, nomaster, "
+                    "compensated)"
                 )
         variant = cls(**settings)
         if (
@@ -273,6 +278,7 @@ class Variant:
             fp8_implementation="torchao" if self.fp8_torchao else "tuneforge",
             fp4="e2m1" if self.fp4 else None,
             fp4_param=self.fp4_param,
+            master_weights=self.master_weights,
         )
 
 
