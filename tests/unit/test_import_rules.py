@@ -23,7 +23,7 @@ ALLOWED = {
     "runs": {"models", "peft", "config"} | LEAVES,
     "plan": {"models", "data", "peft", "runs", "config", "precision"} | LEAVES,
     "parallel": {"plan", "models", "data", "peft", "config", "precision"} | LEAVES,
-    "doctor": {"plan", "models", "data", "peft", "runs", "config"} | LEAVES,
+    "doctor": {"plan", "models", "data", "peft", "runs", "config", "precision"} | LEAVES,
     "slurm": {"runs", "config"} | LEAVES,
     "export": {"models", "peft", "runs", "config", "precision"} | LEAVES,
     "inference": {"models", "peft", "runs", "data", "config"} | LEAVES,
