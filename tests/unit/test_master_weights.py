@@ -158,3 +158,22 @@ def test_each_kind_says_what_it_keeps():
     assert not TrainedWeights.of("compensated", "bfloat16").fp32_shards(True)
     assert TrainedWeights.of(True, "float32").kind == "full"
     assert "lost" in TrainedWeights.of(False, "bfloat16").describe()
+
+
+def test_a_bf16_second_moment_never_decays_where_the_masters_does():
+    """beta2 = 0.999: 0.999·v rounds back to v in bf16, so after one large gradient pure bf16's
+    AdamW keeps dividing by it; the fp32 moment decays as the formula says."""
+    settings = dict(lr=0.0, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    pure = nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
+    master = nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
+    optimizers = [
+        torch.optim.AdamW([pure], fused=True, **settings),
+        MasterAdamW([master], **settings),
+    ]
+    for step in range(501):
+        for param, optimizer in zip((pure, master), optimizers, strict=True):
+            param.grad = torch.full((64,), 1.0 if step == 0 else 0.01, dtype=torch.bfloat16)
+            optimizer.step()
+    expected = 0.001 * 0.999**500 + 0.001 * 0.01**2 * sum(0.999**k for k in range(500))
+    assert optimizers[0].state[pure]["exp_avg_sq"][0].item() == pytest.approx(0.001, rel=1e-3)
+    assert optimizers[1].state[master]["exp_avg_sq"][0].item() == pytest.approx(expected, rel=1e-3)
