@@ -15,6 +15,8 @@ STEPS = 12
 LORA = ["lora.enabled=true", "lora.rank=4", "lora.dropout=0.1", "train.lr=1e-2"]
 MODES = {
     "full": [],
+    # bf16 weights over fp32 masters: the checkpoint holds the masters, the resume splits them back
+    "full-bf16-master": ["model.dtype=bfloat16", "precision.master_weights=true"],
     "lora": LORA,
     # emulated FP4 rounds output gradients stochastically: the resume must restore that too
     "lora-fp4": [*LORA, "precision.fp4=e2m1", "precision.fp4_param=true"],

@@ -4,8 +4,8 @@ Backends, all taking q [T, H, D] and k, v [T, H_kv, D]:
 - `flash4`: FlashAttention-4's kernels for Hopper and Blackwell (`flash-attn-4`, optional), GQA native;
 - `varlen`: flash kernels through `torch.nn.attention.varlen.varlen_attn` (CUDA), GQA native;
 - `sdpa`: `scaled_dot_product_attention` once per document;
-- `sdpa_padded`: the same over documents padded into one batch per length class: a few calls per
-  layer instead of one per document (fp32 and other dtypes flash kernels refuse, on a GPU);
+- `sdpa_padded`: the same over documents padded into one batch per length class, a few calls per
+  layer instead of one per document (on a GPU, for fp32 and the head sizes flash refuses);
 - `cudnn`: `sdpa` through cuDNN's fused attention kernels (CUDA);
 - `eager`: the explicit softmax(q kᵀ / √d) v per document, the reference.
 """
