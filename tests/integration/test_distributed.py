@@ -119,10 +119,13 @@ def test_two_lora_ranks_resume_exactly(tmp_path):
     assert losses(run) == losses(reference)
 
 
-@pytest.mark.parametrize("precision", [[], MASTER], ids=["fp32", "bf16-master"])
-def test_two_ranks_resume_exactly_and_on_one_rank(tmp_path, precision):
+@pytest.mark.parametrize(
+    ("precision", "one_rank_rel"), [([], 1e-4), (MASTER, 2e-3)], ids=["fp32", "bf16-master"]
+)
+def test_two_ranks_resume_exactly_and_on_one_rank(tmp_path, precision, one_rank_rel):
     """With master weights the checkpoint holds the fp32 shards, and one process resumes from
-    them into its bf16 weights and fp32 masters."""
+    them into its bf16 weights and fp32 masters; it then sums its two micro-batches' bf16
+    gradients where FSDP2 reduced them in fp32: equal to bf16 rounding, not to fp32's."""
     fsdp = ["train.grad_accum_steps=1", "parallel.strategy=fsdp", *precision]
     reference = tmp_path / "straight"
     finish(launch(reference, 2, *fsdp))
@@ -142,7 +145,7 @@ def test_two_ranks_resume_exactly_and_on_one_rank(tmp_path, precision):
             continue
         (run / "checkpoints" / "latest").write_text(json.dumps({"step": 6, "path": "step_6"}))
     finish(launch(run, 1, "train.max_steps=8", *precision, resume=True))
-    assert losses(run)[6:] == pytest.approx(losses(reference)[6:], rel=1e-4)
+    assert losses(run)[6:] == pytest.approx(losses(reference)[6:], rel=one_rank_rel)
 
 
 def test_an_fp4_lora_base_under_fsdp2_trains_as_under_ddp(tmp_path):
