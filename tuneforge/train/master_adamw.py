@@ -62,10 +62,10 @@ class MasterAdamW(torch.optim.Optimizer):
         found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:
             trained = [(p, self._state(p)) for p in group["params"] if p.grad is not None]
+            beta1, beta2 = group["betas"]
             for chunk in _chunks(trained):
                 work = [_working_value(p, state) for p, state in chunk]
-                grads = [p.grad.float() for p, _ in chunk]
-                beta1, beta2 = group["betas"]
+                grads = [p.grad.float() for p, _ in chunk]  # the fp32 gradients' scratch
                 adamw(
                     work,
                     grads,
