@@ -1,7 +1,10 @@
 """`export merge` against peft + transformers, and `export gguf` read back with gguf's reader."""
 
 import json
+import os
 import shutil
+import stat
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -104,6 +107,75 @@ def test_existing_output_is_kept_and_a_failed_export_writes_nothing(tmp_path):
     with pytest.raises(TuneforgeError, match="has no place in this model"):
         export_merged(source, tmp_path / "new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "base", "out"]
+
+
+def test_overwrite_replaces_only_an_earlier_export_and_never_the_inputs(tmp_path):
+    """`--overwrite` replaces a directory an export wrote, and refuses the user's own directory,
+    a GGUF path that is not a GGUF file, the run it exports and the base it reads."""
+    make_base(tmp_path / "base")
+    make_adapter(tmp_path / "base", tmp_path / "run" / "adapter")
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    source = resolve_source(tmp_path / "run")
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"replaces only a merged model directory.*notes\.txt"):
+        export_merged(source, tmp_path / "keep", overwrite=True)
+    (tmp_path / "notes.gguf").write_text("mine")
+    with pytest.raises(ExportError, match="not a GGUF file"):
+        export_gguf(source, tmp_path / "notes.gguf", overwrite=True)
+    with pytest.raises(ExportError, match="is a directory"):
+        export_gguf(source, tmp_path / "keep", overwrite=True)
+    for own in (tmp_path / "run", tmp_path / "run" / "adapter", tmp_path / "base", tmp_path):
+        with pytest.raises(ExportError, match="is or holds the export's input"):
+            export_merged(source, own, overwrite=True)
+    assert (tmp_path / "keep" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "notes.gguf").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["adapter", "metrics.jsonl"]
+
+    export_merged(source, tmp_path / "merged")
+    first = (tmp_path / "merged" / "model.safetensors").read_bytes()
+    export_merged(source, tmp_path / "merged", "bfloat16", overwrite=True)  # an earlier export
+    assert (tmp_path / "merged" / "model.safetensors").read_bytes() != first
+    export_gguf(source, tmp_path / "model.gguf")
+    export_gguf(source, tmp_path / "model.gguf", "q8_0", overwrite=True)
+    assert gguf.GGUFReader(tmp_path / "model.gguf").fields["general.file_type"].contents() == 7
+
+
+def test_a_failed_overwrite_leaves_the_previous_export_whole(tmp_path, monkeypatch):
+    make_base(tmp_path / "base")
+    make_adapter(tmp_path / "base", tmp_path / "adapter")
+    source = resolve_source(base=tmp_path / "base", adapter=tmp_path / "adapter")
+    export_merged(source, tmp_path / "merged")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "merged").iterdir()}
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("tuneforge.export.merge.save_hf_model", fail)
+    with pytest.raises(OSError, match="No space"):
+        export_merged(source, tmp_path / "merged", overwrite=True)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "merged").iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "base", "merged"]
+
+
+def test_written_weights_follow_the_umask(tmp_path):
+    """On a shared cluster others read the weights as they read every other file written."""
+    previous = os.umask(0o022)
+    try:
+        make_base(tmp_path / "base")
+        make_adapter(tmp_path / "base", tmp_path / "adapter")
+        source = resolve_source(base=tmp_path / "base", adapter=tmp_path / "adapter")
+        export_merged(source, tmp_path / "merged")
+        os.umask(0o027)
+        export_merged(source, tmp_path / "group", max_shard_bytes=40_000)
+    finally:
+        os.umask(previous)
+    modes = {p.relative_to(tmp_path): stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*")}
+    for path in ("adapter/adapter_model.safetensors", "merged/model.safetensors", "merged"):
+        assert modes[Path(path)] == (0o755 if path == "merged" else 0o644), path
+    assert modes[Path("group")] == 0o750
+    shards = [path for path in modes if path.parts[0] == "group" and path.suffix == ".safetensors"]
+    assert len(shards) > 1 and all(modes[path] == 0o640 for path in shards)
 
 
 LLAMA_CPP_NAMES = {

@@ -23,6 +23,7 @@ from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.records import expand_paths
 from tuneforge.data.splits import file_digest
 from tuneforge.data.token_store import TokenStore
+from tuneforge.file_modes import follow_umask
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ def write_directory(directory: Path, fill: Callable[[Path], None]) -> None:
     partial = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
         fill(partial)
+        follow_umask(partial)
         try:
             partial.rename(directory)
         except OSError:  # another process finished the same entry first

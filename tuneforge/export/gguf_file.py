@@ -31,7 +31,7 @@ from tuneforge.export.gguf_families import (
 )
 from tuneforge.export.gguf_quantize import LLAMA_CPP_TYPES, quantize_with_llama_cpp
 from tuneforge.export.merge import load_merged, load_tokenizer
-from tuneforge.export.output import write_atomically
+from tuneforge.export.output import GGUF, check_output, write_atomically
 from tuneforge.export.sources import ExportError, ExportSource
 from tuneforge.models.args import ModelArgs, RopeScaling
 from tuneforge.models.decoder import Decoder
@@ -177,6 +177,7 @@ def export_gguf(
         ) from None
     if kind not in TYPES:
         raise ExportError(f"--type {kind}: use one of {', '.join(TYPES)}")
+    check_output(out, overwrite, source.inputs, GGUF)
     model = load_merged(source)
     args = model.args
     if args.family not in ARCHITECTURES:
@@ -230,4 +231,4 @@ def export_gguf(
         writer.write_tensors_to_file()
         writer.close()
 
-    return write_atomically(out, write, overwrite)
+    return write_atomically(out, write, overwrite, source.inputs, GGUF)

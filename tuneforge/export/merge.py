@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tuneforge.export.generation import generation_config
-from tuneforge.export.output import write_atomically
+from tuneforge.export.output import MERGED, check_output, write_atomically
 from tuneforge.export.sources import ExportError, ExportSource
 from tuneforge.models.api import load_model
 from tuneforge.models.decoder import Decoder
@@ -51,6 +51,7 @@ def export_merged(
     overwrite: bool = False,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> Path:
+    check_output(out, overwrite, source.inputs, MERGED)  # before the minutes of loading
     model = load_merged(source, dtype)
     tokenizer = load_tokenizer(source)
     base_config = read_hf_config(source.base)
@@ -67,7 +68,7 @@ def export_merged(
         generation = generation_config(source.base, tokenizer, base_config)
         (partial / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
-    return write_atomically(out, write, overwrite)
+    return write_atomically(out, write, overwrite, source.inputs, MERGED)
 
 
 @torch.no_grad()

@@ -32,6 +32,11 @@ class ExportSource:
             return self.adapter
         return self.base
 
+    @property
+    def inputs(self) -> tuple[Path, ...]:
+        """The directories the export reads: its output may be none of them, nor hold one."""
+        return (self.base,) if self.adapter is None else (self.base, self.adapter)
+
 
 def resolve_source(
     path: Path | None = None, base: Path | None = None, adapter: Path | None = None

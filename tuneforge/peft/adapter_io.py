@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from tuneforge.config.schema import LoraSection
 from tuneforge.errors import TuneforgeError
+from tuneforge.file_modes import save_tensors
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import gathered
@@ -214,7 +214,7 @@ def save_adapter(
         "inference_mode": True,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_tensors(tensors, out_dir / WEIGHTS_FILE, metadata={"format": "pt"})
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from tuneforge.file_modes import save_tensors
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.errors import ModelError
@@ -178,12 +178,12 @@ def save_hf_model(
     dtype_name = dtype or str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     shards = _shard(tensors, max_shard_bytes)
     if len(shards) == 1:
-        save_file(shards[0], str(out_dir / SINGLE_FILE), metadata={"format": "pt"})
+        save_tensors(shards[0], out_dir / SINGLE_FILE, metadata={"format": "pt"})
     else:
         weight_map = {}
         for number, shard in enumerate(shards, start=1):
             name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out_dir / name), metadata={"format": "pt"})
+            save_tensors(shard, out_dir / name, metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(shard, name))
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
