@@ -12,14 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from transformers import AutoTokenizer
 
 from tests.helpers import save_tiny_model
 from tuneforge.assets import DEMO_TOKENIZER_DIR
-from tuneforge.export.gguf_families import ARCHITECTURES, PRE_TOKENIZERS
+from tuneforge.export.gguf_families import ARCHITECTURES
 from tuneforge.export.gguf_file import export_gguf
+from tuneforge.export.gguf_tokenizer import pre_tokenizer_name, read_byte_level_bpe
 from tuneforge.export.sources import resolve_source
 
 gguf = pytest.importorskip("gguf")
+VOCAB = len(AutoTokenizer.from_pretrained(DEMO_TOKENIZER_DIR))
 LLAMA_CPP = Path(os.environ.get("TUNEFORGE_LLAMA_CPP", "/nonexistent"))
 CONVERTER = LLAMA_CPP / "convert_hf_to_gguf.py"
 pytestmark = pytest.mark.skipif(
@@ -29,7 +32,7 @@ pytestmark = pytest.mark.skipif(
 
 # The converter names a byte-level BPE pre-tokenizer by hashing how a known model's tokenizer
 # splits a probe text; the tiny demo tokenizer is no known model's, so it is told the name that
-# tuneforge writes for the family (the vocabulary, merges and special ids are still its own).
+# tuneforge writes for it (the vocabulary, merges and special ids are still its own).
 DRIVER = """
 import runpy, sys
 from pathlib import Path
@@ -69,12 +72,13 @@ def read(file: Path) -> tuple[dict, dict]:
 def test_f16_gguf_equals_llama_cpp_converters(tmp_path, family):
     pytest.importorskip("sentencepiece")  # the converter imports it for any Llama-family vocab
     base = tmp_path / "base"
-    save_tiny_model(base, family, vocab_size=302, eos_token_id=0)
+    save_tiny_model(base, family, vocab_size=VOCAB, eos_token_id=0)
     for file in DEMO_TOKENIZER_DIR.iterdir():
         shutil.copy(file, base / file.name)
     export_gguf(resolve_source(base), tmp_path / "ours.gguf", "f16")
     theirs = tmp_path / "theirs.gguf"
-    command = [sys.executable, "-c", DRIVER, str(CONVERTER), PRE_TOKENIZERS[family], str(base)]
+    pre = pre_tokenizer_name(read_byte_level_bpe(base), base)
+    command = [sys.executable, "-c", DRIVER, str(CONVERTER), pre, str(base)]
     run = subprocess.run(
         [*command, "--outtype", "f16", "--outfile", str(theirs)],
         capture_output=True,
@@ -91,4 +95,11 @@ def test_f16_gguf_equals_llama_cpp_converters(tmp_path, family):
         assert our_fields.get(key) == value, key
     arch = ARCHITECTURES[family]
     extras = our_fields.keys() - their_fields.keys()
-    assert extras <= {f"{arch}.{key}" for key in OUR_EXTRAS} | {"tokenizer.ggml.eot_token_id"}
+    # the tokenizer's own BOS and EOS behaviour, where a config file that does not say leaves
+    # llama.cpp to its per-pre-tokenizer defaults
+    ours = {
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.add_bos_token",
+        "tokenizer.ggml.add_eos_token",
+    }
+    assert extras <= {f"{arch}.{key}" for key in OUR_EXTRAS} | ours

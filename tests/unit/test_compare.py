@@ -87,7 +87,7 @@ def test_other_differences_are_named_and_the_cli_writes_json_and_a_plot(tmp_path
     assert document["reference"] == "a" and document["runs"][1]["differs_in"] == ["train.seed"]
     assert image.stat().st_size > 10_000
     table = CliRunner().invoke(app, ["compare", str(reference), str(other)])
-    assert "b also differs from a in: train.seed" in table.output
+    assert "b also differs from a in 1 settings: train.seed" in table.output
     assert document["runs"][1]["speedup"] == 1.0
 
 
@@ -139,3 +139,124 @@ def test_runs_of_one_precision_are_grouped_and_gaps_judged_against_the_reference
     assert "held-out at step 2: mean" in result.output and "-6.2% (beyond)" in result.output
     document = json.loads(CliRunner().invoke(app, ["compare", *map(str, runs), "--json"]).output)
     assert [group["runs"] for group in document["groups"]][1] == ["fp8-s0", "fp8-s1"]
+
+
+def objective_run(directory, objective, losses, evals, extra=None, exact=None):
+    """A run of `objective` whose `loss` is `losses`; `extra`: more metrics per step (and
+    `eval_` ones at the evaluations)."""
+    directory.mkdir(parents=True)
+    config = {"model": {"dtype": "bfloat16"}, "train": {"objective": objective}}
+    if objective == "dpo":
+        config["dpo"] = {"loss": "sigmoid"}
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+    lines = [
+        {"step": step, "loss": loss, **{k: v[step - 1] for k, v in (extra or {}).items()}}
+        for step, loss in enumerate(losses, start=1)
+    ]
+    for step, value in evals:
+        record = {"step": step, "eval_loss": value}
+        record |= {f"eval_{k}": v[step - 1] for k, v in (extra or {}).items()}
+        record |= {"eval_accuracy": exact} if exact is not None else {}
+        lines.append(record)
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return directory
+
+
+def test_runs_of_different_objectives_are_compared_by_their_cross_entropy(tmp_path):
+    """A DPO pair loss is not set beside an SFT cross-entropy: the SFT run and the distilled
+    one are compared by their cross-entropy, the DPO run by exact match only, and it is said."""
+    sft = objective_run(tmp_path / "sft", "sft", [2.0, 1.0, 0.5, 0.4], [(4, 0.5)], exact=0.88)
+    dpo = objective_run(tmp_path / "dpo", "dpo", [0.69, 0.5, 0.4, 0.3], [(4, 0.3)], exact=0.89)
+    ce = [2.2, 1.1, 0.55, 0.44]
+    distill = objective_run(
+        tmp_path / "distill", "distill", [5.0, 3.0, 2.0, 1.0], [(4, 1.0)],
+        extra={"ce_loss": ce, "kd_loss": [8.0, 5.0, 3.0, 1.5]}, exact=0.87,
+    )  # fmt: skip
+    first, second, third = compare_runs([sft, dpo, distill], smoothing=0.0)
+    assert [s.objective for s in (first, second, third)] == [
+        "sft",
+        "dpo sigmoid",
+        "distill forward_kl",
+    ]
+    assert {s.compared_by for s in (first, second, third)} == {"cross-entropy"}
+    assert second.final_loss is None and second.mean_gap is None and second.eval_gap is None
+    assert second.final_eval_loss is None and second.final_exact_match == 0.89
+    assert third.final_loss == 0.44 and third.eval_gap == pytest.approx(0.44 / 0.5 - 1)
+    assert third.mean_gap == pytest.approx(0.1)
+    output = (
+        CliRunner()
+        .invoke(app, ["compare", str(sft), str(dpo), str(distill)], env={"COLUMNS": "250"})
+        .output
+    )
+    assert "optimise different objectives" in output and "DPO sigmoid loss per pair" in output
+    assert "cross-entropy (last)" in output and "89.0%" in output
+    same = compare_runs([sft, sft])
+    assert same[1].compared_by == "loss" and same[1].final_loss is not None
+
+
+def test_the_table_shows_the_last_loss_beside_the_smoothed_one_and_every_difference(tmp_path):
+    reference = write_run(tmp_path / "a", [3.0, 2.0, 1.5, 0.1], [(4, 1.3)])
+    other = write_run(tmp_path / "b", [3.1, 2.1, 1.6, 0.2], [(4, 1.4)])
+    config = yaml.safe_load((other / "config.yaml").read_text())
+    config["train"] |= {f"knob_{i}": i for i in range(11)}
+    (other / "config.yaml").write_text(yaml.safe_dump(config))
+    summary = compare_runs([reference, other])[1]
+    assert summary.last_loss == 0.2 and summary.final_loss > 0.5
+    output = (
+        CliRunner()
+        .invoke(app, ["compare", str(reference), str(other)], env={"COLUMNS": "250"})
+        .output
+    )
+    assert f"{summary.final_loss:.4f} (0.2000)" in output
+    assert "in 11 settings" in output and "train.knob_9" in output
+
+
+def test_plot_labels_each_loss_by_what_it_is(tmp_path):
+    from tuneforge.runs.plot import plot_runs
+
+    sft = objective_run(tmp_path / "sft", "sft", [2.0, 1.0, 0.5], [(3, 0.5)])
+    dpo = objective_run(tmp_path / "dpo", "dpo", [0.69, 0.5, 0.4], [(3, 0.3)])
+    result = CliRunner().invoke(app, ["plot", str(sft), str(dpo), "--out", str(tmp_path / "both")])
+    assert result.exit_code == 0, result.output
+    assert f"written {tmp_path / 'both.png'}" in result.output.replace("\n", "")
+    assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
+    from tuneforge.runs.files import read_run_metrics
+    from tuneforge.runs.plot import figure_of
+
+    runs, configs = {}, {}
+    for run in (sft, dpo):
+        runs[run.name], configs[run.name] = read_run_metrics(run)
+    axes = figure_of(runs, configs).axes
+    titles = [(axis.get_title(), axis.get_ylabel()) for axis in axes]
+    assert ("training loss (sft)", "cross-entropy, nats per supervised token") in titles
+    assert ("training loss (dpo sigmoid)", "DPO sigmoid loss per pair") in titles
+    assert plot_runs([sft], tmp_path / "x.svg").suffix == ".svg"
+
+
+@pytest.mark.parametrize("command", ["plot", "compare"])
+def test_bad_outputs_and_metrics_files_are_named_not_tracebacks(tmp_path, command):
+    run = objective_run(tmp_path / "run", "sft", [2.0, 1.0], [])
+
+    def invoke(name):
+        """The command's outcome; a TuneforgeError is what `tuneforge` prints as a message."""
+        arguments = [command, str(run), "--out", str(tmp_path / name)]
+        result = CliRunner().invoke(app, arguments, env={"COLUMNS": "200"})
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            assert isinstance(result.exception, TuneforgeError), result.exception
+            return 1, str(result.exception)
+        return result.exit_code, result.output
+
+    code, said = invoke("x.txt")
+    assert code == 1 and ".txt is not an image format" in said
+    assert not (tmp_path / "x.txt").exists()
+    with (run / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 3, "loss"')  # a run killed while writing its last line
+    code, said = invoke("a.png")
+    assert code == 0 and (tmp_path / "a.png").is_file(), said
+    lines = '{"step": 1, "loss": 1.0}\nnot json\n{"step": 2, "loss": 0.5}\n'
+    (run / "metrics.jsonl").write_text(lines)
+    code, said = invoke("b.png")
+    assert code == 1 and "metrics.jsonl, line 2: not a JSON record" in said
+    (run / "metrics.jsonl").write_text("")
+    code, said = invoke("c.png")
+    assert code == 1 and "is empty: the run has logged no step yet" in said

@@ -23,7 +23,7 @@ from tuneforge.export.sources import ExportError, resolve_source
 from tuneforge.models.hf.checkpoint import load_hf_model
 from tuneforge.peft.apply import lora_modules
 
-VOCAB = 302  # the demo tokenizer's
+VOCAB = len(AutoTokenizer.from_pretrained(DEMO_TOKENIZER_DIR))
 TOKENS = torch.randint(0, VOCAB, (17,), generator=torch.Generator().manual_seed(4))
 
 

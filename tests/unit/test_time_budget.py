@@ -132,7 +132,7 @@ def test_plot_panels_carry_their_units_and_say_when_held_out_loss_is_two_points(
     records[0]["eval_loss"], records[-1]["eval_loss"] = 1.2, 0.8
     axes = figure_of({"a": records}).axes
     assert [axis.get_ylabel() for axis in axes] == [
-        "nats per supervised token", "nats per supervised token", "GiB",
+        "cross-entropy, nats per supervised token", "cross-entropy, nats per supervised token", "GiB",
     ]  # fmt: skip
     assert "2 evaluations: eval.every_steps for a curve" in axes[1].get_title()
     assert [line.get_label() for line in axes[2].lines] == ["a reserved", "a peak allocated"]

@@ -30,6 +30,12 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+"""Llama 3's pre-tokenizer pattern, as its tokenizer.json has it: numbers in groups of up to
+three digits, which the tiny model adds more easily than digit by digit."""
 
 
 def _items(rng: random.Random, alphabet: str) -> list[str]:
@@ -108,14 +114,16 @@ def write_jsonl(records: list[dict], file: Path) -> None:
 
 
 def train_tokenizer(records: list[dict], out_dir: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = Tokenizer(models.BPE())
-    # Spaces are tokens of their own, so a letter is the same token in a prompt and in a reply:
-    # copying tasks become token copies, which a tiny model learns quickly.
+    tokenizer = Tokenizer(models.BPE(ignore_merges=True))
+    # Trained on Llama 3's pieces with their spaces split off, so that no merge joins a space to
+    # what follows: a letter is the same token in a prompt and in a reply, and copying tasks
+    # become token copies, which a tiny model learns quickly.
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
             pre_tokenizers.Split(" ", behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
@@ -129,6 +137,15 @@ def train_tokenizer(records: list[dict], out_dir: Path) -> None:
     )
     texts = [message["content"] for record in records for message in record["messages"]]
     tokenizer.train_from_iterator([*texts, "user", "assistant", "system"], trainer)
+    # Used with Llama 3's split (whole pieces before merges, as Llama 3's tokenizer), which
+    # llama.cpp knows, so a GGUF file tokenises as training did; without a merge that joins a
+    # space, " b" still becomes the tokens " " and "b".
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",

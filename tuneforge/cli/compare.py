@@ -24,18 +24,35 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Loss curves, held-out loss, speed and memory of runs side by side, against the first."""
-    from tuneforge.runs.compare import as_dicts, plot_comparison, read_runs, summarize
+    from tuneforge.runs.compare import (
+        as_dicts,
+        loss_label,
+        plot_comparison,
+        read_runs,
+        same_objective,
+        summarize,
+    )
     from tuneforge.runs.compare_groups import group_by_precision
+    from tuneforge.runs.plot import image_file
 
+    out = image_file(out) if out is not None else None
     runs = read_runs(run_dirs, smoothing)
     summaries, groups = summarize(runs), group_by_precision(runs)
     written = plot_comparison(run_dirs, out, smoothing) if out is not None else None
     if as_json:
-        document = {"reference": summaries[0].name, "runs": as_dicts(summaries)}
+        document = {"reference": summaries[0].name, "loss": loss_label(runs)}
+        document["runs"] = as_dicts(summaries)
         document["groups"] = [asdict(group) for group in groups]
         console.print_json(json.dumps(document | {"plot": str(written) if written else None}))
         return
-    table = Table("run", "precision", "loss", "gap mean/max", "held-out", "best", "tok/s", "GiB")
+    shared = same_objective(runs)
+    loss = "loss (last)" if shared else "cross-entropy (last)"
+    table = Table("run", "precision", loss, "gap mean/max", "held-out", "best", "tok/s", "GiB")
+    matches = any(summary.final_exact_match is not None for summary in summaries)
+    if not shared:
+        table.add_column("objective")
+    if matches:
+        table.add_column("exact match")
     for summary in summaries:
         reference = summary is summaries[0]
         held_out = _number(summary.final_eval_loss)
@@ -44,29 +61,43 @@ def compare(
             last = ends == (summary.eval_gap_step,) * 2
             where = "" if last else f" at step {summary.eval_gap_step}"
             held_out += f" ({summary.eval_gap:+.1%}{where})"
-        table.add_row(
+        row = [
             f"{summary.name} ({summary.steps})",
             summary.precision,
-            _number(summary.final_loss),
+            _with_last(summary),
             "reference" if reference else _gaps(summary),
             held_out,
             _number(summary.best_eval_loss),
             _speed(summary, reference),
             _number(summary.peak_gib, 1),
-        )
+        ]
+        row += [] if shared else [summary.objective]
+        row += [_percent(summary.final_exact_match, signed=False)] if matches else []
+        table.add_row(*row)
     console.print(table)
+    what = "training loss" if shared else "training cross-entropy"
     console.print(
-        f"run (steps); loss: smoothed training loss at the last step (moving average, "
-        f"{smoothing}); gaps: relative to {summaries[0].name}'s smoothed curve; held-out: at the "
-        "end (relative to the reference's at the last step both evaluated)",
+        f"run (steps); {loss}: {loss_label(runs)}: the smoothed {what} at the last step "
+        f"(moving average, {smoothing}), the last logged value in brackets; gaps: relative to "
+        f"{summaries[0].name}'s smoothed curve; held-out: at the end (relative to the "
+        "reference's at the last step both evaluated)",
         markup=False,
     )
+    if not shared:
+        objectives = ", ".join(f"{run.name}: {run.meaning.label}" for run in runs)
+        console.print(
+            f"these runs optimise different objectives ({objectives}); their losses are not "
+            "alike, so the table compares their cross-entropy on the data where a run logs one "
+            "(blank where it does not), and exact match, which every run can have",
+            style="yellow", markup=False, highlight=False,
+        )  # fmt: skip
     for summary in summaries[1:]:
         if summary.differs_in:
             console.print(
-                f"[yellow]{summary.name} also differs from {summaries[0].name} in: "
-                f"{', '.join(summary.differs_in[:8])}[/yellow]"
-            )
+                f"{summary.name} also differs from {summaries[0].name} in "
+                f"{len(summary.differs_in)} settings: {', '.join(summary.differs_in)}",
+                style="yellow", markup=False, highlight=False,
+            )  # fmt: skip
     if any(len(group.runs) > 1 for group in groups):
         _print_groups(groups)
     if written:
@@ -115,7 +146,13 @@ def _number(value: float | None, digits: int = 4) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
+def _with_last(summary) -> str:
+    if summary.final_loss is None:
+        return ""
+    return f"{summary.final_loss:.4f} ({summary.last_loss:.4f})"
+
+
 def _gaps(summary) -> str:
     if summary.mean_gap is None:
-        return "no common steps"
+        return "no common steps" if summary.final_loss is not None else ""
     return f"{summary.mean_gap:.2%}/{summary.max_gap:.2%}"

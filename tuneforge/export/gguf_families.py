@@ -13,11 +13,6 @@ ARCHITECTURES = {
     "mistral": "llama", "mixtral": "llama", "gemma3_text": "gemma3", "deepseek_v2": "deepseek2",
 }  # fmt: skip
 """llama.cpp runs Mistral and Mixtral as `llama` (its converter maps both there)."""
-PRE_TOKENIZERS = {
-    "llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3_moe": "qwen2",
-    "mistral": "llama-bpe", "mixtral": "llama-bpe", "gemma3_text": "default",
-    "deepseek_v2": "deepseek-llm",
-}  # fmt: skip
 GEMMA3_LOCAL_PATTERN = 6
 """llama.cpp's `gemma3` takes every sixth layer as global, the rest local."""
 

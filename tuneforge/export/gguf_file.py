@@ -9,27 +9,21 @@ tokenizer is embedded: tokens, token types, merges, special ids, the end-of-turn
 template.
 """
 
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    import gguf
-
-from tuneforge.export.generation import end_of_turn_id
 from tuneforge.export.gguf_families import (
     ARCHITECTURES,
     GEMMA3_LOCAL_PATTERN,
-    PRE_TOKENIZERS,
     add_family_metadata,
     rewritten,
 )
 from tuneforge.export.gguf_quantize import LLAMA_CPP_TYPES, quantize_with_llama_cpp
+from tuneforge.export.gguf_tokenizer import add_tokenizer, pre_tokenizer_name, read_byte_level_bpe
 from tuneforge.export.merge import load_merged, load_tokenizer
 from tuneforge.export.output import GGUF, check_output, write_atomically
 from tuneforge.export.sources import ExportError, ExportSource
@@ -116,56 +110,6 @@ def add_architecture(writer, args: ModelArgs, name: str, kind: str) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def vocabulary(tokenizer, vocab_size: int) -> tuple[list[str], list["gguf.TokenType"]]:
-    """Tokens by id and their GGUF types, as llama.cpp's converter lists a BPE vocabulary."""
-    import gguf
-
-    by_id = {index: token for token, index in tokenizer.get_vocab().items()}
-    added = tokenizer.added_tokens_decoder
-    tokens, types = [], []
-    for index in range(vocab_size):
-        if index not in by_id:
-            tokens.append(f"[PAD{index}]")
-            types.append(gguf.TokenType.UNUSED)
-        elif index in added:
-            tokens.append(by_id[index])
-            types.append(
-                gguf.TokenType.CONTROL if added[index].special else gguf.TokenType.USER_DEFINED
-            )
-        else:
-            tokens.append(by_id[index])
-            types.append(gguf.TokenType.NORMAL)
-    return tokens, types
-
-
-def add_tokenizer(writer, tokenizer, tokenizer_dir: Path, family: str, vocab_size: int) -> None:
-    import gguf
-
-    file = tokenizer_dir / "tokenizer.json"
-    spec = json.loads(file.read_text()) if file.is_file() else {}
-    model_type = (spec.get("model") or {}).get("type")
-    byte_level = "ByteLevel" in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
-    if model_type != "BPE" or not byte_level:
-        kind = "SentencePiece-style BPE" if model_type == "BPE" else model_type
-        raise ExportError(
-            f"{tokenizer_dir}: GGUF export embeds byte-level BPE tokenizers (Llama 3, Qwen); "
-            f"this tokenizer is {kind or 'not a tokenizer.json'}: merge the model (tuneforge "
-            "export merge) and convert it with llama.cpp's convert_hf_to_gguf.py"
-        )
-    tokens, types = vocabulary(tokenizer, vocab_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(PRE_TOKENIZERS[family])
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    special = gguf.SpecialVocab(tokenizer_dir, load_merges=True, n_vocab=vocab_size)
-    special.add_to_gguf(writer, quiet=True)
-    if tokenizer.chat_template and special.chat_template is None:
-        writer.add_chat_template(tokenizer.chat_template)
-    end_of_turn = end_of_turn_id(tokenizer)
-    if end_of_turn is not None:
-        writer.add_eot_token_id(end_of_turn)
-
-
 def export_gguf(
     source: ExportSource, out: Path, kind: str = "f16", overwrite: bool = False
 ) -> Path:
@@ -178,6 +122,8 @@ def export_gguf(
     if kind not in TYPES:
         raise ExportError(f"--type {kind}: use one of {', '.join(TYPES)}")
     check_output(out, overwrite, source.inputs, GGUF)
+    # before the minutes of loading: a tokenizer llama.cpp would not split as training did
+    pre_tokenizer_name(read_byte_level_bpe(source.tokenizer_dir), source.tokenizer_dir)
     model = load_merged(source)
     args = model.args
     if args.family not in ARCHITECTURES:
@@ -214,7 +160,7 @@ def export_gguf(
     def write_file(partial: Path) -> None:
         writer = gguf.GGUFWriter(str(partial), arch)
         add_architecture(writer, args, source.base.name, written)
-        add_tokenizer(writer, tokenizer, source.tokenizer_dir, args.family, args.vocab_size)
+        add_tokenizer(writer, tokenizer, source.tokenizer_dir, args.vocab_size)
         factors = rope_factors(args)
         if factors is not None:
             writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors)

@@ -1,16 +1,17 @@
 """`tuneforge compare`: runs side by side, the first the reference — their precision, final and
 best held-out loss, the gap between their smoothed training curves, speed and peak memory, and
-what else differs in their configurations (an A/B of precisions should differ in nothing else)."""
+what else differs in their configurations (an A/B of precisions should differ in nothing else).
+Runs that optimise different objectives are compared by their cross-entropy on the data where
+they log one (`loss_meaning.py`), and by exact match."""
 
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tuneforge.errors import TuneforgeError
-from tuneforge.runs.files import CONFIG_FILE, METRICS_FILE, read_metrics
+from tuneforge.runs.files import METRICS_FILE, read_run_metrics
+from tuneforge.runs.loss_meaning import CROSS_ENTROPY, LossMeaning, loss_meaning
 from tuneforge.runs.pace import WARMUP_STEPS
 
 SAME_ANYWHERE = ("run.", "logging.", "checkpoint.", "precision.", "train.time_limit")
@@ -28,7 +29,10 @@ class RunCurves:
     evals: list[tuple[int, float]]
     tokens_per_s: float | None
     peak_gib: float | None
+    meaning: LossMeaning
+    exact_match: list[tuple[int, float]]
     config: dict[str, Any] = field(repr=False)
+    records: list[dict[str, Any]] = field(repr=False)
 
     @property
     def final_eval(self) -> float | None:
@@ -43,9 +47,15 @@ class RunCurves:
 class RunSummary:
     name: str
     precision: str
+    objective: str
+    compared_by: str
+    """What `final_loss`, the gaps and the held-out values are: the runs' loss, or their
+    cross-entropy where they optimise different objectives."""
     steps: int
     final_loss: float | None
     """The smoothed training loss at the last step."""
+    last_loss: float | None
+    """The last logged value, which the smoothed one lags."""
     final_eval_loss: float | None
     final_eval_step: int | None
     best_eval_loss: float | None
@@ -62,6 +72,7 @@ class RunSummary:
     speedup: float | None
     """Tokens/s over the reference's."""
     peak_gib: float | None
+    final_exact_match: float | None
     differs_in: list[str]
     """Settings other than precision, run, logging and checkpoint that differ from the reference."""
 
@@ -76,29 +87,42 @@ def smooth(values: list[float], weight: float) -> list[float]:
 
 
 def read_run(run_dir: Path, smoothing: float) -> RunCurves:
-    metrics_file = run_dir / METRICS_FILE
-    if not metrics_file.is_file():
-        raise TuneforgeError(f"{run_dir} has no {METRICS_FILE}: is it a run directory?")
-    records = read_metrics(metrics_file)
-    config_file = run_dir / CONFIG_FILE
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+    records, config = read_run_metrics(run_dir)
+    if not any(r.get("loss") is not None for r in records):
+        raise TuneforgeError(f"{run_dir / METRICS_FILE} holds no training step yet")
     training = [r for r in records if r.get("loss") is not None]
-    if not training:
-        raise TuneforgeError(f"{metrics_file} holds no training step yet")
-    losses = [float(r["loss"]) for r in training]
     speeds = [r["tokens_per_s"] for r in training[WARMUP_STEPS:] if r.get("tokens_per_s")]
     peaks = [r["mem_peak_gib"] for r in records if r.get("mem_peak_gib") is not None]
-    return RunCurves(
+    run = RunCurves(
         name=run_dir.name,
         precision=precision_label(config),
-        steps=[int(r["step"]) for r in training],
-        losses=losses,
-        smoothed=smooth(losses, smoothing),
-        evals=[(int(r["step"]), float(r["eval_loss"])) for r in records if "eval_loss" in r],
+        steps=[],
+        losses=[],
+        smoothed=[],
+        evals=[],
         tokens_per_s=statistics.median(speeds) if speeds else None,
         peak_gib=max(peaks) if peaks else None,
+        meaning=loss_meaning(config),
+        exact_match=[
+            (int(r["step"]), float(r["eval_accuracy"])) for r in records if "eval_accuracy" in r
+        ],
         config=config,
+        records=records,
     )
+    return follow(run, "loss", "eval_loss", smoothing)
+
+
+def follow(run: RunCurves, key: str | None, eval_key: str | None, smoothing: float) -> RunCurves:
+    """`run` with its training curve read from metric `key` and its held-out one from
+    `eval_key` (empty where the run does not log them)."""
+    training = [r for r in run.records if key and r.get(key) is not None]
+    run.steps = [int(r["step"]) for r in training]
+    run.losses = [float(r[key]) for r in training] if key else []
+    run.smoothed = smooth(run.losses, smoothing)
+    run.evals = [
+        (int(r["step"]), float(r[eval_key])) for r in run.records if eval_key and eval_key in r
+    ]
+    return run
 
 
 def precision_label(config: dict[str, Any]) -> str:
@@ -113,21 +137,37 @@ def precision_label(config: dict[str, Any]) -> str:
 
 
 def read_runs(run_dirs: list[Path], smoothing: float = 0.9) -> list[RunCurves]:
+    """The runs' curves: their loss when they optimise the same objective, else their
+    cross-entropy on the data (none for a run that does not log it)."""
     if not 0 <= smoothing < 1:
         raise TuneforgeError(f"--smoothing must be in [0, 1), not {smoothing}")
-    return [read_run(run_dir, smoothing) for run_dir in run_dirs]
+    runs = [read_run(run_dir, smoothing) for run_dir in run_dirs]
+    if not same_objective(runs):
+        for run in runs:
+            follow(run, run.meaning.cross_entropy, run.meaning.eval_cross_entropy, smoothing)
+    return runs
+
+
+def same_objective(runs: list[RunCurves]) -> bool:
+    return len({run.meaning.label for run in runs}) == 1
+
+
+def loss_label(runs: list[RunCurves]) -> str:
+    """What the compared curves measure."""
+    return runs[0].meaning.label if same_objective(runs) else CROSS_ENTROPY
 
 
 def summarize(runs: list[RunCurves]) -> list[RunSummary]:
     """Each run against the first."""
-    return [_summary(run, runs[0]) for run in runs]
+    compared_by = "loss" if same_objective(runs) else "cross-entropy"
+    return [_summary(run, runs[0], compared_by) for run in runs]
 
 
 def compare_runs(run_dirs: list[Path], smoothing: float = 0.9) -> list[RunSummary]:
     return summarize(read_runs(run_dirs, smoothing))
 
 
-def _summary(run: RunCurves, reference: RunCurves) -> RunSummary:
+def _summary(run: RunCurves, reference: RunCurves, compared_by: str) -> RunSummary:
     theirs = dict(zip(reference.steps, reference.smoothed, strict=True))
     gaps = [
         abs(value - theirs[step]) / abs(theirs[step])
@@ -141,11 +181,15 @@ def _summary(run: RunCurves, reference: RunCurves) -> RunSummary:
     if shared:
         eval_gap_step, value = shared[-1]
         eval_gap = (value - evaluated[eval_gap_step]) / evaluated[eval_gap_step]
+    steps = [int(r["step"]) for r in run.records if r.get("loss") is not None]
     return RunSummary(
         name=run.name,
         precision=run.precision,
-        steps=run.steps[-1],
-        final_loss=run.smoothed[-1],
+        objective=run.meaning.objective,
+        compared_by=compared_by,
+        steps=steps[-1],
+        final_loss=run.smoothed[-1] if run.smoothed else None,
+        last_loss=run.losses[-1] if run.losses else None,
         final_eval_loss=run.final_eval,
         final_eval_step=run.evals[-1][0] if run.evals else None,
         best_eval_loss=run.best_eval,
@@ -161,6 +205,7 @@ def _summary(run: RunCurves, reference: RunCurves) -> RunSummary:
             else None
         ),
         peak_gib=run.peak_gib,
+        final_exact_match=run.exact_match[-1][1] if run.exact_match else None,
         differs_in=_differences(run.config, reference.config),
     )
 
@@ -198,11 +243,11 @@ def plot_comparison(run_dirs: list[Path], out: Path, smoothing: float = 0.9) -> 
         import matplotlib.pyplot as plt
     except ImportError:
         raise TuneforgeError('plotting needs matplotlib: pip install "tuneforge[plot]"') from None
-    runs = [read_run(run_dir, smoothing) for run_dir in run_dirs]
+    runs = read_runs(run_dirs, smoothing)
     reference = dict(zip(runs[0].steps, runs[0].smoothed, strict=True))
     figure, (train, held_out, gap) = plt.subplots(1, 3, figsize=(16, 4.5))
     for run in runs:
-        label = f"{run.name} ({run.precision})"
+        label = f"{run.name} ({run.precision}, {run.meaning.objective})"
         (line,) = train.plot(run.steps, run.smoothed, label=label)
         train.plot(run.steps, run.losses, color=line.get_color(), alpha=0.2, linewidth=0.8)
         if run.evals:
@@ -214,9 +259,15 @@ def plot_comparison(run_dirs: list[Path], out: Path, smoothing: float = 0.9) -> 
             [100 * (v - reference[s]) / reference[s] for s, v in common],
             color=line.get_color(),
         )
-    train.set(title=f"training loss (smoothed {smoothing})", xlabel="step", ylabel="loss (nats)")
-    held_out.set(title="held-out loss", xlabel="step", ylabel="loss (nats)")
-    gap.set(title=f"gap to {runs[0].name}", xlabel="step", ylabel="smoothed loss difference (%)")
+    what = "training loss" if same_objective(runs) else "training cross-entropy"
+    unit = loss_label(runs)
+    train.set(title=f"{what} (smoothed {smoothing})", xlabel="step", ylabel=unit)
+    held_out.set(title=f"held-out {what.split()[-1]}", xlabel="step", ylabel=unit)
+    gap.set(
+        title=f"gap to {runs[0].name}",
+        xlabel="step",
+        ylabel=f"smoothed {what.split()[-1]} difference (%)",
+    )
     for axis in (train, held_out, gap):
         axis.grid(alpha=0.3)
     train.legend(fontsize=8)

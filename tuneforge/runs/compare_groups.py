@@ -24,8 +24,8 @@ class PrecisionGroup:
     high_eval: float | None
     spread: float | None
     """(highest - lowest) / mean held-out loss at `step`; None for a single run."""
-    mean_final_loss: float
-    """Mean smoothed training loss at each run's last step."""
+    mean_final_loss: float | None
+    """Mean smoothed training loss at each run's last step (None: no run has the curve)."""
     gap: float | None
     """Mean held-out loss against the reference group's, relative."""
     within_spread: bool | None
@@ -82,7 +82,11 @@ def _group(precision: str, runs: list[RunCurves], step: int | None) -> Precision
         low_eval=min(values) if values else None,
         high_eval=max(values) if values else None,
         spread=spread,
-        mean_final_loss=statistics.fmean(run.smoothed[-1] for run in runs),
+        mean_final_loss=(
+            statistics.fmean(run.smoothed[-1] for run in runs if run.smoothed)
+            if any(run.smoothed for run in runs)
+            else None
+        ),
         gap=None,
         within_spread=None,
     )

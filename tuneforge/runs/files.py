@@ -5,6 +5,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from tuneforge.errors import TuneforgeError
+
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 FINISHED_FILE = "finished"
@@ -37,8 +41,33 @@ SET_ASIDE_DIR = ".replaced"
 
 
 def read_metrics(file: Path) -> list[dict[str, Any]]:
-    with file.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """The records of a metrics file. A last line cut short (a run writing it, or killed while
+    it did) is left out; any other line that is not JSON is an error naming it."""
+    lines = file.read_text(encoding="utf-8").split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as error:
+            if number == len(lines):  # no newline after it: cut short
+                break
+            raise TuneforgeError(f"{file}, line {number}: not a JSON record ({error})") from None
+    return records
+
+
+def read_run_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A run's metrics records and its saved configuration, or a clear error."""
+    file = run_dir / METRICS_FILE
+    if not file.is_file():
+        raise TuneforgeError(f"{run_dir} has no {METRICS_FILE}: is it a run directory?")
+    records = read_metrics(file)
+    if not records:
+        raise TuneforgeError(f"{file} is empty: the run has logged no step yet")
+    config_file = run_dir / CONFIG_FILE
+    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else None
+    return records, config or {}
 
 
 def is_finished(run_dir: Path) -> bool:
