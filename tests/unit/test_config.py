@@ -387,3 +387,11 @@ def test_a_precomputed_reference_needs_a_reference_loss_and_a_cached_teacher_its
     assert "distill.top_k" in issues_of(raised.value)["distill.teacher_logits"]
     config = load_config(demo, [*teacher, "distill.teacher_logits=cached", "distill.top_k=32"])
     assert config.distill.teacher_logits == "cached" and config.distill.top_k == 32
+
+
+def test_label_smoothing_is_refused_where_the_loss_has_none():
+    dpo = REPO / "examples" / "demo-dpo.yaml"
+    with pytest.raises(ConfigError) as raised:
+        load_config(dpo, ["dpo.loss=ipo", "dpo.label_smoothing=0.1"])
+    assert "ipo has none" in issues_of(raised.value)["dpo.label_smoothing"]
+    assert load_config(dpo, ["dpo.label_smoothing=0.1"]).dpo.label_smoothing == 0.1

@@ -77,3 +77,19 @@ def test_the_demo_pairs_are_its_replies_against_one_mistake_each():
         messages, pair = json.loads(line)["messages"], json.loads(pair_line)
         assert (pair["prompt"], pair["chosen"]) == (messages[0]["content"], messages[1]["content"])
         assert pair["rejected"] != pair["chosen"]
+
+
+def test_pairs_with_the_same_reply_twice_are_counted_left_out_and_refused_when_all(
+    tokenizer, caplog
+):
+    """Such a pair trains at loss log 2 with zero gradient: it teaches nothing, and a file of
+    only such pairs would save an unchanged adapter without a word."""
+    same = [_record(1, "1 2 3", "1 2 3"), _record(3, "1 2 3", "1 2 3")]
+    examples, stats = pair_examples(
+        [same[0], _record(2, "1 2 3", "3 2 1"), same[1]], tokenizer, _data(), Rendering(), 512
+    )
+    assert len(examples) == 2 and stats.num_identical_pairs == 2
+    assert stats.identical_examples == ["pairs.jsonl:1", "pairs.jsonl:3"]
+    assert "2 pair(s) have the same chosen and rejected reply" in caplog.text
+    with pytest.raises(DataError, match="2 whose chosen and rejected replies are the same"):
+        pair_examples(same, tokenizer, _data(), Rendering(), 512)

@@ -286,6 +286,14 @@ def preference_training(train, data, lora, dpo) -> list[tuple[str, str, str]]:
                 "drop dpo.reference (or use loss sigmoid or ipo)",
             )
         )
+    if dpo.loss == "ipo" and dpo.label_smoothing:
+        problems.append(
+            (
+                "dpo.label_smoothing",
+                "label smoothing applies to the sigmoid and simpo losses; ipo has none",
+                "drop dpo.label_smoothing, or use dpo.loss: sigmoid (conservative DPO)",
+            )
+        )
     if dpo.reference == "adapters_off" and lora.enabled and lora.init_adapter is not None:
         problems.append(
             (

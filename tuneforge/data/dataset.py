@@ -31,9 +31,12 @@ class DatasetStats:
     num_without_targets: int = 0
     num_unrenderable: int = 0
     """Records the chat template could not render (left out with data.on_bad_record: skip)."""
+    num_identical_pairs: int = 0
+    """Preference pairs whose chosen and rejected replies are the same: they carry no preference."""
     num_tokens: int = 0
     num_loss_tokens: int = 0
     dropped_examples: list[str] = field(default_factory=list)
+    identical_examples: list[str] = field(default_factory=list)
     unrenderable_examples: list[str] = field(default_factory=list)
     records: RecordLengths = field(default_factory=lambda: RecordLengths([], []))
     """Tokenised length of every record before truncation or dropping, and where its supervised
@@ -155,6 +158,13 @@ def report_left_out(stats: DatasetStats, max_seq_len: int) -> None:
             "%d record(s) have no tokens that carry loss and were skipped (first: %s)",
             stats.num_without_targets,
             ", ".join(stats.dropped_examples),
+        )
+    if stats.num_identical_pairs:
+        log.warning(
+            "%d pair(s) have the same chosen and rejected reply and were left out: they carry no "
+            "preference and train nothing (first: %s)",
+            stats.num_identical_pairs,
+            ", ".join(stats.identical_examples),
         )
     if stats.num_unrenderable:
         log.warning(

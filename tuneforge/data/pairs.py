@@ -72,6 +72,11 @@ def pair_examples(
                 )
             stats.num_dropped_too_long += 1
             continue
+        if pair[0].input_ids == pair[1].input_ids:
+            stats.num_identical_pairs += 1
+            if len(stats.identical_examples) < 5:
+                stats.identical_examples.append(conversation.origin)
+            continue
         if not all(any(t.loss_mask) for t in pair):
             stats.num_without_targets += 1
             stats.dropped_examples.append(conversation.origin)
@@ -84,7 +89,8 @@ def pair_examples(
         raise DataError(
             f"no trainable pairs among {stats.num_records} records: "
             f"{stats.num_dropped_too_long} too long, {stats.num_without_targets} without a reply "
-            f"to train on, {stats.num_unrenderable} the chat template cannot render"
+            f"to train on, {stats.num_identical_pairs} whose chosen and rejected replies are the "
+            f"same, {stats.num_unrenderable} the chat template cannot render"
         )
     report_left_out(stats, data.max_seq_len)
     return examples, stats
