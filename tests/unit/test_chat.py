@@ -63,3 +63,16 @@ def test_the_command_reads_turns_from_its_input(model_dir):
     ids = prompt_ids(tokenizer, [{"role": "user", "content": "add: 1 + 1"}])
     reply = generate(model, [ids], 4, set(stop_ids(tokenizer)))[0]
     assert result.stdout == tokenizer.decode(reply, skip_special_tokens=True) + "\n"
+
+
+def test_empty_lines_unknown_commands_and_overlong_turns_do_not_reach_the_model(model_dir):
+    model, tokenizer = load_trained(model_dir, torch.device("cpu"))
+    shown: list[str] = []
+    context = model.args.max_position_embeddings
+    lines = ["", "/help", "/unknown thing", "x " * context, "add: 1 + 1"]
+    messages = chat(model, tokenizer, lines, shown.append, max_new_tokens=4, reply_prefix="model> ")
+    text = "".join(shown)
+    assert text.count("model> ") == 1  # only the one turn the model answers
+    assert "(unknown command /help: /reset" in text and "(unknown command /unknown:" in text
+    assert f"beyond the model's context of {context}" in text
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["add: 1 + 1"]

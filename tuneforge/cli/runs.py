@@ -72,6 +72,8 @@ def generate(
 
     if (prompt is None) == (data is None):
         raise TuneforgeError("give --prompt TEXT or --data FILE (with --out FILE)")
+    if prompt is not None and not prompt.strip():
+        raise TuneforgeError("--prompt is empty: give the user message to answer")
     if data is not None:
         if out is None:
             raise TuneforgeError("--data needs --out: the .jsonl to write the replies to")
@@ -135,14 +137,15 @@ def chat(
         console.print(f"ready ({COMMANDS})", markup=False, highlight=False)
 
     def lines():
+        if interactive:
+            import readline  # noqa: F401  (line editing and history for input())
         while True:
-            if interactive:
-                console.print("you> ", end="", markup=False, highlight=False)
-            line = sys.stdin.readline()
-            if not line:
+            try:
+                line = input("you> ") if interactive else sys.stdin.readline()
+            except EOFError:
                 return
-            if interactive:
-                console.print("model> ", end="", markup=False, highlight=False)
+            if not (interactive or line):
+                return
             yield line
 
     def show(text: str) -> None:
@@ -150,4 +153,5 @@ def chat(
         sys.stdout.flush()
 
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
-    converse(model, tokenizer, lines(), show, system, max_new_tokens, sampling)
+    prefix = "model> " if interactive else ""
+    converse(model, tokenizer, lines(), show, system, max_new_tokens, sampling, prefix)

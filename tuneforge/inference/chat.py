@@ -11,6 +11,7 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import stream
 
 COMMANDS = "/reset starts a new conversation, /exit leaves"
+NAMES = ("/reset", "/exit")
 
 
 def chat(
@@ -21,9 +22,12 @@ def chat(
     system: str | None = None,
     max_new_tokens: int = 256,
     sampling: dict | None = None,
+    reply_prefix: str = "",
 ) -> list[dict[str, str]]:
     """Answer each line of `lines` (user turns) in one conversation, passing the reply's text
-    to `show` piece by piece as it is decoded; the conversation at the end."""
+    to `show` piece by piece as it is decoded, after `reply_prefix`; the conversation at the
+    end. Empty lines are skipped; an unknown /command, and a turn the model's context cannot
+    hold with its reply, are answered with a note instead of by the model."""
     sampling = dict(sampling or {})
     seed = sampling.pop("seed", 0)
     generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed)
@@ -40,8 +44,20 @@ def chat(
             continue
         if not text:
             continue
+        if text.startswith("/") and text.split()[0] not in NAMES and " " not in text.split()[0][1:]:
+            show(f"(unknown command {text.split()[0]}: {COMMANDS})\n")
+            continue
+        ids = prompt_ids(tokenizer, [*messages, {"role": "user", "content": text}])
+        context = model.args.max_position_embeddings
+        if len(ids) + max_new_tokens > context:
+            show(
+                f"(the conversation would be {len(ids)} tokens and its reply up to "
+                f"{max_new_tokens} more, beyond the model's context of {context}: /reset starts "
+                "over, or send a shorter message)\n"
+            )
+            continue
         messages.append({"role": "user", "content": text})
-        ids = prompt_ids(tokenizer, messages)
+        show(reply_prefix)
         reply: list[int] = []
         shown = ""
         for token in stream(model, ids, max_new_tokens, stops, generator=generator, **sampling):

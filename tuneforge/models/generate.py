@@ -1,7 +1,7 @@
 """Decoding for evaluation, the demo and `tuneforge generate`: greedy or sampled, many prompts
 at once, with a key/value cache (prompts are prefilled as one packed batch)."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -17,12 +17,13 @@ def generate(
     max_new_tokens: int,
     stop_ids: set[int],
     temperature: float = 0.0,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     top_p: float = 1.0,
     top_k: int = 0,
 ) -> list[list[int]]:
     """New tokens for each prompt, ending at (and excluding) the first stop token; greedy at
-    temperature 0, else sampled (`sampling.next_token_probs`)."""
+    temperature 0, else sampled (`sampling.next_token_probs`; a generator per prompt, or one
+    for all)."""
     device = model.lm_head.weight.device
     lengths = [len(prompt) for prompt in prompts]
     cache = model.new_cache(len(prompts), max(lengths) + max_new_tokens)

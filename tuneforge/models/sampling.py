@@ -2,6 +2,8 @@
 then only the `top_k` likeliest tokens kept, then only the smallest set of the likeliest whose
 probabilities add up to `top_p` (nucleus sampling) — the order transformers applies them in."""
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -24,13 +26,20 @@ def next_token_probs(
 def next_tokens(
     logits: torch.Tensor,
     temperature: float,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     top_p: float = 1.0,
     top_k: int = 0,
 ) -> torch.Tensor:
     """[rows] token ids from `logits` [rows, vocab]: the likeliest at temperature 0, else drawn
-    from `next_token_probs`."""
+    from `next_token_probs` — with one generator per row when given a list of them, so that a
+    row's draws do not depend on which rows share its batch."""
     if temperature > 0:
         probs = next_token_probs(logits, temperature, top_p, top_k)
+        if isinstance(generator, Sequence):
+            rows = [
+                torch.multinomial(p[None], 1, generator=g)
+                for p, g in zip(probs, generator, strict=True)
+            ]
+            return torch.cat(rows).squeeze(-1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return logits.argmax(-1)
