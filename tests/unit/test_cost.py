@@ -251,3 +251,10 @@ def test_latent_attention_and_shared_experts_are_counted(q_rank):
     section = LoraSection(target_modules=["all-linear", "experts.down_proj"], rank=4)
     report = apply_lora(model, section)
     assert lora_params(args, lora_shape(section, args)) == report.trainable_params
+
+
+def test_parameter_counts_read_in_the_unit_that_fits():
+    from tuneforge.models.cost import parameter_count
+
+    assert parameter_count(1_648_320) == "1.65 M"  # the demo's, once "0.00 B"
+    assert parameter_count(8_030_261_248) == "8.03 B"

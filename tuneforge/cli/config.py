@@ -80,5 +80,6 @@ def models() -> None:
 
 
 def _count(parameters: int) -> str:
-    """1.65 M, 8.03 B: small shapes (the demo's) are not shown as 0.00 B."""
-    return f"{parameters / 1e9:.2f}B" if parameters >= 1e8 else f"{parameters / 1e6:.2f}M"
+    from tuneforge.models.cost import parameter_count
+
+    return parameter_count(parameters).replace(" ", "")

@@ -95,13 +95,15 @@ def plan_command(
         f"{plan.steps} steps, ETA {format_duration(plan.eta_h * 3600)}"
         + (f", {plan.jobs_needed} job(s) under the limit" if plan.jobs_needed else "")
     )
+    from tuneforge.models.cost import parameter_count
+
     tokens, model = plan.per_token, plan.model
     console.print(
         f"per token: {tokens['training_gflop']:.2f} GFLOP to train, "
         f"{tokens['activation_mib']:.2f} MiB of activations without checkpointing "
         f"({tokens['attention_kib_per_layer']:.0f} KiB of them attention's, per layer); "
-        f"the model: {model['params_b']:.2f} B parameters, {model['active_params_b']:.2f} B "
-        f"active per token, dim {model['dim']:.0f}, {model['layers']:.0f} layers",
+        f"the model: {parameter_count(model['params_b'] * 1e9)} parameters, "
+        f"{parameter_count(model['active_params_b'] * 1e9)} active per token, dim {model['dim']:.0f}, {model['layers']:.0f} layers",
         markup=False,
         highlight=False,
     )

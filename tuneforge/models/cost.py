@@ -323,3 +323,10 @@ def working_bytes_per_token(
         and any(name in lora.targets for name in ("gate_proj", "up_proj"))
     )
     return args.ffn_dim * ((2 * dtype_bytes + 4) if adapted else 3 * dtype_bytes)
+
+
+def parameter_count(parameters: float) -> str:
+    """1.65 M, 8.03 B: a small shape (the demo's) is not shown as 0.00 B."""
+    if parameters >= 1e8:
+        return f"{parameters / 1e9:.2f} B"
+    return f"{parameters / 1e6:.2f} M"

@@ -23,6 +23,7 @@ from tuneforge.models.cost import (
     activation_bytes_per_token,
     attention_activation_bytes_per_token,
     forward_flops_per_token,
+    parameter_count,
     training_flops_per_token,
 )
 from tuneforge.peft.selection import lora_shape
@@ -106,10 +107,10 @@ def zero_stage_advice(args: ModelArgs, data_parallel: int) -> tuple[int, str]:
     total = args.num_params()
     if args.moe is not None:
         stage = 3 if total > MOE_ZERO2_MAX_PARAMS else 2
-        kind = f"sparse MoE with {total / 1e9:.1f} B parameters in total"
+        kind = f"sparse MoE with {parameter_count(total)} parameters in total"
     else:
         stage = 3 if total > DENSE_ZERO2_MAX_PARAMS else 2
-        kind = f"dense model of {total / 1e9:.1f} B parameters"
+        kind = f"dense model of {parameter_count(total)} parameters"
     return stage, f"ZeRO-{stage} (parallel.zero_stage: {stage}): {kind}"
 
 

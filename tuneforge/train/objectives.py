@@ -6,6 +6,7 @@ import logging
 
 from tuneforge.config.objectives import preference_reference_kind, teacher_runs_online
 from tuneforge.config.schema import RunConfig, TrainSection
+from tuneforge.models.cost import parameter_count
 from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.distributed import shard_frozen
 from tuneforge.precision.apply import quantize_frozen_base
@@ -69,8 +70,8 @@ def distillation_teacher(
             model.requires_grad_(False)
             quantize_frozen_base(model, section.quantize, section.double_quant).log(log)
         log.info(
-            "teacher: %s, %.2f B parameters, %s", section.path or section.name,
-            model.args.num_params() / 1e9, section.dtype,
+            "teacher: %s, %s parameters, %s", section.path or section.name,
+            parameter_count(model.args.num_params()), section.dtype,
         )  # fmt: skip
         return model
 
