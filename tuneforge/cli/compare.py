@@ -3,7 +3,7 @@
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -40,7 +40,7 @@ def compare(
     summaries, groups = summarize(runs), group_by_precision(runs)
     written = plot_comparison(run_dirs, out, smoothing) if out is not None else None
     if as_json:
-        document = {"reference": summaries[0].name, "loss": loss_label(runs)}
+        document: dict[str, Any] = {"reference": summaries[0].name, "loss": loss_label(runs)}
         document["runs"] = as_dicts(summaries)
         document["groups"] = [asdict(group) for group in groups]
         console.print_json(json.dumps(document | {"plot": str(written) if written else None}))
