@@ -86,3 +86,26 @@ def test_which_gpus_have_fp8_and_fp4_tensor_cores():
     assert low_precision_cores((9, 0), "gfx90a:sramecc+:xnack-") == {"fp8": False, "fp4": False}
     assert low_precision_cores((9, 4), "gfx942:sramecc+:xnack-") == {"fp8": True, "fp4": False}
     assert low_precision_cores((9, 5), "gfx950") == {"fp8": True, "fp4": True}
+
+
+def test_the_optional_extras_installed_are_listed_from_the_packages_metadata(monkeypatch):
+    import importlib.metadata
+
+    from tuneforge.doctor.extras import describe_extras, optional_extras
+
+    requires = ['torch>=2.11', 'gguf>=0.10; extra == "gguf"', 'bitsandbytes>=0.48; extra == "qlora"',
+                'pytest>=8; extra == "dev"']  # fmt: skip
+    installed = {"gguf": "0.19.0"}
+
+    def version(name):
+        if name not in installed:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: requires)
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    extras = optional_extras()
+    assert extras == {"gguf": {"gguf": "0.19.0"}, "qlora": {"bitsandbytes": None}}
+    assert describe_extras(extras) == (
+        "gguf (gguf 0.19.0); not installed: qlora (pip install 'tuneforge[NAME]')"
+    )

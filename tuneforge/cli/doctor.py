@@ -129,6 +129,7 @@ def log(
 def env(as_json: JsonOption = False) -> None:
     """GPUs, versions, allocator setting in effect, attention kernels, NCCL/RCCL, HF cache."""
     from tuneforge.doctor.env import inspect_environment
+    from tuneforge.doctor.extras import describe_extras
 
     report = inspect_environment()
     if as_json:
@@ -164,6 +165,7 @@ def env(as_json: JsonOption = False) -> None:
     console.print(f"NCCL/RCCL variables: {report.collective_env or 'none'}", markup=False)
     console.print(f"ROCm variables: {report.rocm_env or 'none'}", markup=False)
     console.print(f"CPU runs: {report.cpu_threads}", markup=False)
+    console.print(f"extras: {describe_extras(report.extras)}", markup=False, highlight=False)
     console.print(
         f"HF_HOME: {report.hf_home} ({report.hf_home_free_gib or 0:.0f} GiB free)", markup=False
     )

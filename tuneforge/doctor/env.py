@@ -16,6 +16,7 @@ from tuneforge.doctor.env_checks import (
     shared_cache_findings,
     unresponsive_gpus,
 )
+from tuneforge.doctor.extras import optional_extras
 from tuneforge.hardware.cpu import choose_cpu_threads
 from tuneforge.hardware.gpus import GIB, low_precision_cores
 from tuneforge.hardware.nvml import Nvml, open_nvml
@@ -49,6 +50,8 @@ class EnvReport:
     """The threads a run on the CPU here would compute with, and why."""
     hf_home: str = ""
     hf_home_free_gib: float | None = None
+    extras: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    """tuneforge's optional extras: their packages and the versions installed (None: missing)."""
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -134,6 +137,7 @@ def inspect_environment() -> EnvReport:
     if mounts.is_file():
         report.warnings += shared_cache_findings(os.environ, mounts.read_text())
     report.cpu_threads = choose_cpu_threads().describe()
+    report.extras = optional_extras()
     home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
     report.hf_home = str(home)
     existing = next((p for p in (home, *home.parents) if p.exists()), None)
