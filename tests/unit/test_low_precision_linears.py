@@ -237,3 +237,32 @@ def test_fp4_param_gather_makes_the_codes_and_scales_what_fsdp2_shards():
         dist.destroy_process_group()
     unsharded = apply_precision(_demo_model(["q_proj"]), section)  # one process: buffers
     assert not any("FSDP2" in line for line in unsharded.lines)
+
+
+def test_torchaos_fp8_weights_become_fp32_shards_as_every_other_trained_weight():
+    """fp32 master shards under FSDP2 for a full fine-tune through torchao's float8 training:
+    its weights are a tensor subclass, and all of a block's sharded parameters must be fp32 (FSDP2
+    refuses mixed dtypes at the first forward), inner tensors included."""
+    pytest.importorskip("torchao.float8")
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from tuneforge.config.schema import ParallelSection
+    from tuneforge.parallel.distributed import Dist, parallelize
+    from tuneforge.precision.fp8 import Fp8Recipe
+    from tuneforge.precision.torchao_training import torchao_config, torchao_linear
+
+    model = load_model("demo-tiny", dtype="bfloat16", device=torch.device("cpu"), seed=0)
+    config = torchao_config(Fp8Recipe.of("e4m3", "tensorwise"), sharded=True)
+    attention = model.layers[0].attn
+    attention.q_proj = torchao_linear(attention.q_proj, config)
+    dist.init_process_group(backend="fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        parallelize(model, model.layers, "fsdp", ParallelSection(), Dist(0, 2), fp32_shards=True)
+        for name, param in model.named_parameters():
+            local = param.to_local()
+            assert param.dtype == local.dtype == torch.float32, name
+            assert getattr(local, "_tensor", local).dtype == torch.float32, name
+        assert type(attention.q_proj.weight.to_local()).__name__ != "Tensor"  # still torchao's
+    finally:
+        dist.destroy_process_group()

@@ -104,7 +104,10 @@ def parallelize(
     if fp32_shards:
         for param in root.parameters():
             if param.requires_grad and param.dtype in LOW_PRECISION:
-                param.data = param.data.float()
+                # swapped whole, not through `.data`: a tensor subclass (torchao's FP8 weight)
+                # would keep its inner tensor in 16 bits, and FSDP2 shards that one
+                fp32 = nn.Parameter(param.detach().float(), requires_grad=True)
+                torch.utils.swap_tensors(param, fp32)
     reduce_dtype = torch.float32 if parallel.reduce_dtype == "float32" else dtype
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
     reshard = reshard_after_forward(parallel)
