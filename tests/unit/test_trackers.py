@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import QUIET_DEMO, train_demo
 from tuneforge.config import load_config
 from tuneforge.errors import TuneforgeError
-from tuneforge.train.trackers import MLFLOW_ID, WANDB_ID, require_trackers
+from tuneforge.train.trackers import MLFLOW_ID, WANDB_ID, require_packages
 
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = [
@@ -92,6 +92,39 @@ def test_a_missing_tracker_package_is_refused_by_name(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
     config = load_config(REPO / "examples" / "demo.yaml", ["logging.report_to=[mlflow]"])
     with pytest.raises(
-        TuneforgeError, match=r"mlflow needs the mlflow package.*tuneforge\[mlflow\]"
+        TuneforgeError, match=r"report_to needs the mlflow package.*tuneforge\[mlflow\]"
     ):
-        require_trackers(config)
+        require_packages(config)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "module", "said"),
+    [
+        (["model.quantize=nf4"], "bitsandbytes", "model.quantize needs the bitsandbytes package"),
+        (["logging.report_to=[wandb]"], "wandb", "tuneforge[wandb]"),
+        (["precision.fp8=e4m3", "precision.fp8_implementation=torchao", "model.dtype=bfloat16"],
+         "torchao",
+         "pip install torchao"),
+    ],
+)  # fmt: skip
+def test_missing_optional_packages_are_found_before_any_work(
+    tmp_path, monkeypatch, overrides, module, said
+):
+    """`config validate` names them; `train` refuses before tokenising or making its run
+    directory."""
+    from typer.testing import CliRunner
+
+    from tuneforge.cli.main import app
+    from tuneforge.train.loop import Trainer
+
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    lora = ["lora.enabled=true"] if "model.quantize=nf4" in overrides else []
+    arguments = [*overrides, *lora, f"run.output_dir={tmp_path / 'run'}"]
+    result = CliRunner().invoke(
+        app, ["config", "validate", str(REPO / "examples" / "demo.yaml"), *arguments]
+    )
+    assert result.exit_code == 2 and said in result.output.replace("\n", " "), result.output
+    trainer = Trainer(load_config(REPO / "examples" / "demo.yaml", arguments))
+    with pytest.raises(TuneforgeError, match=said.replace("[", "\\[").replace("]", "\\]")):
+        trainer.setup()
+    assert not (tmp_path / "run").exists()

@@ -23,7 +23,15 @@ def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
 @config_app.command("validate")
 def config_validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Check a configuration; every problem is listed at once (exit code 2 if any)."""
+    from tuneforge.config.packages import missing_packages
+
     loaded = load_config(config, overrides or [])
+    missing = missing_packages(loaded)
+    if missing:
+        for package in missing:
+            console.print(f"missing: {package.message()}", style="red", markup=False)
+        console.print(f"{config} is valid, but this machine cannot run it as it is")
+        raise typer.Exit(2)
     console.print(f"[green]ok[/green]: {config} is valid")
     for advisory in advisories(loaded):
         console.print(f"[yellow]note[/yellow]: {advisory}", highlight=False)

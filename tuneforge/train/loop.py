@@ -68,7 +68,7 @@ from tuneforge.train.schedule import Schedule
 from tuneforge.train.step import StepRunner
 from tuneforge.train.stopping import StopCheck
 from tuneforge.train.strategy_choice import choose_strategy
-from tuneforge.train.trackers import require_trackers
+from tuneforge.train.trackers import require_packages
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ class Trainer:
             log.warning(advisory)
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
+        require_packages(config)
         refuse_unsupported_precision(config.precision, self.device, config.model)
-        require_trackers(config)
         if self.device.type == "cpu":
             threads = choose_cpu_threads(self.world.world_size)
             torch.set_num_threads(threads.threads)

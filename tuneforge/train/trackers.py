@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tuneforge.config import RunConfig
+from tuneforge.config.packages import missing_packages
 from tuneforge.errors import TuneforgeError
 
 WANDB_ID, MLFLOW_ID = "wandb_run_id", "mlflow_run_id"
@@ -101,8 +102,9 @@ def open_trackers(config: RunConfig, run_dir: Path) -> list[Tracker]:
     ]
 
 
-def require_trackers(config: RunConfig) -> None:
-    """Refuse a tracker whose package is missing before the run directory is touched."""
-    for name in config.logging.report_to:
-        if name in TRACKERS:
-            _require(name, name)
+def require_packages(config: RunConfig) -> None:
+    """Refuse a run whose optional packages (a tracker's, bitsandbytes, torchao, ...) are
+    missing, before the run directory is touched."""
+    missing = missing_packages(config)
+    if missing:
+        raise TuneforgeError("; ".join(package.message() for package in missing))
