@@ -128,3 +128,32 @@ def test_missing_optional_packages_are_found_before_any_work(
     with pytest.raises(TuneforgeError, match=said.replace("[", "\\[").replace("]", "\\]")):
         trainer.setup()
     assert not (tmp_path / "run").exists()
+
+
+def test_trackers_that_could_not_log_are_refused_at_start(tmp_path, monkeypatch):
+    """W&B online without a key, and an MLflow server that does not answer (checked with a
+    short timeout, not MLflow's minutes of retries), stop the run before any work."""
+    import socket
+    import time
+
+    from tuneforge.train.trackers import check_trackers
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    wandb = load_config(REPO / "examples" / "demo.yaml", ["logging.report_to=[wandb]"])
+    with pytest.raises(TuneforgeError, match=r"wandb has no API key.*WANDB_MODE=offline"):
+        check_trackers(wandb, {})
+    check_trackers(wandb, {"WANDB_MODE": "offline"})
+    check_trackers(wandb, {"WANDB_API_KEY": "x" * 40})
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai login user password secret\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    check_trackers(wandb, {})
+
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    mlflow = load_config(REPO / "examples" / "demo.yaml", ["logging.report_to=[mlflow]"])
+    start = time.perf_counter()
+    with pytest.raises(TuneforgeError, match=r"MLFLOW_TRACKING_URI=http://127.0.0.1:\d+ does not"):
+        check_trackers(mlflow, {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"})
+    assert time.perf_counter() - start < 10
+    check_trackers(mlflow, {})  # logs into the run directory

@@ -68,7 +68,7 @@ from tuneforge.train.schedule import Schedule
 from tuneforge.train.step import StepRunner
 from tuneforge.train.stopping import StopCheck
 from tuneforge.train.strategy_choice import choose_strategy
-from tuneforge.train.trackers import require_packages
+from tuneforge.train.trackers import require_packages_and_trackers
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Trainer:
             log.warning(advisory)
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
-        require_packages(config)
+        require_packages_and_trackers(config)
         refuse_unsupported_precision(config.precision, self.device, config.model)
         if self.device.type == "cpu":
             threads = choose_cpu_threads(self.world.world_size)

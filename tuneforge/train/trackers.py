@@ -4,7 +4,10 @@ numbers at its step. A resumed run continues the same tracked run (its id is kep
 directory). W&B honours `WANDB_MODE` (offline writes to the run directory); MLflow writes to
 `MLFLOW_TRACKING_URI`, or to `<run dir>/mlruns` without one."""
 
+import netrc
 import os
+import socket
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -102,9 +105,62 @@ def open_trackers(config: RunConfig, run_dir: Path) -> list[Tracker]:
     ]
 
 
+OFFLINE_WANDB = ("offline", "disabled", "dryrun")
+PROBE_TIMEOUT_S = 3.0
+
+
+def wandb_problem(environ: dict[str, str]) -> str | None:
+    """Why W&B could not log from here: online mode without an API key."""
+    if environ.get("WANDB_MODE", "").lower() in OFFLINE_WANDB or environ.get("WANDB_API_KEY"):
+        return None
+    host = urllib.parse.urlparse(environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        if netrc.netrc().authenticators(host or "api.wandb.ai"):
+            return None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        pass
+    return (
+        "logging.report_to: wandb has no API key here (WANDB_API_KEY, or `wandb login`): set "
+        "one, or WANDB_MODE=offline to write W&B's files into the run directory"
+    )
+
+
+def mlflow_problem(environ: dict[str, str]) -> str | None:
+    """Why MLflow could not log from here: a tracking server that does not answer."""
+    uri = environ.get("MLFLOW_TRACKING_URI", "")
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme not in ("http", "https") or parsed.hostname is None:
+        return None
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as error:
+        return (
+            f"logging.report_to: mlflow: MLFLOW_TRACKING_URI={uri} does not answer ({error}): "
+            "start the server or fix the URI, or unset it to log into <run dir>/mlruns"
+        )
+    return None
+
+
+def check_trackers(config: RunConfig, environ: dict[str, str] | None = None) -> None:
+    """Refuse, before any work, a tracker that could not log from here."""
+    environ = dict(os.environ) if environ is None else environ
+    checks = {"wandb": wandb_problem, "mlflow": mlflow_problem}
+    problems = [checks[name](environ) for name in config.logging.report_to if name in checks]
+    if any(problems):
+        raise TuneforgeError("; ".join(p for p in problems if p))
+
+
 def require_packages(config: RunConfig) -> None:
     """Refuse a run whose optional packages (a tracker's, bitsandbytes, torchao, ...) are
     missing, before the run directory is touched."""
     missing = missing_packages(config)
     if missing:
         raise TuneforgeError("; ".join(package.message() for package in missing))
+
+
+def require_packages_and_trackers(config: RunConfig) -> None:
+    """Before the run directory is touched: the packages the configuration needs, and trackers
+    that can log from here."""
+    require_packages(config)
+    check_trackers(config)
