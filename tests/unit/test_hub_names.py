@@ -125,3 +125,28 @@ def test_a_hub_dataset_reads_the_subset_and_split_asked_for(tmp_path, dataset_ca
     config.write_text(config.read_text().replace("org/qa", "org/absent"))
     with pytest.raises(ConfigError, match="org/absent is not in the Hugging Face cache"):
         load_config(config)
+
+
+def test_validate_show_and_plan_fetch_a_hub_models_configuration_not_its_weights(
+    tmp_path, hub_cache, monkeypatch
+):
+    """They need config.json and the tokenizer; `train` needs the weights too."""
+    import huggingface_hub
+    from typer.testing import CliRunner
+
+    from tuneforge.cli.main import app
+
+    asked = []
+
+    def snapshot_download(repo_id, **kwargs):
+        asked.append(kwargs["allow_patterns"])
+        return str(hub_cache / "snapshots" / COMMIT)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    config = write_config(tmp_path, "org/tiny")
+    for command in (["config", "show"], ["config", "validate"], ["plan", "--no-data"]):
+        result = CliRunner().invoke(app, [*command, str(config)])
+        assert result.exit_code == 0, (command, result.output, result.exception)
+    assert len(asked) >= 3 and all("*.safetensors" not in patterns for patterns in asked)
+    load_config(config)  # as `train` loads it
+    assert "*.safetensors" in asked[-1]

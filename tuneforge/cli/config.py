@@ -15,17 +15,21 @@ config_app = typer.Typer(help="Inspect and check configurations.", no_args_is_he
 @config_app.command("show")
 def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Print the resolved configuration (presets merged, overrides and defaults applied)."""
-    console.print(
-        dump_config(load_config(config, overrides or [])), end="", markup=False, highlight=False
-    )
+    from tuneforge.config.hub import without_weights
+
+    with without_weights():
+        loaded = load_config(config, overrides or [])
+    console.print(dump_config(loaded), end="", markup=False, highlight=False)
 
 
 @config_app.command("validate")
 def config_validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Check a configuration; every problem is listed at once (exit code 2 if any)."""
+    from tuneforge.config.hub import without_weights
     from tuneforge.config.packages import missing_packages
 
-    loaded = load_config(config, overrides or [])
+    with without_weights():
+        loaded = load_config(config, overrides or [])
     missing = missing_packages(loaded)
     if missing:
         for package in missing:

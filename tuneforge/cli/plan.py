@@ -68,8 +68,11 @@ def plan_command(
     hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit, mfu)
     if master_weights is not None:
         overrides = [*(overrides or []), f"precision.master_weights={str(master_weights).lower()}"]
-    lengths = None if no_data else record_lengths(config, overrides or [])
-    plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
+    from tuneforge.config.hub import without_weights
+
+    with without_weights():  # a hub model's configuration and tokenizer are enough to plan
+        lengths = None if no_data else record_lengths(config, overrides or [])
+        plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
     if as_json:
         console.print(
             json.dumps(plan.as_dict() | {"planned_for": target}, indent=2),

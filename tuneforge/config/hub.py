@@ -5,8 +5,11 @@ With `HF_HUB_OFFLINE` set only the cache is read; otherwise a missing snapshot i
 its configuration, tokenizer and safetensors files only (never pickled weights), or a dataset's
 data files."""
 
+import contextlib
+import contextvars
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from tuneforge.errors import TuneforgeError
@@ -18,6 +21,20 @@ FILES = {
 }
 """What a snapshot brings: a model's configs, weights, tokenizers and chat templates; a
 dataset's data files and the README that maps its subsets and splits to them (no scripts)."""
+WEIGHTS = "*.safetensors"
+fetch_weights: contextvars.ContextVar[bool] = contextvars.ContextVar("fetch_weights", default=True)
+"""Off while a command needs a model's configuration and tokenizer only (`config validate`,
+`config show`, `plan`): a missing snapshot then brings no weights."""
+
+
+@contextlib.contextmanager
+def without_weights() -> Iterator[None]:
+    """Resolve hub models without downloading their weights (the configuration is enough)."""
+    token = fetch_weights.set(False)
+    try:
+        yield
+    finally:
+        fetch_weights.reset(token)
 
 
 class HubName:
@@ -63,10 +80,11 @@ def resolve_snapshot(
 
     cache = os.environ.get("HF_HUB_CACHE")
     local_only = offline()
+    patterns = [p for p in FILES[repo_type] if fetch_weights.get() or p != WEIGHTS]
     try:
         folder = snapshot_download(
             repo_id, revision=revision, cache_dir=cache, local_files_only=local_only,
-            allow_patterns=FILES[repo_type], repo_type=repo_type,
+            allow_patterns=patterns, repo_type=repo_type,
         )  # fmt: skip
     except LocalEntryNotFoundError:
         where = f" at revision {revision}" if revision else ""
