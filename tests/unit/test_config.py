@@ -328,6 +328,7 @@ def test_the_precision_ab_examples_differ_only_in_precision(tmp_path, monkeypatc
             REPO / "tuneforge" / "assets" / "demo_data" / f"{name}.jsonl", tmp_path / "data"
         )
     (tmp_path / "pretrained").mkdir()
+    (tmp_path / "pretrained" / "config.json").write_text("{}\n")
     monkeypatch.setenv("AB_BASE", str(tmp_path / "pretrained"))
     tokenizer = f"tokenizer.path={REPO / 'tuneforge' / 'assets' / 'demo_tokenizer'}"
     configs = {
@@ -390,8 +391,41 @@ def test_a_precomputed_reference_needs_a_reference_loss_and_a_cached_teacher_its
 
 
 def test_label_smoothing_is_refused_where_the_loss_has_none():
-    dpo = REPO / "examples" / "demo-dpo.yaml"
+    pairs = REPO / "tuneforge" / "assets" / "demo_data" / "pairs_train.jsonl"
+    demo = REPO / "examples" / "demo.yaml"
+    dpo = [
+        "train.objective=dpo",
+        f"data.train=[{{path: {pairs}, format: preference}}]",
+        "data.eval=[]",
+        "eval.every_steps=null",
+        "eval.num_samples=0",
+    ]
     with pytest.raises(ConfigError) as raised:
-        load_config(dpo, ["dpo.loss=ipo", "dpo.label_smoothing=0.1"])
+        load_config(demo, [*dpo, "dpo.loss=ipo", "dpo.label_smoothing=0.1"])
     assert "ipo has none" in issues_of(raised.value)["dpo.label_smoothing"]
-    assert load_config(dpo, ["dpo.label_smoothing=0.1"]).dpo.label_smoothing == 0.1
+    assert load_config(demo, [*dpo, "dpo.label_smoothing=0.1"]).dpo.label_smoothing == 0.1
+
+
+def test_a_run_or_adapter_directory_given_as_a_model_is_named_with_what_to_give(tmp_path):
+    """distill.teacher (or model.path) pointed at a run or an adapter: the field and the fix,
+    at load time, before any data is read."""
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "config.yaml").write_text("{}\n")
+    (run / "final" / "config.json").write_text("{}\n")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}\n")
+    demo = REPO / "examples" / "demo.yaml"
+    teacher = ["train.objective=distill"]
+    with pytest.raises(ConfigError) as raised:
+        load_config(demo, [*teacher, f"distill.teacher.path={run}"])
+    found = issues_of(raised.value)["distill.teacher.path"]
+    assert "is a run directory" in found and str(run / "final") in str(raised.value)
+    with pytest.raises(ConfigError) as raised:
+        load_config(demo, [*teacher, f"distill.teacher.path={adapter}"])
+    assert "is an adapter" in issues_of(raised.value)["distill.teacher.path"]
+    assert "tuneforge export merge" in str(raised.value)
+    with pytest.raises(ConfigError) as raised:
+        load_config(demo, ["model.name=null", f"model.path={tmp_path}"])
+    assert "has no config.json" in issues_of(raised.value)["model.path"]

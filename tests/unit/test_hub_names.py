@@ -150,3 +150,9 @@ def test_validate_show_and_plan_fetch_a_hub_models_configuration_not_its_weights
     assert len(asked) >= 3 and all("*.safetensors" not in patterns for patterns in asked)
     load_config(config)  # as `train` loads it
     assert "*.safetensors" in asked[-1]
+
+
+def test_a_mistyped_relative_directory_is_no_such_directory_not_a_hub_id(tmp_path, hub_cache):
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ConfigError, match=r"no such file or directory: .*models/llama-3-8b"):
+        load_config(write_config(tmp_path, "models/llama-3-8b"))

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 # the rule modules register their rules on import
 import tuneforge.config.adapter_rules
+import tuneforge.config.model_directories
 import tuneforge.config.precision_rules  # noqa: F401
 from tuneforge.config.errors import ConfigError, ConfigIssue
 from tuneforge.config.hub import HubError, HubName, looks_like_hub_id, resolve_snapshot
@@ -225,11 +226,13 @@ def _input_path_marker(field: Any) -> RelativeToConfigFile | None:
 
 
 def _names_the_hub(text: str, path: KeyPath, source_map: SourceMap) -> bool:
-    """A hub id, and no file or directory of that name beside the config."""
+    """A hub id, and neither a file or directory of that name beside the config nor a directory
+    named as its organisation (`models/llama-3-8b` where `models/` exists is a mistyped path)."""
     if not looks_like_hub_id(text):
         return False
     location = source_map.get(path, Location(None, override=dotted(path)))
-    return not (location.base_dir / text).exists()
+    local = location.base_dir / text
+    return not (local.exists() or local.parent.is_dir())
 
 
 def _resolve_hub(
