@@ -429,3 +429,19 @@ def test_a_run_or_adapter_directory_given_as_a_model_is_named_with_what_to_give(
     with pytest.raises(ConfigError) as raised:
         load_config(demo, ["model.name=null", f"model.path={tmp_path}"])
     assert "has no config.json" in issues_of(raised.value)["model.path"]
+
+
+def test_a_model_name_and_path_from_two_files_are_each_shown_where_they_are_set(data_dir):
+    """An `extends` file sets model.name, the config sets model.path: both places named."""
+    from tests.helpers import save_tiny_llama
+
+    save_tiny_llama(data_dir / "model")
+    base = write(data_dir / "base.yaml", MINIMAL)
+    child = write(
+        data_dir / "child.yaml", f"extends: base.yaml\nmodel:\n  path: {data_dir / 'model'}\n"
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_config(child)
+    said = str(raised.value)
+    assert "model.name (demo-tiny) is set, and model.path too" in said
+    assert f"{base}:" in said and f"{child}:" in said

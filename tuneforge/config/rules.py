@@ -35,13 +35,20 @@ def check_rules(sections: dict[str, Any], source_map: SourceMap) -> list[ConfigI
 
 @rule("model")
 def model_source(model) -> list[tuple[str, str, str]]:
-    if (model.name is None) == (model.path is None):
+    if model.name is None and model.path is None:
         return [
             (
                 "model",
                 "set exactly one of model.name and model.path",
                 "model.name builds a catalog shape with random weights; model.path loads a local HF directory",
             )
+        ]
+    if model.name is not None and model.path is not None:
+        # each reported where it is set: one of them often comes from an `extends` file
+        fix = "keep one: model.name builds a catalog shape, model.path loads a model directory"
+        return [
+            ("model.name", f"model.name ({model.name}) is set, and model.path too", fix),
+            ("model.path", f"model.path ({model.path}) is set, and model.name too", fix),
         ]
     return []
 
