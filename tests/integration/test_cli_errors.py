@@ -184,3 +184,38 @@ def test_preview_shows_every_source(tmp_path):
     result = run_cli("data", "preview", str(config), "-n", "2")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("first.jsonl:") == 2 and result.stdout.count("second.jsonl:") == 2
+
+
+LIGHT = """
+import sys
+from tuneforge.cli import main
+sys.argv = ["tuneforge", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as stop:
+    heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+    print("exit", stop.code, "heavy", ",".join(heavy) or "none")
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train", "/nonexistent.yaml"],
+        ["plan", "/nonexistent.yaml"],
+        ["config", "validate", "/nonexistent.yaml"],
+        ["export", "merge", "--out", "/tmp/never", "/nonexistent"],
+        ["export", "gguf", "--out", "/tmp/never.gguf", "/nonexistent"],
+        ["data", "inspect", "--data", "/nonexistent.jsonl"],
+        ["generate", "/nonexistent", "--prompt", "hi"],
+        ["chat", "/nonexistent"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_a_mistake_in_the_arguments_is_reported_before_torch_is_imported(command):
+    """Bad input is answered in well under a second, not after the seconds torch takes."""
+    result = subprocess.run(
+        [sys.executable, "-c", LIGHT, *command], capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+    )  # fmt: skip
+    assert "exit 2 heavy none" in result.stdout, (result.stdout, result.stderr[-2000:])

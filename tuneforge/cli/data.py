@@ -43,15 +43,20 @@ def inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Records, lengths, supervision, packing efficiency and advice for a dataset."""
-    from tuneforge.data.report import inspect_data
-
     if config is not None:
+        load_config(config, overrides or [])  # its mistakes before the heavy imports
+        from tuneforge.data.report import inspect_data
+
         run_config, tok = _from_config(config, overrides or [])
         report = inspect_data(
             run_config.data, tok, run_config.train.tokens_per_micro_batch, run_config.train.seed
         )
     elif data is not None:
+        if not data.exists():
+            raise TuneforgeError(f"--data {data}: no such file or directory")
         section = _data_section(data, format, max_seq_len)
+        from tuneforge.data.report import inspect_data
+
         report = inspect_data(section, _tokenizer(tokenizer), tokens_per_micro_batch)
     else:
         raise TuneforgeError("give a configuration, or --data FILE --format NAME")

@@ -30,10 +30,12 @@ def merge(
     overwrite: OverwriteOption = False,
 ) -> None:
     """Fold an adapter into its base: sharded safetensors, config, tokenizer, generation config."""
-    from tuneforge.export.merge import export_merged
     from tuneforge.export.sources import resolve_source
 
-    written = export_merged(resolve_source(source, base, adapter), out, dtype, overwrite)
+    resolved = resolve_source(source, base, adapter)  # before the heavy imports
+    from tuneforge.export.merge import export_merged
+
+    written = export_merged(resolved, out, dtype, overwrite)
     console.print(f"merged model written to {written}", markup=False, highlight=False)
 
 
@@ -55,10 +57,12 @@ def gguf(
     overwrite: OverwriteOption = False,
 ) -> None:
     """Write a GGUF file for llama.cpp, tokenizer and chat template included."""
-    from tuneforge.export.gguf_file import export_gguf
     from tuneforge.export.sources import ExportError, resolve_source
 
     if model is not None and source is not None:
         raise ExportError("give SOURCE or --model, not both")
-    written = export_gguf(resolve_source(source or model, base, adapter), out, type, overwrite)
+    resolved = resolve_source(source or model, base, adapter)  # before the heavy imports
+    from tuneforge.export.gguf_file import export_gguf
+
+    written = export_gguf(resolved, out, type, overwrite)
     console.print(f"GGUF written to {written}", markup=False, highlight=False)

@@ -49,6 +49,13 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Predict per-GPU memory, step time, ETA and jobs needed, before launching."""
+    from tuneforge.config import load_config
+    from tuneforge.config.hub import without_weights
+
+    if master_weights is not None:
+        overrides = [*(overrides or []), f"precision.master_weights={str(master_weights).lower()}"]
+    with without_weights():  # a configuration's mistakes reported before the heavy imports
+        load_config(config, overrides or [])
     from tuneforge.config.durations import format_duration, parse_duration
     from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB
     from tuneforge.plan.plan import CPU, Hardware
@@ -66,10 +73,6 @@ def plan_command(
         raise TuneforgeError(f"--time-limit: {error}") from None
     mfu = measured_mfu(calibrate) if calibrate is not None else None
     hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit, mfu)
-    if master_weights is not None:
-        overrides = [*(overrides or []), f"precision.master_weights={str(master_weights).lower()}"]
-    from tuneforge.config.hub import without_weights
-
     with without_weights():  # a hub model's configuration and tokenizer are enough to plan
         lengths = None if no_data else record_lengths(config, overrides or [])
         plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])

@@ -61,15 +61,10 @@ def generate(
 ) -> None:
     """Answer a prompt, or a whole file of prompts (an SFT dataset of the replies: sequence-level
     distillation), with a trained run (base + adapter, or full weights) or a model directory."""
-    import torch
-
-    from tuneforge.data.chat import prompt_ids, stop_ids
     from tuneforge.errors import TuneforgeError
-    from tuneforge.hardware.gpus import pick_device
-    from tuneforge.inference.replies import read_prompts
-    from tuneforge.inference.trained import load_trained
-    from tuneforge.models.generate import generate as generate_tokens
 
+    if not run_dir.is_dir():  # before the heavy imports
+        raise TuneforgeError(f"{run_dir}: no such run or model directory")
     if (prompt is None) == (data is None):
         raise TuneforgeError("give --prompt TEXT or --data FILE (with --out FILE)")
     if prompt is not None and not prompt.strip():
@@ -81,6 +76,14 @@ def generate(
             raise TuneforgeError(f"--out {out} exists: choose another file, or add --overwrite")
         if not out.parent.is_dir():
             raise TuneforgeError(f"--out {out}: there is no directory {out.parent}")
+    import torch
+
+    from tuneforge.data.chat import prompt_ids, stop_ids
+    from tuneforge.hardware.gpus import pick_device
+    from tuneforge.inference.replies import read_prompts
+    from tuneforge.inference.trained import load_trained
+    from tuneforge.models.generate import generate as generate_tokens
+
     conversations = read_prompts(data) if data is not None else []  # before the model loads
     model, tokenizer = load_trained(run_dir, pick_device())
     if out is not None and conversations:
@@ -124,6 +127,10 @@ def chat(
     streamed as it is written (/reset starts over, /exit or end of input leaves)."""
     import sys
 
+    from tuneforge.errors import TuneforgeError
+
+    if not run_dir.is_dir():  # before the heavy imports
+        raise TuneforgeError(f"{run_dir}: no such run or model directory")
     from tuneforge.hardware.gpus import pick_device
     from tuneforge.inference.chat import COMMANDS
     from tuneforge.inference.chat import chat as converse

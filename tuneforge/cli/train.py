@@ -36,15 +36,15 @@ def train(
     """Fine-tune a model as the configuration says. Exit code 0: finished; 75: stopped before a
     time limit or on a signal after saving (run the same command with --resume auto); 3: stopped
     on non-finite losses."""
-    from tuneforge.runs.files import is_finished
-    from tuneforge.runs.run_dir import check_resume
-    from tuneforge.train.loop import Trainer
-
     setup_logging(verbose)
     # SLURM's USR1 means "save and stop": the loop handles it; outside the loop (setup, the final
     # save) it must not kill the process
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    run_config = load_config(config, overrides or [])
+    run_config = load_config(config, overrides or [])  # its mistakes before the heavy imports
+    from tuneforge.runs.files import is_finished
+    from tuneforge.runs.run_dir import check_resume
+    from tuneforge.train.loop import Trainer
+
     check_resume(resume, overwrite)
     if resume != "never" and is_finished(run_config.run.directory):
         console.print(f"{run_config.run.directory} already finished: nothing to do")
