@@ -12,6 +12,17 @@ def test_the_catalog_table_fits_80_columns_with_every_name_whole():
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert all(len(line) <= 80 for line in lines)
+    assert "…" not in result.output  # no column clipped, the headers neither
+    assert lines[1].split() == [
+        "name",
+        "layers",
+        "dim",
+        "heads/kv",
+        "ffn",
+        "experts",
+        "params",
+        "active",
+    ]
     names = {line.split()[0] for line in lines if line.strip()}
     assert set(CATALOG) <= names
     demo = next(line for line in lines if line.split() and line.split()[0] == "demo-tiny")

@@ -74,8 +74,11 @@ def models() -> None:
         "active",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        padding=(0, 1, 0, 0),  # with the box's divider: two spaces between columns
     )
     table.columns[0].min_width = max(map(len, CATALOG))  # a name is what one copies
+    for column in table.columns:  # fits 80 columns whole, never clipped
+        column.no_wrap = True
     for name, args in CATALOG.items():
         experts = f"{args.moe.top_k}/{args.moe.num_experts}" if args.moe else "-"
         table.add_row(
