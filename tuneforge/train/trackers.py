@@ -4,6 +4,7 @@ numbers at its step. A resumed run continues the same tracked run (its id is kep
 directory). W&B honours `WANDB_MODE` (offline writes to the run directory); MLflow writes to
 `MLFLOW_TRACKING_URI`, or to `<run dir>/mlruns` without one."""
 
+import contextlib
 import netrc
 import os
 import socket
@@ -114,11 +115,9 @@ def wandb_problem(environ: dict[str, str]) -> str | None:
     if environ.get("WANDB_MODE", "").lower() in OFFLINE_WANDB or environ.get("WANDB_API_KEY"):
         return None
     host = urllib.parse.urlparse(environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
+    with contextlib.suppress(OSError, netrc.NetrcParseError):  # no ~/.netrc, or a broken one
         if netrc.netrc().authenticators(host or "api.wandb.ai"):
             return None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        pass
     return (
         "logging.report_to: wandb has no API key here (WANDB_API_KEY, or `wandb login`): set "
         "one, or WANDB_MODE=offline to write W&B's files into the run directory"
