@@ -89,3 +89,22 @@ def test_a_failed_build_writes_nothing(setup):
     with pytest.raises(Exception, match="invalid JSON"):
         load(data, tokenizer, cache)
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_records_left_out_are_reported_on_a_cache_hit_too(tmp_path, setup, caplog):
+    from tuneforge.config.schema import DataSection
+    from tuneforge.data.training_data import load_training_data
+
+    data, tokenizer, cache = setup
+    with data.open("a") as file:
+        file.write(json.dumps(record("sort: " + " ".join(["9"] * 80), "9")) + "\n")
+    section = DataSection(
+        train=[{"path": str(data)}], max_seq_len=64, on_too_long="drop", cache_dir=cache
+    )
+    for attempt in ("tokenised", "cached"):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            load_training_data(section, tokenizer, tokens_per_micro_batch=128, seed=0)
+        assert ("from cache" in caplog.text) == (attempt == "cached")
+        assert "1 of 8 record(s) are longer than data.max_seq_len=64" in caplog.text, attempt
+        assert "train data: 8 records (7 kept)" in caplog.text, attempt

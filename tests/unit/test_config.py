@@ -445,3 +445,22 @@ def test_a_model_name_and_path_from_two_files_are_each_shown_where_they_are_set(
     said = str(raised.value)
     assert "model.name (demo-tiny) is set, and model.path too" in said
     assert f"{base}:" in said and f"{child}:" in said
+
+
+def test_a_teacher_given_as_one_string_is_a_directory_a_hub_id_or_a_catalog_name(data_dir):
+    """`distill: {teacher: DIR}`: a relative directory resolves against the config file, as
+    `teacher.path` does; a hub id stays one; a name without a slash is a catalog shape."""
+    from tests.helpers import save_tiny_llama
+
+    save_tiny_llama(data_dir / "teacher")
+    config_file = write(
+        data_dir / "distill.yaml",
+        MINIMAL.replace("max_steps: 10", "max_steps: 10\n  objective: distill")
+        + "distill: {teacher: ./teacher}\n",
+    )
+    assert load_config(config_file).distill.teacher.path == (data_dir / "teacher").resolve()
+    named = load_config(config_file, ["distill.teacher=demo-tiny"]).distill.teacher
+    assert named.name == "demo-tiny" and named.path is None
+    with pytest.raises(ConfigError) as raised:
+        load_config(config_file, ["distill.teacher=./missing"])
+    assert "distill.teacher.path" in issues_of(raised.value)

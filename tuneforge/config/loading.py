@@ -206,6 +206,12 @@ def resolve_input_paths(
         section = section_type(field.annotation)
         if section is None:
             continue
+        from_string = getattr(section, "from_string", None)
+        if from_string is not None and isinstance(raw[name], str):
+            raw[name] = from_string(raw[name])
+            location = source_map.get(key_path)
+            if location is not None:
+                source_map.update({(*key_path, key): location for key in raw[name]})
         if isinstance(raw[name], list):
             for index, item in enumerate(raw[name]):
                 resolve_input_paths(item, source_map, section, (*key_path, index), issues)

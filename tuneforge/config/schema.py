@@ -67,6 +67,13 @@ class ModelSection(Section):
     double_quant: bool = True
     """With quantize: quantise the blocks' absmaxes again (8 bits, blocks of 256), QLoRA's double quantisation (~0.37 bits per weight less)."""
 
+    @staticmethod
+    def from_string(text: str) -> dict[str, str]:
+        """A model given as one string (`distill.teacher: DIR`): its `path` (a directory, `./dir`,
+        or a hub id `org/name`) or, without a slash, its catalog `name`."""
+        is_path = "/" in text or text.startswith((".", "~"))
+        return {"path": text} if is_path else {"name": text}
+
 
 class TokenizerSection(Section):
     path: ModelPath | None = None
@@ -287,7 +294,7 @@ class DpoSection(Section):
 
 class DistillSection(Section):
     teacher: ModelSection | None = None
-    """The teacher: a local model directory (`path`) or a catalog shape (`name`, random weights: a proxy for measuring), with its own `dtype` and `num_layers`; it must share the student's vocabulary."""
+    """The teacher: a local model directory or hub id (`path`) or a catalog shape (`name`, random weights: a proxy for measuring), with its own `dtype` and `num_layers`; it must share the student's vocabulary. A plain string is the path (a directory, `./dir`, or `org/name`) or, without a slash, the catalog name."""
     loss: Literal["forward_kl", "reverse_kl", "jsd"] = "forward_kl"
     """KL(teacher ‖ student), KL(student ‖ teacher), or the generalised Jensen-Shannon divergence with `jsd_beta`."""
     jsd_beta: float = Field(0.5, gt=0, lt=1)

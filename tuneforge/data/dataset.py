@@ -53,6 +53,16 @@ class DatasetStats:
         return cls(**(values | {"records": found}))
 
     @property
+    def num_left_out(self) -> int:
+        """Records that became no document: too long, nothing to learn, unrenderable."""
+        return (
+            self.num_dropped_too_long
+            + self.num_without_targets
+            + self.num_unrenderable
+            + self.num_identical_pairs
+        )
+
+    @property
     def raw_lengths(self) -> list[int]:
         return self.records.lengths
 
@@ -134,12 +144,12 @@ def build_examples(
             f"{stats.num_dropped_too_long} too long, {stats.num_without_targets} without loss "
             f"tokens, {stats.num_unrenderable} the chat template cannot render"
         )
-    report_left_out(stats, max_seq_len)
     return examples, stats
 
 
 def report_left_out(stats: DatasetStats, max_seq_len: int) -> None:
-    """Say, always, what the length policy and the template did to records."""
+    """Say, always (from the cache too), what the length policy and the template did to
+    records."""
     too_long = stats.num_truncated + stats.num_dropped_too_long + stats.num_split
     if too_long:
         log.warning(

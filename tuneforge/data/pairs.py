@@ -10,7 +10,7 @@ from dataclasses import replace
 from tuneforge.config.schema import DataSection
 from tuneforge.data.bin_packing import STRATEGIES
 from tuneforge.data.chat import Rendering
-from tuneforge.data.dataset import DatasetStats, report_left_out
+from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.length_policy import RecordLengths, target_spans
 from tuneforge.data.parallel import tokenize_all, worker_count
 from tuneforge.data.records import Conversation, DataError
@@ -92,7 +92,6 @@ def pair_examples(
             f"to train on, {stats.num_identical_pairs} whose chosen and rejected replies are the "
             f"same, {stats.num_unrenderable} the chat template cannot render"
         )
-    report_left_out(stats, data.max_seq_len)
     return examples, stats
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from tuneforge.config.schema import DataSection, DataSource
 from tuneforge.data.cache import cached_examples, default_cache_dir
 from tuneforge.data.chat import Rendering
-from tuneforge.data.dataset import DatasetStats, examples_for
+from tuneforge.data.dataset import DatasetStats, examples_for, report_left_out
 from tuneforge.data.packing import PackedBatch, PackedLoader
 from tuneforge.data.pairs import pair_examples
 from tuneforge.data.reading import read_source
@@ -113,6 +113,7 @@ def load_training_data(
         (data.cache_dir or default_cache_dir()) if data.cache else None,
         lambda: tokenise((split or training_conversations(data, seed))[0]),
     )
+    report_left_out(stats, data.max_seq_len)
     held_out = split[1] if split is not None else []
     loader = PackedLoader(
         examples,
@@ -129,13 +130,15 @@ def load_training_data(
         result.eval_conversations = held_out or [
             c for found in read_sources(data.eval, data.on_bad_record) for c in found
         ]
-        eval_examples, _ = tokenise(result.eval_conversations)
+        eval_examples, eval_stats = tokenise(result.eval_conversations)
+        report_left_out(eval_stats, data.max_seq_len)
         result.eval_batches = PackedLoader(
             eval_examples, tokens_per_micro_batch, 0, data.packing, pairs=pairs
         ).fixed_batches()
     log.info(
-        "train data: %d records, %d tokens (%d carry loss), %d micro-batches per epoch",
+        "train data: %d records (%d kept), %d tokens (%d carry loss), %d micro-batches per epoch",
         stats.num_records,
+        stats.num_records - stats.num_left_out,
         stats.num_tokens,
         stats.num_loss_tokens,
         len(result.loader),

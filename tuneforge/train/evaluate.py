@@ -73,8 +73,8 @@ def exact_match(
     was_training = model.training
     model.eval()
     prompts: list[list[int]] = []
+    shown_prompts: list[str] = []
     references: list[str] = []
-    prompt_texts: list[str] = []
     for conversation in conversations:
         if conversation.text is not None:
             continue  # raw text has no reply to compare
@@ -82,18 +82,14 @@ def exact_match(
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
         prompts.append(prompt_ids(tokenizer, messages[:last]))
         references.append(messages[last]["content"].strip())
-        prompt_texts.append(messages[last - 1]["content"])
+        asked = [m["content"] for m in messages[:last] if m["role"] == "user"]
+        shown_prompts.append(asked[-1] if asked else "")
     stop = stop_ids(tokenizer)
     replies: list[str] = []
     for start in range(0, len(prompts), batch_size):
         for reply in generate(model, prompts[start : start + batch_size], max_new_tokens, stop):
             replies.append(tokenizer.decode(reply, skip_special_tokens=True).strip())
     model.train(was_training)
-    correct = sum(reply == reference for reply, reference in zip(replies, references, strict=True))
-    shown = [
-        (conversation.messages[-2]["content"], reference, reply)
-        for conversation, reference, reply in list(
-            zip(conversations, references, replies, strict=True)
-        )[:5]
-    ]
-    return AccuracyResult(correct, len(references), shown)
+    answered = list(zip(shown_prompts, references, replies, strict=True))
+    correct = sum(reply == reference for _, reference, reply in answered)
+    return AccuracyResult(correct, len(references), answered[:5])
