@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 from tuneforge.assets import DEMO_TOKENIZER_DIR
 from tuneforge.config.schema import DataSection, DataSource
 from tuneforge.data.chat import Rendering
+from tuneforge.data.dataset import report_left_out
 from tuneforge.data.formats import to_conversation
 from tuneforge.data.pairs import pair_examples
 from tuneforge.data.records import Conversation, DataError
@@ -90,6 +91,7 @@ def test_pairs_with_the_same_reply_twice_are_counted_left_out_and_refused_when_a
     )
     assert len(examples) == 2 and stats.num_identical_pairs == 2
     assert stats.identical_examples == ["pairs.jsonl:1", "pairs.jsonl:3"]
+    report_left_out(stats, 512)
     assert "2 pair(s) have the same chosen and rejected reply" in caplog.text
     with pytest.raises(DataError, match="2 whose chosen and rejected replies are the same"):
         pair_examples(same, tokenizer, _data(), Rendering(), 512)
