@@ -3,12 +3,15 @@
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 import transformers
 
+from tuneforge.data.packing import IGNORE_INDEX
+from tuneforge.data.token_store import TokenStore, make_example
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
-from tuneforge.peft.apply import lora_modules
+from tuneforge.peft.apply import apply_lora, lora_modules
 
 COMMON = dict(
     vocab_size=128,
@@ -247,3 +250,36 @@ def randomise_adapters(model, seed=0):
 def issues_of(error) -> dict[str, str]:
     """A `ConfigError`'s messages by the field they are about."""
     return {issue.path: str(issue) for issue in error.issues}
+
+
+def pair_store(pairs: int) -> TokenStore:
+    """Pairs sharing a prompt (not supervised), each reply supervised."""
+    generator = torch.Generator().manual_seed(0)
+    examples = []
+    for _ in range(pairs):
+        prompt = torch.randint(0, 64, (6,), generator=generator).tolist()
+        for reply_length in torch.randint(3, 9, (2,), generator=generator).tolist():
+            reply = torch.randint(0, 64, (reply_length,), generator=generator).tolist()
+            ids = prompt + reply
+            examples.append(make_example(ids, [False] * len(prompt) + [True] * len(reply)))
+    return TokenStore.from_examples(examples)
+
+
+def adapted_tiny_model(trained: bool):
+    torch.manual_seed(0)
+    model = tiny_decoder(tied=False)
+    apply_lora(model, {"target_modules": ["all-linear"], "rank": 4, "alpha": 8})
+    if trained:  # adapters away from their start, so the policy differs from the reference
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(std=0.3, generator=torch.Generator().manual_seed(len(name)))
+    return model
+
+
+def reply_logps(model, ids, labels):
+    """A reply's summed log-probability through the model alone, with its full logits."""
+    logits = model(torch.tensor(ids)[None])[0].float()
+    labels = torch.tensor(labels)
+    supervised = labels != IGNORE_INDEX
+    return F.log_softmax(logits, -1)[supervised].gather(1, labels[supervised][:, None]).sum()

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from tuneforge.bench.batches import synthetic_batch
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.models.api import load_model
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora
 from tuneforge.precision.trained_weights import TrainedWeights
 from tuneforge.train.master_adamw import MasterAdamW
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.objectives.sft import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import StepRunner
 

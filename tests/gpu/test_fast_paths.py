@@ -12,7 +12,7 @@ from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora, lora_modules
 from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.train.loss import chunked_cross_entropy
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.objectives.sft import NextTokenObjective
 
 
 @pytest.mark.parametrize("compiled", [False, True])

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from tests.helpers import packed_training_losses
-from tuneforge.config.schema import PrecisionSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.models.api import load_model
 from tuneforge.models.moe import expert_offsets, grouped_linear
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
@@ -18,7 +18,7 @@ from tuneforge.precision.apply import apply_precision
 from tuneforge.precision.fp8 import E4M3, Fp8Recipe, dequantize, quantize
 from tuneforge.precision.fp8_experts import Fp8ExpertWeights, grouped_fp8_here
 from tuneforge.precision.frozen_linear import Fp8Linear
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.objectives.sft import NextTokenObjective
 
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
     pytest.skip("FP8 needs a GPU with FP8 tensor cores", allow_module_level=True)

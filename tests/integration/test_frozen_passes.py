@@ -107,18 +107,37 @@ def test_cached_teacher_logits_distil_as_the_teacher_run_online(tmp_path):
     )
 
 
-def test_a_resume_without_the_runs_reference_values_is_refused_naming_them(tmp_path):
+def test_a_resume_without_the_runs_reference_values_or_with_others_is_refused_naming_them(
+    tmp_path,
+):
+    """The checkpoint keeps the values' digest (the objective's resume state): files replaced
+    since are refused, as missing ones are."""
+    import numpy as np
+
     from tuneforge.errors import TuneforgeError
-    from tuneforge.train.precomputed_reference import values_from_run_dir
+    from tuneforge.train.frozen.precomputed_reference import (
+        RUN_FILES,
+        values_digest,
+        values_from_run_dir,
+    )
 
     with pytest.raises(TuneforgeError, match=r"reference_logps.npy.*cannot be made again"):
-        values_from_run_dir(tmp_path)
+        values_from_run_dir(tmp_path, {})
+    train, held_out = np.arange(6, dtype=np.float32), np.ones(2, dtype=np.float32)
+    for name, values in zip(RUN_FILES, (train, held_out), strict=True):
+        np.save(tmp_path / name, values)
+    state = {"reference_logps_sha256": values_digest(train, held_out)}
+    found, _ = values_from_run_dir(tmp_path, state)
+    assert np.array_equal(found, train)
+    np.save(tmp_path / RUN_FILES[0], train + 1)
+    with pytest.raises(TuneforgeError, match=r"not the values the run started with"):
+        values_from_run_dir(tmp_path, state)
 
 
 def test_a_frozen_pass_that_cannot_write_its_results_says_where_and_what_to_do(tmp_path):
     from tuneforge.errors import TuneforgeError
     from tuneforge.parallel.distributed import Dist
-    from tuneforge.train.frozen_passes import FrozenPassData, on_main_then_all
+    from tuneforge.train.frozen.passes import FrozenPassData, on_main_then_all
 
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")

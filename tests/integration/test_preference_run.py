@@ -16,19 +16,21 @@ def _write_pairs(source, target, count: int) -> None:
     target.write_text("".join(source.read_text().splitlines(keepends=True)[:count]))
 
 
-def test_dpo_starts_at_ln_2_and_learns_to_tell_the_pairs_apart(tmp_path):
+def _preference_run(tmp_path, objective: str) -> tuple[list[dict], str]:
+    """40 steps of the demo's pairs with LoRA; (metrics lines, stdout)."""
     data = REPO / "tuneforge" / "assets" / "demo_data"
     _write_pairs(data / "pairs_train.jsonl", tmp_path / "pairs.jsonl", 2000)
     _write_pairs(data / "pairs_eval.jsonl", tmp_path / "eval_pairs.jsonl", 100)
-    config = tmp_path / "dpo.yaml"
+    config = tmp_path / "preference.yaml"
     config.write_text(
         f"extends: {DEMO}\n"
         "data:\n"
         f"  train: [{{path: {tmp_path / 'pairs.jsonl'}, format: preference}}]\n"
         f"  eval: [{{path: {tmp_path / 'eval_pairs.jsonl'}, format: preference}}]\n"
         "lora: {enabled: true, rank: 8, alpha: 16}\n"
-        "train: {objective: dpo, max_steps: 40, lr: 5.0e-3, warmup_steps: 2}\n"
+        f"train: {{objective: {objective}, max_steps: 40, lr: 5.0e-3, warmup_steps: 2}}\n"
         "dpo: {beta: 0.5}\n"
+        "orpo: {beta: 1.0}\n"
         "eval: {every_steps: 20, num_samples: 0}\n"
         "logging: {log_steps: 1}\n"
     )
@@ -39,7 +41,11 @@ def test_dpo_starts_at_ln_2_and_learns_to_tell_the_pairs_apart(tmp_path):
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    records = read_metrics(run / "metrics.jsonl")
+    return read_metrics(run / "metrics.jsonl"), result.stdout
+
+
+def test_dpo_starts_at_ln_2_and_learns_to_tell_the_pairs_apart(tmp_path):
+    records, stdout = _preference_run(tmp_path, "dpo")
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval_loss" in r]
     assert abs(steps[0]["loss"] - math.log(2)) < 1e-5
@@ -49,7 +55,20 @@ def test_dpo_starts_at_ln_2_and_learns_to_tell_the_pairs_apart(tmp_path):
     assert evals[0]["eval_loss"] == pyapprox(math.log(2))
     assert evals[-1]["eval_reward_accuracy"] > 0.6  # of pairs whose replies differ in one item
     assert evals[-1]["eval_loss"] < 0.8 * math.log(2)
-    assert "reward accuracy" in result.stdout
+    assert "reward accuracy" in stdout
+
+
+def test_orpo_learns_the_chosen_replies_and_to_tell_the_pairs_apart(tmp_path):
+    """No reference: the chosen replies' cross-entropy falls and the odds ratio rises."""
+    records, stdout = _preference_run(tmp_path, "orpo")
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval_loss" in r]
+    for key in ("nll_loss", "log_odds_ratio", "log_odds_chosen", "reward_accuracy"):
+        assert key in steps[-1] and f"eval_{key}" in evals[-1]
+    assert evals[-1]["eval_nll_loss"] < 0.5 * evals[0]["eval_nll_loss"]
+    assert evals[-1]["eval_log_odds_chosen"] > evals[0]["eval_log_odds_chosen"]
+    assert evals[-1]["eval_reward_accuracy"] > 0.6
+    assert "reward accuracy" in stdout and "nll loss" in stdout
 
 
 def _train(*args: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,8 @@ import torch
 from tests.helpers import save_tiny_model
 from tuneforge.data.packing import collate, make_example
 from tuneforge.models.hf.checkpoint import load_hf_model
-from tuneforge.train.objective import NextTokenObjective, backward_micro_batches
+from tuneforge.train.objectives.sft import NextTokenObjective
+from tuneforge.train.step import backward_micro_batches
 
 
 def documents():

@@ -71,7 +71,7 @@ def test_checkpointed_moe_blocks_keep_nothing_after_backward():
     from tuneforge.models.args import ModelArgs, MoEArgs
     from tuneforge.models.decoder import Decoder
     from tuneforge.packed import PackedSequences
-    from tuneforge.train.objective import NextTokenObjective
+    from tuneforge.train.objectives.sft import NextTokenObjective
 
     args = ModelArgs(
         vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48,
@@ -225,7 +225,7 @@ def test_checkpointed_blocks_run_compiled():
 
 
 def test_offload_refused_where_it_cannot_work():
-    from tuneforge.config.schema import TrainSection
+    from tuneforge.config.sections.train import TrainSection
     from tuneforge.errors import TuneforgeError
     from tuneforge.models.args import ModelArgs, MoEArgs
     from tuneforge.parallel.block_wrappers import refuse_unsupported_offload

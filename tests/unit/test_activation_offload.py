@@ -138,7 +138,7 @@ def test_a_block_below_comes_back_once_the_block_above_reached_its_input(offload
 
 
 def test_offloaded_activations_refused_where_they_cannot_work():
-    from tuneforge.config.schema import TrainSection
+    from tuneforge.config.sections.train import TrainSection
     from tuneforge.errors import TuneforgeError
     from tuneforge.models.args import ModelArgs
     from tuneforge.parallel.block_wrappers import refuse_unsupported_offload

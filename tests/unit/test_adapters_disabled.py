@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tuneforge.config.schema import PrecisionSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.catalog import MoEArgs
 from tuneforge.models.decoder import Decoder

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_TOKENIZER_DIR
-from tuneforge.config.schema import DataSource
+from tuneforge.config.sections.data import DataSource
 from tuneforge.data.cache import cached_examples
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import build_examples
@@ -92,7 +92,7 @@ def test_a_failed_build_writes_nothing(setup):
 
 
 def test_records_left_out_are_reported_on_a_cache_hit_too(tmp_path, setup, caplog):
-    from tuneforge.config.schema import DataSection
+    from tuneforge.config.sections.data import DataSection
     from tuneforge.data.training_data import load_training_data
 
     data, tokenizer, cache = setup

@@ -196,7 +196,7 @@ def test_training_flops_follow_the_6n_rule_and_lora_saves_a_third():
 )
 def test_the_planners_lora_shape_counts_what_apply_lora_builds(lora):
     """One selection for both: ranks by `rank_pattern`, expert banks, defaults."""
-    from tuneforge.config.schema import LoraSection
+    from tuneforge.config.sections.lora import LoraSection
     from tuneforge.models.args import MoEArgs
     from tuneforge.models.decoder import Decoder
     from tuneforge.peft.selection import lora_shape
@@ -236,7 +236,7 @@ def test_keys_seen_count_the_attention_mask(length, window):
 @pytest.mark.parametrize("q_rank", [None, 24])
 def test_latent_attention_and_shared_experts_are_counted(q_rank):
     """DeepSeek-V2's shape: parameters, the adapters `all-linear` and the banks put on it."""
-    from tuneforge.config.schema import LoraSection
+    from tuneforge.config.sections.lora import LoraSection
     from tuneforge.models.args import LatentAttentionArgs
     from tuneforge.models.decoder import Decoder
     from tuneforge.peft.selection import lora_shape

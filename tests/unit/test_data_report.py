@@ -5,7 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_DATA_DIR, DEMO_TOKENIZER_DIR
-from tuneforge.config.schema import DataSection, DataSource
+from tuneforge.config.sections.data import DataSection, DataSource
 from tuneforge.data.chat import Rendering
 from tuneforge.data.records import Conversation
 from tuneforge.data.report import inspect_data, padded_waste, preview_segments

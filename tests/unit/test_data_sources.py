@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_TOKENIZER_DIR
-from tuneforge.config.schema import DataSection, DataSource
+from tuneforge.config.sections.data import DataSection, DataSource
 from tuneforge.data.cache import cache_key
 from tuneforge.data.reading import read_conversations
 from tuneforge.data.records import DataError

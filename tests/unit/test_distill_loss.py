@@ -5,7 +5,7 @@ cached top-k form equal to the full one when k is the vocabulary."""
 import pytest
 import torch
 
-from tuneforge.train.distill_loss import DistillLoss, distill_losses, teacher_top_k
+from tuneforge.train.objectives.distill_loss import DistillLoss, distill_losses, teacher_top_k
 
 
 def _logits():

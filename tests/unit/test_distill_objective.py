@@ -13,9 +13,10 @@ from tuneforge.data.token_store import make_example
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
-from tuneforge.train.distill import DistillObjective, Teacher
-from tuneforge.train.distill_loss import DistillLoss, distill_losses, teacher_top_k
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.frozen.teacher import Teacher
+from tuneforge.train.objectives.distill import DistillObjective
+from tuneforge.train.objectives.distill_loss import DistillLoss, distill_losses, teacher_top_k
+from tuneforge.train.objectives.sft import NextTokenObjective
 
 
 def _batch():

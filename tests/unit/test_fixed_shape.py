@@ -8,7 +8,7 @@ import torch
 
 from tests.helpers import save_tiny_model
 from tuneforge.bench.batches import synthetic_batch
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.fixed_shape import documents_needed, to_fixed_shape
 from tuneforge.data.packing import IGNORE_INDEX, PAD_TOKEN
 from tuneforge.errors import TuneforgeError
@@ -17,7 +17,7 @@ from tuneforge.models.hf.checkpoint import load_hf_model
 from tuneforge.parallel.captured_step import captured_step_blockers
 from tuneforge.peft.apply import apply_lora
 from tuneforge.train.loss import chunked_cross_entropy
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.objectives.sft import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import StepRunner
 
@@ -141,7 +141,7 @@ def test_the_captured_step_says_what_stands_in_its_way():
 def test_evaluation_projects_only_the_supervised_rows(monkeypatch):
     """The captured step's every-row loss is for training; evaluation runs eagerly and projects
     the supervised rows only, with the same loss."""
-    from tuneforge.train import objective as objective_module
+    from tuneforge.train.objectives import sft as objective_module
 
     seen = []
     original = objective_module.chunked_cross_entropy

@@ -5,7 +5,7 @@ weight's scales folded into the output gradient, and the swap on a MoE model."""
 import pytest
 import torch
 
-from tuneforge.config.schema import PrecisionSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.catalog import MoEArgs
 from tuneforge.models.decoder import Decoder

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import tuneforge.precision.apply as apply_module
-from tuneforge.config.schema import ModelSection, PrecisionSection
+from tuneforge.config.sections.model import ModelSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.api import load_model
 from tuneforge.peft.apply import apply_lora

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from tuneforge.config.schema import PrecisionSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.models.api import load_model
 from tuneforge.precision.apply import apply_precision
 from tuneforge.precision.fp8 import E4M3, Fp8Recipe, dequantize, quantize

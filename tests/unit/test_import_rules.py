@@ -8,13 +8,14 @@ from pathlib import Path
 import tuneforge
 
 PACKAGE = Path(tuneforge.__file__).parent
-LEAVES = {"errors", "packed", "hardware", "file_modes"}
+LEAVES = {"errors", "packed", "hardware", "file_modes", "parallel_dims"}
 """Small modules of shared facts: anyone may import them; they import nothing of ours but each other."""
 ALLOWED = {
     "errors": set(),
     "packed": set(),
     "hardware": set(),
     "file_modes": set(),
+    "parallel_dims": set(),
     "config": {"errors"},
     "models": LEAVES,
     "data": {"config"} | LEAVES,

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from tuneforge.assets import DEMO_DATA_DIR, DEMO_TOKENIZER_DIR
 from tuneforge.data.bin_packing import padded_groups
 from tuneforge.data.chat import Rendering, tokenize_conversations
-from tuneforge.data.dataset import build_examples
+from tuneforge.data.dataset import build_examples, report_left_out
 from tuneforge.data.packing import IGNORE_INDEX, PAD_TOKEN, PackedLoader, make_example
 from tuneforge.data.parallel import tokenize_all
 from tuneforge.data.reading import read_conversations
@@ -92,6 +92,7 @@ def test_split_long_is_off_by_default_and_what_is_dropped_is_said(tokenizer, cap
     short = Conversation([], "t:2", text="w1 w2")
     with caplog.at_level("WARNING"):
         examples, stats = build_examples([text, short], tokenizer, 32, "drop", Rendering("all"))
+        report_left_out(stats, 32)
     assert stats.num_dropped_too_long == 1 and len(examples) == 1
     assert "1 of 2 record(s) are longer than data.max_seq_len=32: 0 truncated, 1 dropped" in (
         caplog.text
@@ -111,7 +112,7 @@ def test_worker_processes_tokenise_exactly_like_this_process(tmp_path, tokenizer
 
 
 def test_inspect_reports_what_packing_none_would_waste(tmp_path, tokenizer):
-    from tuneforge.config.schema import DataSection, DataSource
+    from tuneforge.config.sections.data import DataSection, DataSource
     from tuneforge.data.report import inspect_data
 
     records = [

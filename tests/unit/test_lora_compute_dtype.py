@@ -8,7 +8,7 @@ from tuneforge.models.args import ModelArgs, MoEArgs
 from tuneforge.models.decoder import Decoder
 from tuneforge.packed import PackedSequences
 from tuneforge.peft.apply import apply_lora
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.objectives.sft import NextTokenObjective
 
 DENSE = ModelArgs(vocab_size=96, dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
 MOE = ModelArgs(

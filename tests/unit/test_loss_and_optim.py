@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.packing import IGNORE_INDEX
 from tuneforge.train.loss import chunked_cross_entropy
 from tuneforge.train.optim import build_optimizer, learning_rate

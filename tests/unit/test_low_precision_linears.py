@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from tuneforge.config.schema import PrecisionSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.api import load_model
 from tuneforge.peft.apply import apply_lora, merge_lora
@@ -247,8 +247,9 @@ def test_torchaos_fp8_weights_become_fp32_shards_as_every_other_trained_weight()
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from tuneforge.config.schema import ParallelSection
+    from tuneforge.config.sections.parallel import ParallelSection
     from tuneforge.parallel.distributed import Dist, parallelize
+    from tuneforge.parallel_dims import ParallelDims
     from tuneforge.precision.fp8 import Fp8Recipe
     from tuneforge.precision.torchao_training import torchao_config, torchao_linear
 
@@ -258,7 +259,8 @@ def test_torchaos_fp8_weights_become_fp32_shards_as_every_other_trained_weight()
     attention.q_proj = torchao_linear(attention.q_proj, config)
     dist.init_process_group(backend="fake", rank=0, world_size=2, store=FakeStore())
     try:
-        parallelize(model, model.layers, "fsdp", ParallelSection(), Dist(0, 2), fp32_shards=True)
+        fsdp = ParallelDims.of("fsdp", 2)
+        parallelize(model, model.layers, fsdp, ParallelSection(), Dist(0, 2), fp32_shards=True)
         for name, param in model.named_parameters():
             local = param.to_local()
             assert param.dtype == local.dtype == torch.float32, name

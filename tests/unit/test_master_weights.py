@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.precision.trained_weights import TrainedWeights
 from tuneforge.train.master_adamw import MasterAdamW, accurate_weights, split_accurate_weights
 from tuneforge.train.optim import build_optimizer

@@ -1,16 +1,17 @@
 """The objective seam: the step normalises by whatever units an objective counts and reports its
 metrics per unit, so another objective plugs in without touching the step or the loop."""
 
+from typing import get_args
+
 import pytest
 import torch
 
 from tuneforge.bench.batches import synthetic_batch
-from tuneforge.config import load_config
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.api import load_model
-from tuneforge.train.objective import NextTokenObjective, ObjectiveOutput
-from tuneforge.train.schedule import Schedule
+from tuneforge.train.objectives.seam import Metric, ObjectiveOutput
+from tuneforge.train.objectives.sft import NextTokenObjective
 from tuneforge.train.step import optimizer_step
 
 CPU = torch.device("cpu")
@@ -19,7 +20,7 @@ CPU = torch.device("cpu")
 class PerDocument(NextTokenObjective):
     """Token losses summed, normalised per document; reports the supervised tokens per document."""
 
-    metric_names = ("loss_tokens",)
+    metrics = (Metric("loss_tokens"),)
 
     def units(self, batch: PackedBatch) -> int:
         return batch.num_documents
@@ -55,16 +56,41 @@ def test_the_step_normalises_by_the_objectives_units_and_reports_its_metrics():
         torch.testing.assert_close(param.detach(), expected[name])
 
 
-def test_the_schedule_says_what_happens_at_each_step():
-    config = load_config(
-        "examples/demo.yaml",
-        ["checkpoint.save_steps=4", "eval.every_steps=3", "logging.projection_step=5"],
+class Rollout(NextTokenObjective):
+    """Makes its own batch from the one read (as a sampler of completions would): here, the
+    read batch's tokens reversed, every one supervised."""
+
+    def make_batch(self, read: PackedBatch) -> PackedBatch:
+        tokens = read.tokens.flip(0)
+        return synthetic_batch(
+            self.model.args.vocab_size, tokens.numel(), True, seed=int(tokens[0])
+        )
+
+
+def test_the_step_trains_on_the_batch_an_objective_makes_itself():
+    model = load_model("demo-tiny", dtype="float32", attention="sdpa", seed=0)
+    train = TrainSection(max_steps=1, tokens_per_micro_batch=128, clip_grad_norm=None)
+    read = synthetic_batch(model.args.vocab_size, 128, False, seed=1)
+    objective = Rollout(model)
+    made = objective.make_batch(read)
+    assert not torch.equal(made.tokens, read.tokens)
+    with torch.no_grad():
+        expected = (objective(made).loss_sum / made.num_loss_tokens).item()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    result = optimizer_step(objective, model, optimizer, iter([read]), train, 0.0, CPU).get()
+    assert result["loss"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_every_declared_objective_has_a_component_and_no_other():
+    """The config's declarations and the trainer's components name the same objectives, each
+    component with its own declaration; the objective field accepts exactly those names."""
+    from tuneforge.config.objectives.registry import OBJECTIVES
+    from tuneforge.train.objectives.registry import COMPONENTS
+
+    assert (
+        set(COMPONENTS)
+        == set(OBJECTIVES)
+        == set(get_args(TrainSection.model_fields["objective"].annotation))
     )
-    schedule = Schedule(config, total_steps=9, evaluates=True)
-    plans = {step: schedule.at(step) for step in range(1, 10)}
-    assert [s for s, p in plans.items() if p.save] == [4, 8]
-    assert [s for s, p in plans.items() if p.evaluate] == [3, 6]  # the last step evaluates anyway
-    assert [s for s, p in plans.items() if p.project] == [5]
-    assert [s for s, p in plans.items() if p.last] == [9]
-    assert [s for s, p in plans.items() if p.read_now] == [3, 4, 5, 6, 8, 9]
-    assert not Schedule(config, 9, evaluates=False).at(3).evaluate
+    for name, component in COMPONENTS.items():
+        assert component.declaration is OBJECTIVES[name]

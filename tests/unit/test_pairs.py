@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_TOKENIZER_DIR
-from tuneforge.config.schema import DataSection, DataSource
+from tuneforge.config.sections.data import DataSection, DataSource
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import report_left_out
 from tuneforge.data.formats import to_conversation

@@ -368,8 +368,8 @@ def test_auto_runs_ddp_where_every_gpu_holds_the_whole_model_and_fsdp_elsewhere(
     from types import SimpleNamespace
 
     from tuneforge.parallel.distributed import Dist
-    from tuneforge.plan.strategy import resolve_strategy
-    from tuneforge.train import strategy_choice
+    from tuneforge.plan.strategy import resolve_dims
+    from tuneforge.train import layout_choice
 
     small = ["model.name=llama-3.2-1b", "model.dtype=bfloat16", "train.tokens_per_micro_batch=4096",
              "data.max_seq_len=4096"]  # fmt: skip
@@ -387,19 +387,19 @@ def test_auto_runs_ddp_where_every_gpu_holds_the_whole_model_and_fsdp_elsewhere(
     assert plan_run(load_config(DEMO, small), Hardware(gpus=1)).strategy == "single"
 
     parallel = load_config(DEMO, small).parallel
-    assert resolve_strategy(parallel, 2, 16.0, None)[0] == "fsdp"  # memory unknown (CPU)
-    assert resolve_strategy(parallel, 2, 16.0, 18.0)[0] == "fsdp"  # over 85% of the GPU
-    assert resolve_strategy(parallel, 2, 16.0, 80.0)[0] == "ddp"
+    assert resolve_dims(parallel, 2, 16.0, None)[0].strategy == "fsdp"  # memory unknown (CPU)
+    assert resolve_dims(parallel, 2, 16.0, 18.0)[0].strategy == "fsdp"  # over 85% of the GPU
+    assert resolve_dims(parallel, 2, 16.0, 80.0)[0].strategy == "ddp"
 
     config = load_config(DEMO, small)
     cpu = Dist(rank=0, world_size=2)
-    assert strategy_choice.choose_strategy(config, cpu) == "fsdp"
+    assert layout_choice.choose_dims(config, cpu).strategy == "fsdp"
     gpu = Dist(rank=0, world_size=2, device=torch.device("cuda", 0))
     properties = SimpleNamespace(total_memory=141 * GIB)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: properties)
-    assert strategy_choice.choose_strategy(config, gpu) == "ddp"
+    assert layout_choice.choose_dims(config, gpu).strategy == "ddp"
     properties.total_memory = 16 * GIB
-    assert strategy_choice.choose_strategy(config, gpu) == "fsdp"
+    assert layout_choice.choose_dims(config, gpu).strategy == "fsdp"
 
     # eager attention holds each document's scores: the data's own lengths decide, as in the plan
     eager = load_config(DEMO, [*small, "model.attention=eager"])
@@ -412,8 +412,8 @@ def test_auto_runs_ddp_where_every_gpu_holds_the_whole_model_and_fsdp_elsewhere(
     short_gib = replicated_memory_gib(eager, hardware, short)
     assert short_gib < 0.9 * long_gib
     properties.total_memory = (short_gib + long_gib) / 2 / 0.85 * GIB
-    assert strategy_choice.choose_strategy(eager, gpu) == "fsdp"
-    assert strategy_choice.choose_strategy(eager, gpu, short) == "ddp"
+    assert layout_choice.choose_dims(eager, gpu).strategy == "fsdp"
+    assert layout_choice.choose_dims(eager, gpu, short).strategy == "ddp"
 
 
 @pytest.mark.slow
@@ -578,7 +578,7 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_log
         student_args, 4096
     )
     assert distill.step_time_s / sft.step_time_s == pytest.approx(ratio)
-    assert "distillation: the teacher" in distill.objective
+    assert "distill forward_kl: the teacher (online)" in distill.objective
     # under FSDP2 on 4 GPUs its blocks are sharded, its embedding, head and norm whole
     four = Hardware(gpus=4, gpu="H100")
     sharded = [*common, "parallel.strategy=fsdp"]
@@ -602,7 +602,7 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_log
     distill = plan_config(DEMO, [*common, *teacher, *cached], hardware, None, [])
     assert distill.memory.weights == sft.memory.weights
     assert distill.step_time_s == sft.step_time_s
-    assert "cached logits" in distill.objective and "512 bytes per supervised token" in (
+    assert "teacher (cached)" in distill.objective and "512 bytes per supervised token" in (
         distill.objective
     )
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tuneforge.config.schema import PrecisionSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.catalog import MoEArgs
 from tuneforge.models.decoder import Decoder
@@ -81,7 +81,7 @@ def test_the_plans_weights_shrink_by_the_swapped_bytes():
 @pytest.mark.parametrize(("double_quant", "fp8"), [(True, False), (False, False), (True, True)])
 def test_the_planned_4bit_base_is_what_bitsandbytes_holds(double_quant, fp8):
     pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes")
-    from tuneforge.config.schema import ModelSection
+    from tuneforge.config.sections.model import ModelSection
     from tuneforge.plan.base_weights import dequantised_buffer
     from tuneforge.precision.bnb4bit import Bnb4bitLinear
 

@@ -12,7 +12,7 @@ from tuneforge.packed import PackedSequences
 from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora
 from tuneforge.plan.memory import Setup, predict_memory
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.objectives.sft import NextTokenObjective
 
 DENSE = ModelArgs(vocab_size=4096, dim=256, num_layers=4, num_heads=8, num_kv_heads=4, ffn_dim=768)
 MOE = ModelArgs(

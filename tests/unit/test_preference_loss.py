@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from tuneforge.train.preference_loss import PairLogps, PreferenceLoss, preference_losses
+from tuneforge.train.objectives.pairs import PairLogps
+from tuneforge.train.objectives.preference_loss import PreferenceLoss, preference_losses
 
 
 def _pair(chosen, rejected, chosen_tokens=5, rejected_tokens=4, grad=False):

@@ -9,17 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import tiny_decoder
+from tests.helpers import adapted_tiny_model, pair_store, reply_logps, tiny_decoder
 from tuneforge.data.packing import IGNORE_INDEX, collate_from
 from tuneforge.data.pairs import pair_bins
-from tuneforge.data.token_store import TokenStore, make_example
-from tuneforge.peft.apply import apply_lora
-from tuneforge.train.preference import (
-    AdaptersOffReference,
-    FrozenCopyReference,
-    PreferenceObjective,
-)
-from tuneforge.train.preference_loss import PreferenceLoss
+from tuneforge.train.objectives.dpo import PreferenceObjective
+from tuneforge.train.objectives.pairs import AdaptersOffReference, FrozenCopyReference
+from tuneforge.train.objectives.preference_loss import PreferenceLoss
 
 
 def test_micro_batches_hold_whole_pairs_side_by_side():
@@ -34,41 +29,16 @@ def test_micro_batches_hold_whole_pairs_side_by_side():
         pair_bins([1, 2, 3], 10)
 
 
-def _store(pairs: int) -> TokenStore:
-    """Pairs sharing a prompt (not supervised), each reply supervised."""
-    generator = torch.Generator().manual_seed(0)
-    examples = []
-    for _ in range(pairs):
-        prompt = torch.randint(0, 64, (6,), generator=generator).tolist()
-        for reply_length in torch.randint(3, 9, (2,), generator=generator).tolist():
-            reply = torch.randint(0, 64, (reply_length,), generator=generator).tolist()
-            ids = prompt + reply
-            examples.append(make_example(ids, [False] * len(prompt) + [True] * len(reply)))
-    return TokenStore.from_examples(examples)
-
-
-def _model(trained: bool):
-    torch.manual_seed(0)
-    model = tiny_decoder(tied=False)
-    apply_lora(model, {"target_modules": ["all-linear"], "rank": 4, "alpha": 8})
-    if trained:  # adapters away from their start, so the policy differs from the reference
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "lora_B" in name:
-                    param.normal_(std=0.3, generator=torch.Generator().manual_seed(len(name)))
-    return model
-
-
 def _adapter_grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def test_before_any_update_the_dpo_loss_is_ln_2():
-    model = _model(trained=False)
+    model = adapted_tiny_model(trained=False)
     objective = PreferenceObjective(
         model, PreferenceLoss("sigmoid", 0.1), AdaptersOffReference(model)
     )
-    store = _store(3)
+    store = pair_store(3)
     batch = collate_from(store, list(range(6)))
     out = objective(batch)
     assert objective.units(batch) == 3
@@ -77,18 +47,11 @@ def test_before_any_update_the_dpo_loss_is_ln_2():
     assert out.metrics["reward_accuracy"].item() == 0.0
 
 
-def _reply_logps(model, ids, labels):
-    logits = model(torch.tensor(ids)[None])[0].float()
-    labels = torch.tensor(labels)
-    supervised = labels != IGNORE_INDEX
-    return F.log_softmax(logits, -1)[supervised].gather(1, labels[supervised][:, None]).sum()
-
-
 @pytest.mark.parametrize("loss", ["sigmoid", "ipo", "simpo"])
 def test_packed_pairs_match_each_pair_alone_and_the_straightforward_computation(loss):
-    store = _store(3)
+    store = pair_store(3)
     setting = PreferenceLoss(loss, beta=0.5)
-    policy = _model(trained=True)
+    policy = adapted_tiny_model(trained=True)
     objective = PreferenceObjective(policy, setting, AdaptersOffReference(policy))
     packed = objective(collate_from(store, list(range(6))))
     packed.loss_sum.backward()
@@ -103,11 +66,11 @@ def test_packed_pairs_match_each_pair_alone_and_the_straightforward_computation(
     expected = torch.zeros(())
     for pair in range(3):
         chosen, rejected = store[2 * pair], store[2 * pair + 1]
-        pc = _reply_logps(policy, chosen.input_ids, chosen.labels)
-        pr = _reply_logps(policy, rejected.input_ids, rejected.labels)
+        pc = reply_logps(policy, chosen.input_ids, chosen.labels)
+        pr = reply_logps(policy, rejected.input_ids, rejected.labels)
         with torch.no_grad():
-            rc = _reply_logps(base, chosen.input_ids, chosen.labels)
-            rr = _reply_logps(base, rejected.input_ids, rejected.labels)
+            rc = reply_logps(base, chosen.input_ids, chosen.labels)
+            rr = reply_logps(base, rejected.input_ids, rejected.labels)
         nc = sum(label != IGNORE_INDEX for label in chosen.labels)
         nr = sum(label != IGNORE_INDEX for label in rejected.labels)
         if loss == "simpo":
@@ -123,8 +86,8 @@ def test_packed_pairs_match_each_pair_alone_and_the_straightforward_computation(
 
 
 def test_a_frozen_copy_is_the_model_as_it_was():
-    store = _store(2)
-    policy = _model(trained=True)
+    store = pair_store(2)
+    policy = adapted_tiny_model(trained=True)
     reference = FrozenCopyReference(policy)
     objective = PreferenceObjective(policy, PreferenceLoss("sigmoid", 0.1), reference)
     batch = collate_from(store, list(range(4)))

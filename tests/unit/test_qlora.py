@@ -126,7 +126,8 @@ def test_a_model_directory_is_quantized_on_its_way_to_the_device(tmp_path):
     """Read into host memory and each projection quantised onto the device: the same model as
     quantising after loading, with the projections' weights only one-element placeholders until
     the 4-bit bases are swapped in."""
-    from tuneforge.config.schema import ModelSection, PrecisionSection
+    from tuneforge.config.sections.model import ModelSection
+    from tuneforge.config.sections.precision import PrecisionSection
     from tuneforge.precision.apply import apply_precision
     from tuneforge.train.build import build_model
 

@@ -13,7 +13,8 @@ pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes")
 from tests.cli_runs import REPO
 from tests.helpers import issues_of
 from tuneforge.config import ConfigError, load_config
-from tuneforge.config.schema import ModelSection, PrecisionSection
+from tuneforge.config.sections.model import ModelSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.models.api import load_model
 from tuneforge.peft.apply import apply_lora
 from tuneforge.precision.apply import apply_precision

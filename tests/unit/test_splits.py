@@ -47,7 +47,7 @@ def test_trainer_holds_out_a_fraction_when_asked(tmp_path):
 
 
 def test_weights_repeat_or_subsample_and_held_out_records_never_repeat_into_training(tmp_path):
-    from tuneforge.config.schema import DataSection
+    from tuneforge.config.sections.data import DataSection
     from tuneforge.data.training_data import training_conversations
 
     for name, count in (("a", 40), ("b", 40)):

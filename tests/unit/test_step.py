@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from tuneforge.bench.batches import synthetic_batch
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.models.api import load_model
 from tuneforge.train import step as step_module
-from tuneforge.train.objective import NextTokenObjective
+from tuneforge.train.objectives.sft import NextTokenObjective
 from tuneforge.train.optim import build_optimizer
 from tuneforge.train.step import optimizer_step
 

@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tuneforge.config.schema import DataSection, DataSource
+from tuneforge.config.sections.data import DataSection, DataSource
 from tuneforge.data.chat import Rendering, tokenize_conversation
 from tuneforge.data.dataset import build_examples
 from tuneforge.data.records import Conversation, DataError

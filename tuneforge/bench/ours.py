@@ -1,40 +1,35 @@
 """tuneforge's side of the benchmark: the trainer's own step (`train.step.optimizer_step`) on a
-catalog shape with random weights, through the same model, LoRA, checkpointing, compile and
-parallel wrappers as `tuneforge train`."""
+catalog shape with random weights, the model prepared by the trainer's own pipeline
+(`train.prepare.prepare_model`) from the run configuration of the workload's variant."""
 
 import math
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from tuneforge.bench.batches import synthetic_batch, synthetic_pair
 from tuneforge.bench.timing import time_steps
 from tuneforge.bench.workloads import Variant, Workload
-from tuneforge.config.schema import ModelSection, ParallelSection, TrainSection
+from tuneforge.config.objectives.registry import declaration_of
+from tuneforge.config.schema import RunConfig
+from tuneforge.config.sections.data import DataSection, DataSource
+from tuneforge.config.sections.lora import LoraSection
+from tuneforge.config.sections.model import ModelSection
+from tuneforge.config.sections.parallel import ParallelSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
-from tuneforge.hardware.gpus import GIB, release_cached_memory
-from tuneforge.models.api import load_model
+from tuneforge.hardware.gpus import GIB
 from tuneforge.models.args import ModelArgs
-from tuneforge.models.cost import (
-    LoraShape,
-    forward_flops_per_token,
-    training_flops_per_token,
-)
-from tuneforge.models.decoder import Decoder
-from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
-from tuneforge.parallel.distributed import Dist, init_distributed, parallelize, strategy_of
-from tuneforge.parallel.host_embedding import embedding_to_host
-from tuneforge.peft.apply import apply_lora
-from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.precision.apply import apply_precision
-from tuneforge.precision.trained_weights import TrainedWeights
-from tuneforge.train.objective import Objective
-from tuneforge.train.objectives import build_objective
-from tuneforge.train.optim import build_optimizer
-from tuneforge.train.preference import AdaptersOffReference, PreferenceObjective
-from tuneforge.train.preference_loss import PreferenceLoss
+from tuneforge.models.cost import training_flops_per_token
+from tuneforge.parallel.block_wrappers import BlockWrapping
+from tuneforge.parallel.distributed import Dist, configured_dims, init_distributed
+from tuneforge.peft.selection import lora_shape
+from tuneforge.plan.frozen_models import frozen_forward_flops_per_token
+from tuneforge.train.build import build_model
+from tuneforge.train.prepare import prepare_model
 from tuneforge.train.step import StepResult, StepRunner
 
 DISTINCT_BATCHES = 4
@@ -88,32 +83,64 @@ def strategy_for(settings: Variant, world: Dist) -> str:
     return "ddp" if settings.ddp else "fsdp"
 
 
-def workload_objective(workload: Workload, train: TrainSection, model: Decoder) -> Objective:
-    """SFT as the trainer builds it, or DPO (sigmoid, β 0.1) against the base with the adapters
-    off, as `dpo.reference: auto` picks for a fresh adapter."""
-    if workload.objective == "dpo":
-        reference = AdaptersOffReference(model)
-        return PreferenceObjective(model, PreferenceLoss(), reference, train.loss_chunk_tokens)
-    return build_objective(train, model)
+def workload_lora(workload: Workload, fp32: bool = False) -> LoraSection:
+    """Rank-16 adapters on the workload's targets (the peers' too), or full fine-tuning."""
+    if workload.targets is None:
+        return LoraSection(enabled=False)
+    return LoraSection(
+        target_modules=list(workload.targets),
+        rank=16,
+        alpha=32,
+        compute_dtype="float32" if fp32 else "model",
+        use_dora=workload.dora,
+    )
 
 
-def step_flops(workload: Workload, args: ModelArgs, batch: PackedBatch) -> float:
-    """A micro-batch's FLOPs: training each document, plus a preference run's reference forward."""
-    lora = lora_shape(workload)
+def workload_config(workload: Workload, settings: Variant, world: Dist) -> RunConfig:
+    """The run configuration of a workload's variant: what `tuneforge train` would be given for
+    the same work. Its batches are synthetic (`bench/batches.py`): the data section is not read."""
+    tokens = settings.tokens or workload.tokens
+    return RunConfig(
+        model=ModelSection(
+            name=workload.shape,
+            num_layers=workload.layers,
+            attention=settings.attention,
+            quantize=workload.quantize,
+        ),
+        data=DataSection(train=[DataSource(path=Path("synthetic"))], max_seq_len=tokens),
+        lora=workload_lora(workload, settings.fp32_lora),
+        train=TrainSection(
+            objective=workload.objective,
+            tokens_per_micro_batch=tokens,
+            grad_accum_steps=settings.grad_accum_steps,
+            cuda_graph=settings.cuda_graph,
+            activation_checkpointing=settings.checkpointing,
+            compile=settings.compiled,
+            offload_checkpoints=settings.offload,
+            compile_memory_budget=settings.memory_budget,
+            offload_activations=settings.offload_activations,
+            keep_activations=settings.keep_activations,
+            offload_embedding=settings.offload_embedding,
+            loss_chunk_tokens=settings.loss_chunk_tokens,
+        ),
+        precision=settings.precision(),
+        parallel=ParallelSection(
+            strategy=strategy_for(settings, world),
+            zero_stage=2 if settings.zero2 else None,
+            reduce_dtype="model" if settings.bf16_reduce else "float32",
+        ),
+    )
+
+
+def step_flops(config: RunConfig, args: ModelArgs, batch: PackedBatch) -> float:
+    """A micro-batch's FLOPs: training each document, plus the forwards of the objective's
+    frozen models (a preference run's reference), as the trainer's MFU counts them."""
+    lora = lora_shape(config.lora, args)
     total = 0.0
     for length in batch.packed.lengths():
         total += length * training_flops_per_token(args, length, lora)
-        if workload.objective == "dpo":
-            total += length * forward_flops_per_token(args, length)
+        total += length * frozen_forward_flops_per_token(config, args, length)
     return total
-
-
-def lora_shape(workload: Workload) -> LoraShape | None:
-    if workload.targets is None:
-        return None
-    banks = tuple(t.split(".")[-1] for t in workload.targets if t.startswith("experts."))
-    dense = tuple(t for t in workload.targets if not t.startswith("experts."))
-    return LoraShape(16, dense, banks)
 
 
 def run_ours(
@@ -129,64 +156,15 @@ def run_ours(
     settings = Variant.parse(variant)
     world = init_distributed(settings.nccl_max_channels)
     accum = settings.grad_accum_steps
-    tokens = settings.tokens or workload.tokens
+    config = workload_config(workload, settings, world)
+    tokens = config.train.tokens_per_micro_batch
     torch.manual_seed(0)
-    model = load_model(
-        workload.shape,
-        num_layers=workload.layers,
-        dtype="bfloat16",
-        device=world.device,
-        attention=settings.attention,
-        seed=0,
-    )
-    if workload.targets is not None:
-        lora = {
-            "target_modules": list(workload.targets),
-            "rank": 16,
-            "alpha": 32,
-            "compute_dtype": "float32" if settings.fp32_lora else "model",
-            "use_dora": workload.dora,
-        }
-        apply_lora(model, lora, torch.Generator(world.device).manual_seed(1), torch.float32)
-    base = ModelSection(name=workload.shape, quantize=workload.quantize)
-    # in the results: what ran in low precision, no silent bf16
-    precision = settings.precision()
-    engaged = apply_precision(model, precision, base=base).lines
-    if settings.offload_embedding:
-        embedding_to_host(model, world.world_size)
-    train = TrainSection(  # the trainer's own settings for this variant
-        max_steps=warmup + steps,
-        tokens_per_micro_batch=tokens,
-        grad_accum_steps=accum,
-        cuda_graph=settings.cuda_graph,
-        activation_checkpointing=settings.checkpointing,
-        compile=settings.compiled,
-        offload_checkpoints=settings.offload,
-        compile_memory_budget=settings.memory_budget,
-        offload_activations=settings.offload_activations,
-        keep_activations=settings.keep_activations,
-        loss_chunk_tokens=settings.loss_chunk_tokens,
-    )
-    wrap_blocks(model, replace(BlockWrapping.of(train), autotune=settings.autotune))
-    parallel = ParallelSection(
-        strategy=strategy_for(settings, world),
-        zero_stage=2 if settings.zero2 else None,
-        reduce_dtype="model" if settings.bf16_reduce else "float32",
-    )
-    strategy = strategy_of(parallel, world)
-    weights = TrainedWeights.of(precision.master_weights, "bfloat16")  # the trainer's default
-    objective = parallelize(
-        workload_objective(workload, train, model),
-        model.layers,
-        strategy,
-        parallel,
-        world,
-        weights.fp32_shards(strategy == "fsdp"),
-    )
-    stack_frozen_weights(model)
-    release_cached_memory(world.device)
-    optimizer = build_optimizer(model, train, world.device, weights)
-    if workload.objective == "dpo":
+    model = build_model(config.model, world.device, config.train.seed)
+    wrapping = replace(BlockWrapping.of(config.train), autotune=settings.autotune)
+    dims = configured_dims(config.parallel, world)
+    prepared = prepare_model(config, model, world, dims, wrapping=wrapping)
+    objective, optimizer = prepared.objective, prepared.optimizer
+    if declaration_of(config).data_format == "pairs":
         vocab = model.args.vocab_size
         batches = [synthetic_pair(vocab, tokens, index) for index in range(DISTINCT_BATCHES)]
     else:
@@ -194,7 +172,7 @@ def run_ours(
     steps = whole_cycles(steps, len(batches), accum)
     counter = iter(range(10**9))
     queued: list[StepResult] = []
-    queue_step = StepRunner(objective, model, optimizer, train, world.device)
+    queue_step = StepRunner(objective, model, optimizer, config.train, world.device)
 
     def step() -> None:
         """As the trainer's loop: a step's numbers are read once the next step is queued."""
@@ -216,7 +194,7 @@ def run_ours(
             timelines: list = [None] * world.world_size
             torch.distributed.all_gather_object(timelines, result["profile"]["timeline"])
             result["profile"]["timeline_by_rank"] = timelines
-    flops = sum(step_flops(workload, model.args, batch) for batch in batches) / len(batches)
+    flops = sum(step_flops(config, model.args, batch) for batch in batches) / len(batches)
     documents = sum(b.packed.cu_seqlens.numel() - 1 for b in batches) / len(batches)
     return result | {
         "system": "tuneforge",
@@ -227,6 +205,6 @@ def run_ours(
         "documents_per_step": documents * accum,
         "padding_share": 0.0,
         "attention": model.attention_backend,
-        "precision": engaged,
+        "precision": prepared.precision.lines,
         "is_main": world.is_main,
     }

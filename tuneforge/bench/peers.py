@@ -8,12 +8,13 @@ import tempfile
 
 import torch
 
-from tuneforge.bench.ours import lora_shape
+from tuneforge.bench.ours import workload_lora
 from tuneforge.bench.timing import time_steps
 from tuneforge.bench.workloads import Workload
 from tuneforge.models.catalog import catalog_shape
 from tuneforge.models.cost import training_flops_per_token
 from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.peft.selection import lora_shape
 
 LIGER_PATCHES = {
     "llama": "apply_liger_kernel_to_llama",
@@ -68,7 +69,7 @@ def _measure(model, workload: Workload, warmup: int, steps: int) -> dict:
 def peer_result(workload: Workload, system: str, checkpointing: bool, timing: dict) -> dict:
     """A peer's run in the bench's result fields: one document of the step's tokens."""
     args = _args(workload)
-    lora = lora_shape(workload)
+    lora = lora_shape(workload_lora(workload), args)
     flops = workload.tokens * training_flops_per_token(args, workload.tokens, lora)
     return timing | {
         "system": system,

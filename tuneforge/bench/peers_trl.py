@@ -10,11 +10,12 @@ import time
 import torch
 
 from tuneforge.bench.batches import pair_token_ids, synthetic_pair
-from tuneforge.bench.ours import DISTINCT_BATCHES, step_flops
+from tuneforge.bench.ours import DISTINCT_BATCHES, step_flops, workload_config
 from tuneforge.bench.peers import _device, _hf_config, _peft_targets, peer_result
 from tuneforge.bench.timing import step_statistics
-from tuneforge.bench.workloads import Workload
+from tuneforge.bench.workloads import Variant, Workload
 from tuneforge.models.catalog import catalog_shape
+from tuneforge.parallel.distributed import Dist
 
 SPECIAL = ("<unk>", "<pad>", "<s>", "</s>")
 
@@ -160,6 +161,7 @@ def dpo_result(workload: Workload, system: str, checkpointing: bool, timing: dic
     """A DPO peer's run in the bench's result fields: one pair of two documents a step."""
     args = catalog_shape(workload.shape).with_layers(workload.layers)
     pairs = [synthetic_pair(args.vocab_size, workload.tokens, i) for i in range(DISTINCT_BATCHES)]
-    flops = sum(step_flops(workload, args, pair) for pair in pairs) / len(pairs)
+    config = workload_config(workload, Variant.parse("eager"), Dist())
+    flops = sum(step_flops(config, args, pair) for pair in pairs) / len(pairs)
     result = peer_result(workload, system, checkpointing, timing)
     return result | {"flops_per_step": flops, "documents_per_step": 2}

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from tuneforge.config.schema import PrecisionSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.errors import TuneforgeError
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -92,7 +92,7 @@ def _data_section(data: Path, format_name: str, max_seq_len: int):
     """The data section `inspect --data` stands for; bad values exit like a bad config."""
     from pydantic import ValidationError
 
-    from tuneforge.config.schema import DataSection
+    from tuneforge.config.sections.data import DataSection
 
     try:
         return DataSection.model_validate(

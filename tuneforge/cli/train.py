@@ -67,7 +67,7 @@ def _train(trainer, run_config) -> int:
         start = f"from step {trainer.resumed_from} " if trainer.resumed_from else ""
         console.print(
             f"run directory: {trainer.run_dir}  ({trainer.total_steps} steps {start}on "
-            f"{trainer.world.world_size} x {trainer.device.type}, {trainer.strategy})"
+            f"{trainer.world.world_size} x {trainer.device.type}, {trainer.dims.strategy})"
         )
     progress = Progress(
         TextColumn("[bold]train"),
@@ -108,10 +108,10 @@ def _train(trainer, run_config) -> int:
             parts = [f"step {evaluation.step}"]
             if evaluation.loss is not None:
                 parts.append(f"held-out loss {evaluation.loss.loss:.4f}")
-                if "reward_accuracy" in evaluation.loss.metrics:
-                    parts.append(
-                        f"reward accuracy {evaluation.loss.metrics['reward_accuracy']:.1%}"
-                    )
+                for metric in evaluation.loss.shown:
+                    if metric.headline:
+                        value = evaluation.loss.metrics[metric.name]
+                        parts.append(f"{metric.label} {metric.format(value)}")
             if evaluation.accuracy is not None:
                 parts.append(f"exact match {evaluation.accuracy.accuracy:.1%}")
             progress.console.print("eval: " + ", ".join(parts))
@@ -166,10 +166,9 @@ def _print_summary(summary, saved: Path | None) -> None:
         table = Table("held-out", "before", "after")
         if first.loss is not None and last.loss is not None:
             table.add_row("loss", f"{first.loss.loss:.4f}", f"{last.loss.loss:.4f}")
-            for name, value in last.loss.metrics.items():
-                before = first.loss.metrics[name]
-                shown = "{:.1%}" if name == "reward_accuracy" else "{:.4f}"
-                table.add_row(name.replace("_", " "), shown.format(before), shown.format(value))
+            for metric in last.loss.shown:
+                before, after = first.loss.metrics[metric.name], last.loss.metrics[metric.name]
+                table.add_row(metric.label, metric.format(before), metric.format(after))
         if first.accuracy is not None and last.accuracy is not None:
             table.add_row(
                 f"exact match ({last.accuracy.num_total} prompts)",

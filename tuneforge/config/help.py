@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tuneforge.config.schema import RunConfig, section_type
+from tuneforge.config.schema import RunConfig
+from tuneforge.config.sections.base import section_type
 
 
 def type_label(annotation: typing.Any) -> str:

@@ -19,7 +19,8 @@ import tuneforge.config.precision_rules  # noqa: F401
 from tuneforge.config.errors import ConfigError, ConfigIssue
 from tuneforge.config.hub import HubError, HubName, looks_like_hub_id, resolve_snapshot
 from tuneforge.config.rules import check_rules
-from tuneforge.config.schema import RelativeToConfigFile, RunConfig, section_type
+from tuneforge.config.schema import RunConfig
+from tuneforge.config.sections.base import RelativeToConfigFile, section_type
 from tuneforge.config.validation_messages import describe_validation_error, unknown_key_issue
 from tuneforge.config.yaml_source import (
     KeyPath,

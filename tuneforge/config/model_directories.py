@@ -4,6 +4,7 @@ any data is read."""
 
 from pathlib import Path
 
+from tuneforge.config.objectives.distill import DISTILL
 from tuneforge.config.rules import rule
 
 RUN_CONFIG = "config.yaml"
@@ -42,6 +43,6 @@ def model_directories(model, train, distill) -> list[tuple[str, str, str]]:
     if model.path is not None:
         problems.append(_not_a_model("model.path", Path(model.path), teacher=False))
     teacher = distill.teacher
-    if train.objective == "distill" and teacher is not None and teacher.path is not None:
+    if train.objective == DISTILL.name and teacher is not None and teacher.path is not None:
         problems.append(_not_a_model("distill.teacher.path", Path(teacher.path), teacher=True))
     return [problem for problem in problems if problem is not None]

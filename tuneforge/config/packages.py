@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from tuneforge.config.objectives.registry import declaration_of
+
 
 @dataclass(frozen=True)
 class MissingPackage:
@@ -42,9 +44,9 @@ def needed_packages(config: Any) -> list[tuple[str, str, str]]:
     needs = []
     if config.model.quantize:
         needs.append(("model.quantize", "bitsandbytes", extra("qlora")))
-    teacher = config.distill.teacher
-    if config.train.objective == "distill" and teacher is not None and teacher.quantize:
-        needs.append(("distill.teacher.quantize", "bitsandbytes", extra("qlora")))
+    for frozen in declaration_of(config).frozen_models(config):
+        if frozen.model is not None and frozen.model.quantize:
+            needs.append((f"{frozen.field}.quantize", "bitsandbytes", extra("qlora")))
     if config.precision.fp8 and config.precision.fp8_implementation == "torchao":
         needs.append(("precision.fp8_implementation", "torchao", "pip install torchao"))
     for name, module in (("wandb", "wandb"), ("mlflow", "mlflow")):

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tuneforge.config.errors import ConfigIssue
-from tuneforge.config.schema import section_type
+from tuneforge.config.sections.base import section_type
 from tuneforge.config.yaml_source import KeyPath, SourceMap, dotted
 
 TYPE_FIXES = {

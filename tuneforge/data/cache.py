@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuneforge.config.schema import DataSource
+from tuneforge.config.sections.data import DataSource
 from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.records import expand_paths
 from tuneforge.data.splits import file_digest

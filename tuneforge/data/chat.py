@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuneforge.config.schema import DataSection
+from tuneforge.config.sections.data import DataSection
 from tuneforge.data.records import Conversation, DataError
 
 MARKER = "\ue000tuneforge-reply-end\ue001"

@@ -4,7 +4,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuneforge.config.schema import DataSection
+from tuneforge.config.sections.data import DataSection
 from tuneforge.data.chat import Rendering
 from tuneforge.data.length_policy import (
     RecordLengths,

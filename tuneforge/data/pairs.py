@@ -7,7 +7,7 @@ without padding. A pair is never truncated (that would cut a reply): one too lon
 
 from dataclasses import replace
 
-from tuneforge.config.schema import DataSection
+from tuneforge.config.sections.data import DataSection
 from tuneforge.data.bin_packing import STRATEGIES
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import DatasetStats

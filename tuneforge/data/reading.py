@@ -4,7 +4,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuneforge.config.schema import DataSource
+from tuneforge.config.sections.data import DataSource
 from tuneforge.data.formats import to_conversation
 from tuneforge.data.packed_npy import iter_packed_documents
 from tuneforge.data.records import (

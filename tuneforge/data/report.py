@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tuneforge.config.schema import DataSection
+from tuneforge.config.sections.data import DataSection
 from tuneforge.data.bin_packing import first_fit_decreasing, padded_groups
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import DatasetStats

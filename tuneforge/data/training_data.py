@@ -5,7 +5,8 @@ import logging
 import random
 from dataclasses import dataclass, field
 
-from tuneforge.config.schema import DataSection, DataSource
+from tuneforge.config.objectives.declaration import DataFormat
+from tuneforge.config.sections.data import DataSection, DataSource
 from tuneforge.data.cache import cached_examples, default_cache_dir
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import DatasetStats, examples_for, report_left_out
@@ -74,12 +75,12 @@ def load_training_data(
     seed: int,
     rank: int = 0,
     world_size: int = 1,
-    objective: str = "sft",
+    data_format: DataFormat = "conversations",
 ) -> TrainingData:
     """Read, validate, split, weight, tokenise (through the cache) and pack; raises `DataError`.
-    The loader serves data-parallel rank `rank` of `world_size`. With the `dpo` objective each
-    record is a pair of documents, packed whole (`data/pairs.py`)."""
-    pairs = objective == "dpo"
+    The loader serves data-parallel rank `rank` of `world_size`. In the `pairs` format (the
+    objective's) each record is a pair of documents, packed whole (`data/pairs.py`)."""
+    pairs = data_format == "pairs"
     split = training_conversations(data, seed) if data.eval_fraction is not None else None
     if data.eval and split is None:
         check_disjoint_files([s.files for s in data.train], [s.files for s in data.eval])
@@ -104,7 +105,9 @@ def load_training_data(
         # the seed only picks records when a fraction is held out or a weight is fractional
         "seed": seed if data.eval_fraction or any(s.weight % 1 for s in data.train) else None,
     } | (
-        {"objective": objective, "tokens_per_micro_batch": tokens_per_micro_batch} if pairs else {}
+        {"data_format": data_format, "tokens_per_micro_batch": tokens_per_micro_batch}
+        if pairs
+        else {}
     )
     examples, stats = cached_examples(
         data.train,

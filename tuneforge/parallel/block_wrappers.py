@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder

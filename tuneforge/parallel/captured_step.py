@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.fixed_shape import documents_needed, to_fixed_shape
 from tuneforge.data.packing import PackedBatch
 from tuneforge.errors import TuneforgeError

@@ -12,8 +12,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from tuneforge.config.schema import ParallelSection
+from tuneforge.config.sections.parallel import ParallelSection
 from tuneforge.errors import TuneforgeError
+from tuneforge.parallel_dims import ParallelDims
 from tuneforge.plan.policies import reshard_after_forward
 from tuneforge.precision.trained_weights import LOW_PRECISION
 
@@ -58,11 +59,11 @@ def barrier() -> None:
         dist.barrier()
 
 
-def strategy_of(parallel: ParallelSection, world: Dist) -> str:
-    """The configured strategy, `single` for `auto` on one process and `fsdp` for it on several
-    (the trainer's `choose_strategy` picks DDP there where the whole model fits each GPU)."""
+def configured_dims(parallel: ParallelSection, world: Dist) -> ParallelDims:
+    """The configured layout, `single` for `auto` on one process and `fsdp` for it on several
+    (the trainer's `choose_dims` picks DDP there where the whole model fits each GPU)."""
     if parallel.strategy == "auto":
-        return "fsdp" if world.world_size > 1 else "single"
+        return ParallelDims.of("fsdp" if world.world_size > 1 else "single", world.world_size)
     if parallel.strategy == "single" and world.world_size > 1:
         raise TuneforgeError(
             f"parallel.strategy=single with {world.world_size} processes: use ddp or fsdp (or auto)"
@@ -72,26 +73,26 @@ def strategy_of(parallel: ParallelSection, world: Dist) -> str:
             f"parallel.strategy={parallel.strategy} needs processes started by torchrun (one per "
             "GPU): this is one process on its own; start it with torchrun, or use single or auto"
         )
-    return parallel.strategy
+    return ParallelDims.of(parallel.strategy, world.world_size)
 
 
 def parallelize(
     root: nn.Module,
     blocks: nn.ModuleList,
-    strategy: str,
+    dims: ParallelDims,
     parallel: ParallelSection,
     world: Dist,
     fp32_shards: bool = False,
 ) -> nn.Module:
-    """Wrap `root` (which runs `blocks`) for the strategy; the returned module is what forward
+    """Wrap `root` (which runs `blocks`) for the layout; the returned module is what forward
     and backward run through. FSDP2 shards each block and then the root (embedding, final norm,
     output layer), computing in the model's dtype with reductions in fp32 (or the model's
     dtype); with `fp32_shards` the trained 16-bit parameters are held as fp32 shards, the
     master weights, all-gathered in the model's dtype. Under ZeRO-3 the last block and the
     root keep their parameters gathered after forward: backward needs them at once."""
-    if strategy == "single":
+    if dims.data_parallel == "none":
         return root
-    if strategy == "ddp":
+    if dims.replicated:
         ids = [world.device.index] if world.device.type == "cuda" else None
         # gradients as views into the all-reduce buckets: no copy in or out of them; buffers
         # (rotary tables, quantised frozen weights) are made alike on every rank, not broadcast

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tuneforge.config.schema import LoraSection
+from tuneforge.config.sections.lora import LoraSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.file_modes import save_tensors
 from tuneforge.models.decoder import Decoder

@@ -11,7 +11,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from tuneforge.config.schema import LoraSection
+from tuneforge.config.sections.lora import LoraSection
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.moe import ExpertBank

@@ -3,7 +3,7 @@ for `apply_lora` and for the planner, which sees the model only as its shape."""
 
 import re
 
-from tuneforge.config.schema import LoraSection
+from tuneforge.config.sections.lora import LoraSection
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import LoraShape
 from tuneforge.models.decoder import Decoder

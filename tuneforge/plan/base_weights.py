@@ -5,7 +5,8 @@ embedding, the router and the output layer stay in the model's dtype."""
 
 from dataclasses import dataclass
 
-from tuneforge.config.schema import ModelSection, PrecisionSection
+from tuneforge.config.sections.model import ModelSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.models.args import ModelArgs
 
 BLOCK = {"nvfp4": 16, "mxfp4": 32}

@@ -12,29 +12,33 @@ import numpy as np
 
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
-from tuneforge.config.objectives import preference_reference_kind, teacher_runs_online
-from tuneforge.config.schema import ModelSection
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB
-from tuneforge.models.api import model_args
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
     activation_bytes_per_token,
     attention_activation_bytes_per_token,
-    forward_flops_per_token,
     parameter_count,
     training_flops_per_token,
 )
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.advice import advise
-from tuneforge.plan.base_weights import BaseWeights, frozen_linears
-from tuneforge.plan.memory import Setup, frozen_weight_bytes, predict_memory
+from tuneforge.plan.base_weights import BaseWeights
+from tuneforge.plan.frozen_models import (
+    describe_frozen_models,
+    frozen_forward_flops_per_token,
+    frozen_models,
+    holds_frozen_copy,
+    own_weight_bytes,
+    section_model_args,
+)
+from tuneforge.plan.memory import Setup, predict_memory
 from tuneforge.plan.memory_options import memory_options, recomputed
 from tuneforge.plan.plan import Hardware, Plan
 from tuneforge.plan.policies import reshard_after_forward
 from tuneforge.plan.rank_wait import rank_waits
-from tuneforge.plan.strategy import resolve_strategy
+from tuneforge.plan.strategy import resolve_dims
 from tuneforge.plan.traffic import step_traffic_bytes
 from tuneforge.plan.workload import (
     documents_of,
@@ -57,34 +61,10 @@ def run_model_args(config: RunConfig) -> ModelArgs:
     return section_model_args(config.model)
 
 
-def section_model_args(section: ModelSection) -> ModelArgs:
-    source = section.path if section.path is not None else section.name
-    assert source is not None  # guaranteed by the config rules
-    return model_args(source, section.num_layers)
-
-
-def teacher_cost(config: RunConfig, length: int, ranks: int = 1) -> tuple[float, float] | None:
-    """A distillation run's teacher held beside the student: (its weights' bytes per GPU, its
-    blocks sharded across `ranks` under FSDP2; its forward FLOPs per token); None without one
-    (a cached teacher runs once, before training)."""
-    teacher = config.distill.teacher
-    if not teacher_runs_online(config) or teacher is None:
-        return None
-    args = section_model_args(teacher)
-    param_bytes = 4 if teacher.dtype == "float32" else 2
-    weights = frozen_weight_bytes(args, param_bytes, ranks)
-    if teacher.quantize:  # its linears in 4 bits, held whole on every rank (buffers, not sharded)
-        four_bit = BaseWeights(f"bnb-{teacher.quantize}", double_quant=teacher.double_quant)
-        weights += sum(four_bit.bytes(args, param_bytes))
-        weights -= frozen_linears(args)[0] * param_bytes / ranks
-    return weights, forward_flops_per_token(args, length)
-
-
 def fsdp_stage_of(config: RunConfig, hardware: Hardware) -> int:
     """The stage the run uses unless `auto` picks DDP: 0 on one GPU or with DDP; FSDP2 is 2 or
     3."""
-    strategy = config.parallel.strategy
-    if hardware.data_parallel == 1 or strategy in ("single", "ddp"):
+    if hardware.data_parallel == 1 or config.parallel.strategy in ("single", "ddp"):
         return 0
     return 3 if reshard_after_forward(config.parallel) else 2
 
@@ -143,8 +123,8 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         base_weights=(
             BaseWeights.of(config.precision, config.model) if lora is not None else BaseWeights()
         ),
-        frozen_copy=preference_reference_kind(config) == "frozen_copy",
-        extra_weight_bytes=(teacher_cost(config, 1, sharded_ranks) or (0.0, 0.0))[0],
+        frozen_copy=holds_frozen_copy(config),
+        extra_weight_bytes=sum(own_weight_bytes(f, sharded_ranks) for f in frozen_models(config)),
     )
 
 
@@ -203,10 +183,10 @@ def plan_run(
     setup = setup_of(config, args, hardware, mean_document_length(config.data, records))
     capacity = hardware.gpu_memory_gib
     replicated = predict_memory(replace(setup, zero_stage=0)).total / GIB
-    strategy, strategy_reason = resolve_strategy(
+    dims, strategy_reason = resolve_dims(
         config.parallel, hardware.data_parallel, replicated, capacity
     )
-    if strategy == "ddp":
+    if dims.replicated:
         setup = replace(setup, zero_stage=0)
     memory = predict_memory(setup)
     stage, stage_advice = zero_stage_advice(args, hardware.data_parallel)
@@ -226,12 +206,7 @@ def plan_run(
         micro_batches_per_epoch = None
     # forwards of every token without gradients: a preference run's reference, a teacher
     length = round(setup.mean_doc_len) or data.max_seq_len
-    reference = preference_reference_kind(config)
-    teacher = teacher_cost(config, length)
-    per_step_reference = reference is not None and reference != "precomputed"
-    frozen_forwards = (forward_flops_per_token(args, length) if per_step_reference else 0.0) + (
-        teacher[1] if teacher else 0.0
-    )
+    frozen_forwards = frozen_forward_flops_per_token(config, args, length)
     flops_per_micro_batch *= 1 + frozen_forwards / training_flops_per_token(
         args, length, setup.lora
     )
@@ -265,7 +240,7 @@ def plan_run(
         jobs_needed=None,
         epoch=epoch,
         collective_gb_per_step=step_traffic_bytes(setup, reduce_bytes) / 1e9,
-        strategy=strategy,
+        strategy=dims.strategy,
         strategy_reason=strategy_reason,
         slowest_rank_factor=waits[0],
         balanced_slowest_rank_factor=waits[1],
@@ -283,12 +258,7 @@ def plan_run(
         )
     plan.per_token, plan.model = _per_token_and_model(args, setup)
     plan.base_weights = setup.base_weights.describe(args, setup.param_bytes)
-    if teacher is not None:
-        plan.objective = (
-            f"distillation: the teacher ({teacher[0] / GIB:.2f} GiB of weights) runs a forward of "
-            "every token each step"
-        )
-    plan.objective = plan.objective or frozen_pass_line(config, reference, args, setup.param_bytes)
+    plan.objective = describe_frozen_models(config, args, setup.param_bytes)
     margin = config.checkpoint.exit_margin_s
     limit = hardware.time_limit_s or (
         parse_duration(train.time_limit) if train.time_limit else None
@@ -356,28 +326,3 @@ def plan_config(
             }
         )
     return base
-
-
-def frozen_pass_line(
-    config: RunConfig, reference: str | None, args: ModelArgs, param_bytes: int
-) -> str | None:
-    """What a preference run's reference or a cached teacher adds to the run."""
-    if reference == "precomputed":
-        return (
-            f"preference pairs ({config.dpo.loss}): the reference's log-probabilities are "
-            "computed in one forward of every token before training and cached; none per step"
-        )
-    if reference is not None:
-        copy = f", its frozen copy {args.num_params() * param_bytes / GIB:.2f} GiB"
-        return (
-            f"preference pairs ({config.dpo.loss}): the reference ({reference}) runs a forward "
-            f"of every token each step{copy if reference == 'frozen_copy' else ''}"
-        )
-    distill = config.distill
-    if config.train.objective == "distill" and distill.teacher_logits == "cached":
-        return (
-            f"distillation from cached logits: the teacher runs one forward of every token "
-            f"before training, alone; its top-{distill.top_k} logits and ids take "
-            f"{8 * (distill.top_k or 0)} bytes per supervised token on disk"
-        )
-    return None

@@ -2,7 +2,7 @@
 decided from the configuration alone, so that the planner predicts with the very rules the
 wrappers in `parallel/` apply."""
 
-from tuneforge.config.schema import ParallelSection
+from tuneforge.config.sections.parallel import ParallelSection
 
 
 def checkpointed_blocks(num_layers: int, mode: str, every: int = 2) -> list[int]:

@@ -3,21 +3,32 @@ whole model with room to spare, FSDP2 otherwise. DDP sends only the trainable gr
 step (LoRA's adapters: a few MB), where FSDP2 also gathers every weight, frozen ones included
 (bench/RESULTS.md compares their scaling)."""
 
-from tuneforge.config.schema import ParallelSection
+from tuneforge.config.sections.parallel import ParallelSection
+from tuneforge.parallel_dims import ParallelDims
 
 REPLICATED_SHARE = 0.85
 """DDP is chosen (or proposed) where the whole model's predicted peak stays within this share of
 a GPU: the planner's prediction is within a few % of measured peaks, the rest is margin."""
 
 
-def resolve_strategy(
+def resolve_dims(
+    parallel: ParallelSection,
+    data_parallel: int,
+    replicated_gib: float,
+    gpu_memory_gib: float | None,
+) -> tuple[ParallelDims, str]:
+    """(layout, why) for `data_parallel` ranks; `replicated_gib`: the predicted per-GPU peak
+    with the whole model on every GPU."""
+    strategy, why = _strategy(parallel, data_parallel, replicated_gib, gpu_memory_gib)
+    return ParallelDims.of(strategy, data_parallel), why
+
+
+def _strategy(
     parallel: ParallelSection,
     data_parallel: int,
     replicated_gib: float,
     gpu_memory_gib: float | None,
 ) -> tuple[str, str]:
-    """(strategy, why) for `data_parallel` ranks; `replicated_gib`: the predicted per-GPU peak
-    with the whole model on every GPU."""
     if parallel.strategy != "auto":
         return parallel.strategy, "as configured"
     if data_parallel == 1:

@@ -6,7 +6,7 @@ max_seq_len does not halve the time: the LUMI-G report measured 1.2x instead of 
 
 from dataclasses import dataclass, field
 
-from tuneforge.config.schema import DataSection
+from tuneforge.config.sections.data import DataSection
 from tuneforge.data.bin_packing import STRATEGIES, padded_groups
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.data.rank_balance import attention_cost

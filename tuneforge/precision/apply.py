@@ -12,7 +12,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from tuneforge.config.schema import ModelSection, PrecisionSection
+from tuneforge.config.sections.model import ModelSection
+from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB, low_precision_cores
 from tuneforge.models.cost import PROJECTION_NAMES

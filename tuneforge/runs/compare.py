@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuneforge.config.objectives.declaration import CROSS_ENTROPY
 from tuneforge.errors import TuneforgeError
 from tuneforge.runs.files import METRICS_FILE, read_run_metrics
-from tuneforge.runs.loss_meaning import CROSS_ENTROPY, LossMeaning, loss_meaning
+from tuneforge.runs.loss_meaning import LossMeaning, loss_meaning
 from tuneforge.runs.pace import WARMUP_STEPS
 
 SAME_ANYWHERE = ("run.", "logging.", "checkpoint.", "precision.", "train.time_limit")

@@ -5,6 +5,10 @@ exact match), never loss against loss as if alike."""
 from dataclasses import dataclass
 from typing import Any
 
+from tuneforge.config.objectives.registry import OBJECTIVES
+from tuneforge.config.schema import RunConfig
+from tuneforge.config.sections.base import section_type
+
 
 @dataclass(frozen=True)
 class LossMeaning:
@@ -18,18 +22,21 @@ class LossMeaning:
     """The same, held out."""
 
 
-CROSS_ENTROPY = "cross-entropy, nats per supervised token"
-
-
 def loss_meaning(config: dict[str, Any]) -> LossMeaning:
-    train = config.get("train") or {}
-    objective = train.get("objective", "sft")
-    if objective == "dpo":
-        kind = (config.get("dpo") or {}).get("loss", "sigmoid")
-        return LossMeaning(f"dpo {kind}", f"DPO {kind} loss per pair", None, None)
-    if objective == "distill":
-        distill = config.get("distill") or {}
-        kind = distill.get("loss", "forward_kl")
-        label = f"distillation loss ({kind} mixed with cross-entropy), per supervised token"
-        return LossMeaning(f"distill {kind}", label, "ce_loss", "eval_ce_loss")
-    return LossMeaning(objective, CROSS_ENTROPY, "loss", "eval_loss")
+    """From a saved configuration (`config.yaml` as a mapping), as its objective declares it."""
+    name = (config.get("train") or {}).get("objective", "sft")
+    declaration = OBJECTIVES.get(name)
+    if declaration is None:  # written by a version with objectives this one lacks
+        return LossMeaning(name, f"{name} loss", None, None)
+    settings = None
+    if declaration.settings is not None:
+        section = section_type(RunConfig.model_fields[declaration.settings].annotation)
+        assert section is not None
+        settings = section.model_construct(**(config.get(declaration.settings) or {}))
+    metric = declaration.cross_entropy_metric
+    return LossMeaning(
+        declaration.short_name(settings),
+        declaration.loss_label(settings),
+        metric,
+        f"eval_{metric}" if metric else None,
+    )

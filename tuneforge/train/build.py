@@ -5,7 +5,9 @@ from pathlib import Path
 
 import torch
 
-from tuneforge.config.schema import ModelSection, RunConfig
+from tuneforge.config.objectives.registry import declaration_of
+from tuneforge.config.schema import RunConfig
+from tuneforge.config.sections.model import ModelSection
 from tuneforge.data.templates import resolve_template
 from tuneforge.data.training_data import TrainingData, load_training_data
 from tuneforge.errors import TuneforgeError
@@ -95,7 +97,7 @@ def load_data(config: RunConfig, tokenizer, world: Dist) -> TrainingData:
             config.train.seed,
             rank=world.rank,
             world_size=world.world_size,
-            objective=config.train.objective,
+            data_format=declaration_of(config).data_format,
         )
 
     data, problem = None, None

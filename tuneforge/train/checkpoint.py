@@ -67,7 +67,8 @@ class LoopState:
     settings: dict[str, Any]
     """Memory-critical settings the run was started with (checked on resume)."""
     nonfinite_steps: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    objective: dict[str, Any] = field(default_factory=dict)
+    """The objective's `resume_state()`, handed back to its builder on resume."""
     files: dict[str, int] = field(default_factory=dict)
     """Every other file of the checkpoint and its size in bytes (filled in by the save)."""
 
@@ -266,7 +267,9 @@ def _read_failure(checkpoint: Path, error: CheckpointException) -> TuneforgeErro
 
 
 def read_loop_state(checkpoint: Path) -> LoopState:
-    return LoopState(**json.loads((checkpoint / STATE_FILE).read_text()))
+    values = json.loads((checkpoint / STATE_FILE).read_text())
+    values.pop("extra", None)  # an empty field of checkpoints written before `objective`
+    return LoopState(**values)
 
 
 def load_checkpoint(

@@ -10,7 +10,7 @@ from tuneforge.data.packing import PackedBatch
 from tuneforge.data.records import Conversation
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import generate
-from tuneforge.train.objective import objective_of
+from tuneforge.train.objectives.seam import Metric, objective_of
 
 
 @dataclass
@@ -20,6 +20,8 @@ class EvalResult:
     """Units the loss is averaged over: supervised tokens (SFT), pairs (preference training)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """The objective's own metrics, averaged over the same units (e.g. `reward_accuracy`)."""
+    shown: tuple[Metric, ...] = ()
+    """How each of `metrics` is shown."""
 
     @property
     def perplexity(self) -> float:
@@ -34,7 +36,8 @@ def evaluate_loss(
     FSDP every rank takes part)."""
     was_training = objective.training
     objective.eval()
-    names = objective_of(objective).metric_names
+    shown = objective_of(objective).metrics
+    names = tuple(metric.name for metric in shown)
     total, count = 0.0, 0
     sums = dict.fromkeys(names, 0.0)
     for batch in batches:
@@ -46,7 +49,8 @@ def evaluate_loss(
         count += objective_of(objective).units(batch)
     objective.train(was_training)
     units = max(count, 1)
-    return EvalResult(total / units, count, {name: value / units for name, value in sums.items()})
+    averages = {name: value / units for name, value in sums.items()}
+    return EvalResult(total / units, count, averages, shown)
 
 
 @dataclass

@@ -17,25 +17,10 @@ from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.records import DataError
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.cpu import choose_cpu_threads
-from tuneforge.hardware.gpus import peak_tflops, release_cached_memory
-from tuneforge.parallel.block_wrappers import (
-    BlockWrapping,
-    refuse_unsupported_offload,
-    wrap_blocks,
-)
-from tuneforge.parallel.distributed import (
-    barrier,
-    init_distributed,
-    parallelize,
-    strategy_of,
-)
-from tuneforge.parallel.host_embedding import embedding_to_host
-from tuneforge.peft.adapter_io import continue_adapter
-from tuneforge.peft.apply import LoraReport, apply_lora
+from tuneforge.hardware.gpus import peak_tflops
+from tuneforge.parallel.distributed import barrier, configured_dims, init_distributed
 from tuneforge.peft.selection import lora_shape
-from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.precision.apply import apply_precision, refuse_unsupported_precision
-from tuneforge.precision.trained_weights import TrainedWeights
+from tuneforge.precision.apply import refuse_unsupported_precision
 from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE
 from tuneforge.runs.outputs import save_base, save_final
 from tuneforge.runs.pace import WARMUP_STEPS
@@ -58,16 +43,19 @@ from tuneforge.train.checkpoint import (
 )
 from tuneforge.train.device_watch import DeviceWatch
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
+from tuneforge.train.frozen.passes import FrozenPassData
+from tuneforge.train.layout_choice import choose_dims
 from tuneforge.train.metrics import MetricsLog, StepLog
-from tuneforge.train.objective import objective_of
-from tuneforge.train.objectives import FrozenPassData, build_objective, frozen_models
-from tuneforge.train.optim import build_optimizer, learning_rate
+from tuneforge.train.objectives.component import ObjectiveSetup
+from tuneforge.train.objectives.registry import component_of
+from tuneforge.train.objectives.seam import objective_of
+from tuneforge.train.optim import learning_rate
 from tuneforge.train.pending import PendingStep
+from tuneforge.train.prepare import prepare_model
 from tuneforge.train.progress import Progress
-from tuneforge.train.schedule import Schedule
 from tuneforge.train.step import StepRunner
+from tuneforge.train.step_events import EventSchedule
 from tuneforge.train.stopping import StopCheck
-from tuneforge.train.strategy_choice import choose_strategy
 from tuneforge.train.trackers import require_packages_and_trackers
 
 log = logging.getLogger(__name__)
@@ -123,7 +111,7 @@ class Trainer:
             threads = choose_cpu_threads(self.world.world_size)
             torch.set_num_threads(threads.threads)
             log.info(threads.describe())
-        strategy_of(config.parallel, self.world)  # refuses `single` on several processes early
+        configured_dims(config.parallel, self.world)  # refuses `single` on several processes early
         replaced = self.overwrite and (self.run_dir / CONFIG_FILE).exists()
         checkpoint = self._prepare_run_dir()
         # a setup that stops (bad data, a model that does not load, Ctrl-C) brings the old run back
@@ -139,7 +127,7 @@ class Trainer:
         np.random.seed(seed)
         self.tokenizer = load_tokenizer(config)
         self.train_stats = self._load_data()
-        self.strategy = choose_strategy(config, self.world, self.train_stats.records)
+        self.dims = choose_dims(config, self.world, self.train_stats.records)
         self.model = build_model(config.model, self.device, seed)
         if len(self.tokenizer) > self.model.args.vocab_size:
             raise TuneforgeError(
@@ -147,28 +135,15 @@ class Trainer:
                 f"{self.model.args.vocab_size}: use the model's own tokenizer"
             )
         self.base_model = str(config.model.path) if config.model.path else ""
-        self.lora_report = self._apply_lora(fresh=checkpoint is None)
-        sharded = self.strategy == "fsdp"
-        apply_precision(self.model, config.precision, sharded, config.model).log(log)
-        passes = FrozenPassData(
-            self.loader, self.eval_batches, self.run_dir, self.world, config, self.strategy
-        )
-        reference, teacher = frozen_models(passes, self.model, resuming=checkpoint is not None)
-        train = config.train
-        refuse_unsupported_offload(train, self.world.world_size, self.model.args)
-        if train.offload_embedding:
-            embedding_to_host(self.model, self.world.world_size)
-        wrap_blocks(self.model, BlockWrapping.of(train))
-        objective = build_objective(train, self.model, config, reference, teacher)
-        weights = TrainedWeights.of(config.precision.master_weights, config.model.dtype)
-        weights.log(self.model, sharded)
-        shards = weights.fp32_shards(sharded)
-        self.objective = parallelize(
-            objective, self.model.layers, self.strategy, config.parallel, self.world, shards
-        )
-        stack_frozen_weights(self.model)  # where unsharded: q, k and v as one GEMM
-        release_cached_memory(self.device)
-        self.optimizer = build_optimizer(self.model, train, self.device, weights)
+        if config.lora.enabled and config.model.path is None:  # the adapter's base, saved once
+            self.base_model = str(self.run_dir / "base")
+            if checkpoint is None and self.world.is_main:
+                save_base(self.run_dir, self.model, self.tokenizer)
+        passes = FrozenPassData(self.loader, self.eval_batches, self.run_dir, self.world, config)
+        resumed = read_loop_state(checkpoint).objective if checkpoint is not None else None
+        setup = ObjectiveSetup(config, self.model, self.device, passes, resumed=resumed)
+        prepared = prepare_model(config, self.model, self.world, self.dims, setup)
+        self.objective, self.optimizer = prepared.objective, prepared.optimizer
         self.total_steps = self._total_steps()
         self.metrics = MetricsLog.of(config, self.run_dir) if self.world.is_main else None
         self.progress = Progress()
@@ -178,7 +153,9 @@ class Trainer:
         elif self.world.is_main:
             (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
         # after the resume: a captured step keeps the optimizer's state tensors
-        self.queue_step = StepRunner(self.objective, self.model, self.optimizer, train, self.device)
+        self.queue_step = StepRunner(
+            self.objective, self.model, self.optimizer, config.train, self.device
+        )
 
     def _prepare_run_dir(self) -> Path | None:
         return prepare_run_dir(
@@ -191,20 +168,6 @@ class Trainer:
         self.eval_batches = data.eval_batches
         self.eval_conversations = data.eval_conversations
         return data.stats
-
-    def _apply_lora(self, fresh: bool) -> LoraReport:
-        lora = self.config.lora
-        if lora.enabled and self.config.model.path is None:
-            base = self.run_dir / "base"
-            if fresh and self.world.is_main:
-                save_base(self.run_dir, self.model, self.tokenizer)
-            self.base_model = str(base)
-        generator = torch.Generator(device=self.device).manual_seed(self.config.train.seed + 1)
-        report = apply_lora(self.model, lora, generator, torch.float32)
-        report.log(log)
-        if lora.enabled and lora.init_adapter is not None:  # a resume then loads its own
-            continue_adapter(self.model, lora.init_adapter, lora)
-        return report
 
     def _resume(self, checkpoint: Path) -> None:
         changed = changed_settings(read_loop_state(checkpoint).settings, self.config)
@@ -249,7 +212,7 @@ class Trainer:
         )
         accuracy = None
         samples = self.config.eval.num_samples
-        if samples and self.eval_conversations and self.strategy != "fsdp":
+        if samples and self.eval_conversations and not self.dims.sharded:
             accuracy = exact_match(
                 self.model,
                 self.tokenizer,
@@ -259,7 +222,7 @@ class Trainer:
         record: dict[str, Any] = {"step": step}
         if loss is not None:
             record["eval_loss"] = loss.loss
-            if objective_of(self.objective).per_token_loss:
+            if component_of(self.config).declaration.per_token_loss:
                 record["eval_ppl"] = loss.perplexity
             record |= {f"eval_{name}": value for name, value in loss.metrics.items()}
         if accuracy is not None:
@@ -278,6 +241,7 @@ class Trainer:
             world_size=self.world.world_size,
             settings=run_settings(self.config),
             nonfinite_steps=progress.nonfinite_steps,
+            objective=objective_of(self.objective).resume_state(),
         )
 
     def train(
@@ -306,7 +270,7 @@ class Trainer:
                 on_step(record)
 
         pending = PendingStep(on_read, self.device)
-        schedule = Schedule(config, self.total_steps, bool(self.eval_batches))
+        events = EventSchedule(config, self.total_steps, bool(self.eval_batches))
         batches = iter(self.loader)
         self.objective.train()
         with StopSignals() as signals:
@@ -316,18 +280,18 @@ class Trainer:
                 lr = learning_rate(progress.step, self.total_steps, config.train)
                 queued = self.queue_step(batches, lr)
                 progress.step += 1
-                plan = schedule.at(progress.step)
+                due = events.at(progress.step)
                 pending.push(queued, progress.step)
-                if plan.read_now or self.device.type == "cpu":
+                if due.read_now or self.device.type == "cpu":
                     pending.read()
-                stop = stop_check(plan.read_now, progress, pending.read)
-                if plan.project and self.world.is_main:
+                stop = stop_check(due.read_now, progress, pending.read)
+                if due.project and self.world.is_main:
                     self._project(step_log, deadline)
-                if plan.evaluate:
+                if due.evaluate:
                     self._evaluate(progress.step, summary, on_eval)
-                if not plan.last and (plan.save or stop in ("time limit", "signal")):
+                if not due.last and (due.save or stop in ("time limit", "signal")):
                     self._save_checkpoint(step_log.elapsed(progress))
-                if stop is not None and not plan.last:
+                if stop is not None and not due.last:
                     summary.stopped = stop
                     log.warning("stopping at step %d (%s)", progress.step, stop)
                     if stop == "time limit":

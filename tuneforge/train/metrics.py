@@ -9,7 +9,8 @@ from typing import Any
 
 from tuneforge.config import RunConfig
 from tuneforge.models.args import ModelArgs
-from tuneforge.models.cost import LoraShape, training_flops_per_token
+from tuneforge.models.cost import LoraShape, forward_flops_per_token, training_flops_per_token
+from tuneforge.plan.frozen_models import forward_every_step
 from tuneforge.runs.files import METRICS_FILE, TENSORBOARD_DIR, read_metrics
 from tuneforge.runs.pace import Pace
 from tuneforge.train.device_watch import DeviceWatch
@@ -127,6 +128,9 @@ class StepLog:
         self.config, self.args, self.lora, self.world_size = config, args, lora, world_size
         self.total_steps, self.metrics, self.device_watch = total_steps, metrics, device_watch
         self.peak_tflops = peak_tflops
+        self.frozen_forwards = forward_every_step(config, args)
+        """Shapes of the frozen models run each step (a reference, a teacher): their FLOPs count
+        in MFU as the planner and the benchmark count them."""
         self.pace = Pace()
         self.started = time.time()
 
@@ -145,7 +149,10 @@ class StepLog:
             progress.nonfinite_steps += 1
             progress.nonfinite_in_row += 1
             log.warning("step %d: non-finite loss or gradient norm; update skipped", step)
-        flops = training_flops_per_token(self.args, round(result["mean_doc_len"]), self.lora)
+        length = round(result["mean_doc_len"])
+        flops = training_flops_per_token(self.args, length, self.lora) + sum(
+            forward_flops_per_token(shape, length) for shape in self.frozen_forwards
+        )
         record = step_record(
             step,
             result,

@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.precision.trained_weights import LOW_PRECISION, TrainedWeights
 from tuneforge.train.master_adamw import MasterAdamW
 

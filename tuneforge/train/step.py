@@ -10,13 +10,14 @@ from typing import Any
 
 import torch
 
-from tuneforge.config.schema import TrainSection
+from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
 from tuneforge.packed import to_device
 from tuneforge.parallel.captured_step import CapturedStep, skips_on_device
+from tuneforge.parallel.distributed import gradient_sync
 from tuneforge.train.host_values import HostValues, Mark, read_host_values, values_to_host
-from tuneforge.train.objective import backward_micro_batches, objective_of
+from tuneforge.train.objectives.seam import objective_of
 
 Units = Callable[[PackedBatch], int]
 
@@ -35,8 +36,10 @@ def optimizer_step(
     for group in optimizer.param_groups:
         group["lr"] = lr
     embedding = model.embed.weight.device  # the host with train.offload_embedding
-    micro_batches = [next(batches).to(device, embedding) for _ in range(train.grad_accum_steps)]
     inner = objective_of(objective)
+    micro_batches = [
+        inner.make_batch(next(batches).to(device, embedding)) for _ in range(train.grad_accum_steps)
+    ]
     # The sum stays on the device (no wait for the GPU before the forward is queued).
     unit_total = to_device(unit_count(micro_batches, inner.units), device)
     if torch.distributed.is_initialized():
@@ -197,3 +200,29 @@ class StepRunner:
         values = self.captured(micro_batches, lr)
         counts = step_counts(micro_batches)
         return StepResult(values_to_host(values), lr, counts, self.metric_names)
+
+
+def backward_micro_batches(
+    objective: torch.nn.Module,
+    micro_batches: list[PackedBatch],
+    scale: float | torch.Tensor,
+    aux_weight: float,
+    metric_names: tuple[str, ...] = (),
+) -> torch.Tensor:
+    """Backward of `scale x (sum of unit losses)` over the micro-batches, plus the regulariser
+    weighted by `aux_weight` and averaged over them; gradients are reduced across ranks on the
+    last one only. Returns this rank's [loss sum, *metric sums], float64 on the device (reading
+    it waits for the GPU: the caller does so once per step)."""
+    device = micro_batches[0].labels.device
+    total = torch.zeros(1 + len(metric_names), dtype=torch.float64, device=device)
+    for index, batch in enumerate(micro_batches):
+        with gradient_sync(objective, index == len(micro_batches) - 1):
+            output = objective(batch)
+            loss = output.loss_sum * scale
+            if aux_weight:
+                loss = loss + aux_weight * output.aux / len(micro_batches)
+            loss.backward()
+        total[0] += output.loss_sum.detach()  # one in-place add each, no stacking
+        for index, name in enumerate(metric_names, 1):
+            total[index] += output.metrics[name].detach()
+    return total

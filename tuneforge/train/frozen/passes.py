@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tuneforge.config.schema import ModelSection, RunConfig
+from tuneforge.config.schema import RunConfig
+from tuneforge.config.sections.model import ModelSection
 from tuneforge.data.cache import default_cache_dir, write_directory
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch, PackedLoader, collate_from
 from tuneforge.data.splits import file_digest
@@ -40,8 +41,6 @@ class FrozenPassData:
     run_dir: Path
     world: Dist
     config: RunConfig
-    strategy: str = "single"
-    """The trained model's: under `fsdp` a frozen model held beside it is sharded too."""
 
 
 def store_digest(store: TokenStore) -> str:

@@ -20,8 +20,7 @@ from tuneforge.data.side_data import TokenRows, supervised_offsets
 from tuneforge.data.token_store import TokenStore
 from tuneforge.models.api import model_args
 from tuneforge.models.decoder import Decoder
-from tuneforge.train.distill import Targets, Teacher, check_vocabulary
-from tuneforge.train.frozen_passes import (
+from tuneforge.train.frozen.passes import (
     FrozenPassData,
     batches_digest,
     bins_on,
@@ -33,6 +32,7 @@ from tuneforge.train.frozen_passes import (
     store_digest,
     supervised_rows,
 )
+from tuneforge.train.frozen.teacher import Targets, Teacher, check_vocabulary
 
 LOGITS, IDS = "teacher_logits", "teacher_ids"
 EVAL_FILES = ("eval_logits.npy", "eval_token_ids.npy")
@@ -44,9 +44,6 @@ log = logging.getLogger(__name__)
 class CachedTeacher:
     """The teacher's distribution from the rows each batch carries: its top-k logits
     renormalised at the loss's temperature (`distill_loss.teacher_top_k`, computed before)."""
-
-    def __init__(self, top_k: int) -> None:
-        self.top_k = top_k
 
     def targets(
         self, batch: PackedBatch, supervised: torch.Tensor, temperature: float, top_k: int | None
@@ -144,7 +141,7 @@ def cached_teacher(
             IDS: torch.from_numpy(held_ids[rows]),
         }
         start += batch.num_loss_tokens
-    return CachedTeacher(k)
+    return CachedTeacher()
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""What happens at a step, besides the step itself: evaluation, a periodic checkpoint, the
-projection of the whole run's time, the end."""
+"""What happens at a step besides the step itself: evaluation, a periodic checkpoint, the
+projection of the whole run's time, the end. (The learning rate's schedule is `optim.py`'s.)"""
 
 from dataclasses import dataclass
 
@@ -7,7 +7,7 @@ from tuneforge.config import RunConfig
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class StepEvents:
     evaluate: bool
     save: bool
     """A periodic checkpoint (`checkpoint.save_steps`); the last step saves the final weights."""
@@ -17,11 +17,11 @@ class StepPlan:
     """The loop acts on this step's numbers: read them before anything else is queued."""
 
 
-class Schedule:
+class EventSchedule:
     def __init__(self, config: RunConfig, total_steps: int, evaluates: bool) -> None:
         self.config, self.total_steps, self.evaluates = config, total_steps, evaluates
 
-    def at(self, step: int) -> StepPlan:
+    def at(self, step: int) -> StepEvents:
         train, save_steps = self.config.train, self.config.checkpoint.save_steps
         every = self.config.eval.every_steps
         last = step == self.total_steps
@@ -29,4 +29,4 @@ class Schedule:
         evaluate = bool(self.evaluates and every and step % every == 0)
         project = step == self.config.logging.projection_step
         read_now = save or evaluate or project or last or train.on_nonfinite == "stop"
-        return StepPlan(evaluate and not last, save, project, last, read_now)
+        return StepEvents(evaluate and not last, save, project, last, read_now)

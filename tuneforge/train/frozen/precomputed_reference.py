@@ -2,20 +2,23 @@
 pass before the first update, by the model as it then is, and carried with each batch — no copy
 of the model and no reference forward per step. The values are cached beside the tokenised
 data (keyed by the documents, the model's weights, the initial adapter and the precision) and
-kept in the run directory, where a resume reads them."""
+kept in the run directory, where a resume reads them, checked against the digest its checkpoint
+recorded."""
 
+import hashlib
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
+from tuneforge.data.packing import PackedBatch
 from tuneforge.data.side_data import DocumentValues
 from tuneforge.data.splits import file_digest
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.decoder import Decoder
-from tuneforge.train.frozen_passes import (
+from tuneforge.train.frozen.passes import (
     FrozenPassData,
     bins_on,
     entry_dir,
@@ -24,8 +27,7 @@ from tuneforge.train.frozen_passes import (
     on_main_then_all,
     store_digest,
 )
-from tuneforge.train.preference import Reference
-from tuneforge.train.preference_loss import PairLogps
+from tuneforge.train.objectives.pairs import PairLogps, Reference, as_pairs, token_counts
 from tuneforge.train.sequence_logps import document_sums, token_logps
 
 NAME = "reference_logps"
@@ -36,12 +38,25 @@ log = logging.getLogger(__name__)
 
 
 class PrecomputedReference(Reference):
+    def __init__(self, digest: str) -> None:
+        self.digest = digest
+        """Of the values in the run directory, kept with each checkpoint."""
+
     def logps(self, batch: PackedBatch, chunk_tokens: int) -> PairLogps:
         values = batch.extras.get(NAME)
         if values is None:
             raise RuntimeError("a batch without its precomputed reference log-probabilities")
-        counts = document_sums((batch.labels != IGNORE_INDEX).float(), batch.packed.cu_seqlens)
-        return PairLogps(values[0::2], values[1::2], counts[0::2], counts[1::2])
+        return as_pairs(values, token_counts(batch))
+
+    def resume_state(self) -> dict[str, Any]:
+        return {"reference_logps_sha256": self.digest}
+
+
+def values_digest(train: np.ndarray, held_out: np.ndarray) -> str:
+    digest = hashlib.sha256()
+    for values in (train, held_out):
+        digest.update(np.ascontiguousarray(values, dtype=np.float32).tobytes())
+    return digest.hexdigest()
 
 
 @torch.no_grad()
@@ -53,16 +68,17 @@ def document_logps(model: Decoder, batch: PackedBatch, chunk_tokens: int) -> tor
 
 
 def precomputed_reference(
-    model: Decoder, data: FrozenPassData, chunk_tokens: int, resuming: bool
+    model: Decoder, data: FrozenPassData, chunk_tokens: int, resumed: dict[str, Any] | None
 ) -> PrecomputedReference:
     """Computes (or finds) the values and attaches them to the loader and the held-out batches;
-    a resumed run reads its own from the run directory."""
+    a resumed run (`resumed`: the objective's state in its checkpoint) reads its own from the run
+    directory."""
     device = data.world.device
     was_training = model.training
     model.eval()
     try:
-        if resuming:
-            train, held_out = values_from_run_dir(data.run_dir)
+        if resumed is not None:
+            train, held_out = values_from_run_dir(data.run_dir, resumed)
         else:
             train = _training_values(model, data, device, chunk_tokens)
             pieces = [document_logps(model, b.to(device), chunk_tokens) for b in data.eval_batches]
@@ -77,7 +93,7 @@ def precomputed_reference(
     for batch in data.eval_batches:
         batch.extras[NAME] = torch.from_numpy(held_out[start : start + batch.num_documents])
         start += batch.num_documents
-    return PrecomputedReference()
+    return PrecomputedReference(values_digest(train, held_out))
 
 
 def _training_values(
@@ -106,7 +122,9 @@ def _training_values(
     return np.load(directory / f"{NAME}.npy")
 
 
-def values_from_run_dir(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+def values_from_run_dir(run_dir: Path, resumed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The values the run started with, as its checkpoint recorded them (checkpoints written
+    before the digest was kept are taken as they are)."""
     files = [run_dir / name for name in RUN_FILES]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
@@ -116,4 +134,11 @@ def values_from_run_dir(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
             "made again; restore them, or start a new run"
         )
     train, held_out = (np.load(f, allow_pickle=False) for f in files)
+    expected = resumed.get("reference_logps_sha256")
+    if expected is not None and values_digest(train, held_out) != expected:
+        raise TuneforgeError(
+            f"resuming with dpo.reference: precomputed: {', '.join(map(str, files))} are not the "
+            "values the run started with (its checkpoint recorded others): restore the run's "
+            "own files, or start a new run"
+        )
     return train, held_out

@@ -17,7 +17,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-LOSSES = ("sigmoid", "ipo", "simpo")
+from tuneforge.config.objectives.dpo import PREFERENCE_LOSSES, REFERENCE_FREE
+from tuneforge.train.objectives.pairs import PairLogps
 
 
 @dataclass(frozen=True)
@@ -29,21 +30,14 @@ class PreferenceLoss:
     sft_weight: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise ValueError(f"preference loss must be one of {LOSSES}, not {self.loss!r}")
+        if self.loss not in PREFERENCE_LOSSES:
+            raise ValueError(
+                f"preference loss must be one of {PREFERENCE_LOSSES}, not {self.loss!r}"
+            )
 
     @property
     def needs_reference(self) -> bool:
-        return self.loss != "simpo"
-
-
-class PairLogps(NamedTuple):
-    """Per pair [P]: the replies' summed log-probabilities and their supervised token counts."""
-
-    chosen: torch.Tensor
-    rejected: torch.Tensor
-    chosen_tokens: torch.Tensor
-    rejected_tokens: torch.Tensor
+        return self.loss not in REFERENCE_FREE
 
 
 class PairLosses(NamedTuple):
@@ -61,8 +55,7 @@ def preference_losses(
     beta = setting.beta
     chosen, rejected = policy.chosen.float(), policy.rejected.float()
     if setting.loss == "simpo":
-        chosen_mean = chosen / policy.chosen_tokens.clamp(min=1)
-        rejected_mean = rejected / policy.rejected_tokens.clamp(min=1)
+        chosen_mean, rejected_mean = policy.chosen_mean, policy.rejected_mean
         margin = beta * (chosen_mean - rejected_mean) - setting.simpo_gamma
         loss = _smoothed_sigmoid_loss(margin, setting.label_smoothing)
         reward_chosen, reward_rejected = beta * chosen_mean, beta * rejected_mean
@@ -78,7 +71,7 @@ def preference_losses(
             loss = _smoothed_sigmoid_loss(beta * h, setting.label_smoothing)
         reward_chosen, reward_rejected = beta * chosen_ratio, beta * rejected_ratio
     if setting.sft_weight:
-        loss = loss - setting.sft_weight * chosen / policy.chosen_tokens.clamp(min=1)
+        loss = loss - setting.sft_weight * policy.chosen_mean
     return PairLosses(loss, reward_chosen.detach(), reward_rejected.detach())
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-LOSSES = ("forward_kl", "reverse_kl", "jsd")
+from tuneforge.config.objectives.distill import DIVERGENCES
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class DistillLoss:
     jsd_beta: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise ValueError(f"distillation loss must be one of {LOSSES}, not {self.loss!r}")
+        if self.loss not in DIVERGENCES:
+            raise ValueError(f"distillation loss must be one of {DIVERGENCES}, not {self.loss!r}")
         if not 0 < self.jsd_beta < 1:
             raise ValueError(f"jsd_beta must be between 0 and 1, not {self.jsd_beta}")
 

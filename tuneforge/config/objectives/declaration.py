@@ -1,0 +1,79 @@
+"""What an objective asks of a run, in terms of its configuration: the data it reads, the
+frozen models it holds beside the trained one, and what it refuses. The config's rules, the
+planner, the data pipeline and the trainer read these; the objective's computation lives in
+`train/objectives/`."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tuneforge.config.sections.model import ModelSection
+
+CROSS_ENTROPY = "cross-entropy, nats per supervised token"
+
+DataFormat = Literal["conversations", "pairs"]
+"""`pairs`: each record a preference pair, packed as two documents side by side (`data/pairs.py`)."""
+
+
+@dataclass(frozen=True)
+class FrozenModel:
+    """A model held frozen beside the trained one (a preference run's reference, a teacher)."""
+
+    role: str
+    """`reference` or `teacher`, as the run's log names it."""
+    kind: str
+    """How it is held: `adapters_off`, `frozen_copy`, `precomputed` (a reference), `online`,
+    `cached` (a teacher)."""
+    model: ModelSection | None = None
+    """Its own weights (a teacher's section); None: the trained model's."""
+    field: str = ""
+    """The configuration field of `model` (`distill.teacher`)."""
+    forward_every_step: bool = True
+    """A forward of every token each step; False: one pass over the data before training."""
+    holds_weights: bool = False
+    """Its own weights on the device beside the trained model's (a frozen copy, a teacher)."""
+    note: str = ""
+    """What else it costs, for `tuneforge plan` (e.g. a cache's bytes per token)."""
+
+
+def no_frozen_models(*_: Any) -> tuple[FrozenModel, ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class ObjectiveDeclaration:
+    name: str
+    """`train.objective`'s value."""
+    summary: str
+    """One line for `train.objective`'s help."""
+    data_format: DataFormat = "conversations"
+    settings: str | None = None
+    """The key of its own configuration section, if it has one."""
+    reads: tuple[str, ...] = ()
+    """The sections `frozen` is called with, in order."""
+    frozen: Callable[..., tuple[FrozenModel, ...]] = no_frozen_models
+    title: Callable[[Any], str] | None = None
+    """Its short name from its settings (`dpo sigmoid`), as `plan` and `compare` show it."""
+    loss_label: Callable[[Any], str] = lambda _: CROSS_ENTROPY
+    """What its `loss` measures, with the unit, from its settings."""
+    cross_entropy_metric: str | None = "loss"
+    """The training metric holding the cross-entropy per supervised token, if it logs one
+    (held out: `eval_` before it)."""
+    refuses_captured_step: str | None = None
+    """Why its step cannot be captured as one CUDA graph (train.cuda_graph); None: it can."""
+
+    @property
+    def per_token_loss(self) -> bool:
+        """Its loss is the cross-entropy per supervised token (it has a perplexity)."""
+        return self.cross_entropy_metric == "loss"
+
+    def frozen_models(self, config: Any) -> tuple[FrozenModel, ...]:
+        """What `config` (a RunConfig) holds frozen for this objective."""
+        return self.frozen(*(getattr(config, name) for name in self.reads))
+
+    def settings_of(self, config: Any) -> Any:
+        """Its own section of `config` (None without one)."""
+        return getattr(config, self.settings) if self.settings else None
+
+    def short_name(self, settings: Any) -> str:
+        return self.name if self.title is None else self.title(settings)

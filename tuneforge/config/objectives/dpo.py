@@ -1,0 +1,107 @@
+"""`train.objective: dpo`: preference training on pairs (DPO, IPO, SimPO) against a reference,
+as the configuration declares it: the `dpo:` section, its rules and the reference it holds."""
+
+from typing import Literal, get_args
+
+from pydantic import Field
+
+from tuneforge.config.objectives.declaration import FrozenModel, ObjectiveDeclaration
+from tuneforge.config.rules import rule
+from tuneforge.config.sections.base import Section
+
+PreferenceLossName = Literal["sigmoid", "ipo", "simpo"]
+PREFERENCE_LOSSES: tuple[str, ...] = get_args(PreferenceLossName)
+REFERENCE_FREE = frozenset({"simpo"})
+"""Losses on the policy's log-probabilities alone: no reference model is held or run."""
+
+
+class DpoSection(Section):
+    loss: PreferenceLossName = "sigmoid"
+    """`sigmoid` (DPO), `ipo`, or `simpo` (reference-free, on the replies' mean log-probabilities, with `simpo_gamma`)."""
+    beta: float = Field(0.1, gt=0)
+    """Strength of the reference's pull (DPO, IPO), or SimPO's reward scale."""
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5)
+    """The probability that a pair's preference is flipped (conservative DPO; sigmoid and simpo)."""
+    simpo_gamma: float = Field(0.5, ge=0)
+    """SimPO's target margin between the chosen and rejected rewards."""
+    sft_weight: float = Field(0.0, ge=0)
+    """Weight of the chosen reply's mean negative log-likelihood added to each pair's loss."""
+    reference: Literal["auto", "adapters_off", "frozen_copy", "precomputed"] = "auto"
+    """The model as it was when preference training started: `adapters_off` (LoRA on a fresh adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy: full fine-tuning, or LoRA continuing `lora.init_adapter`), `precomputed` (its log-probabilities of every reply computed in one pass before training and cached with the tokenised data: no copy and no reference forward per step), or `auto` (adapters_off or frozen_copy, the one that applies)."""
+
+
+def reference_kind(lora, dpo: DpoSection) -> str | None:
+    """The reference held: `adapters_off`, `frozen_copy` or `precomputed`, with `auto` the base
+    without its adapters for LoRA on a fresh adapter, a frozen copy otherwise (full fine-tuning,
+    or an adapter continued from `lora.init_adapter`); None for a reference-free loss."""
+    if dpo.loss in REFERENCE_FREE:
+        return None
+    if dpo.reference != "auto":
+        return dpo.reference
+    return "adapters_off" if lora.enabled and lora.init_adapter is None else "frozen_copy"
+
+
+def frozen_reference(lora, dpo: DpoSection) -> tuple[FrozenModel, ...]:
+    kind = reference_kind(lora, dpo)
+    if kind is None:
+        return ()
+    if kind == "precomputed":
+        note = "its log-probability of each reply cached: none per step"
+        return (FrozenModel("reference", kind, forward_every_step=False, note=note),)
+    return (FrozenModel("reference", kind, holds_weights=kind == "frozen_copy"),)
+
+
+DPO = ObjectiveDeclaration(
+    name="dpo",
+    summary="preference pairs, DPO, IPO or SimPO as the `dpo` section says",
+    data_format="pairs",
+    settings="dpo",
+    reads=("lora", "dpo"),
+    frozen=frozen_reference,
+    title=lambda dpo: f"dpo {dpo.loss}",
+    loss_label=lambda dpo: f"DPO {dpo.loss} loss per pair",
+    cross_entropy_metric=None,
+    refuses_captured_step="a preference step (the reference's pass, then the policy's) is not "
+    "captured",
+)
+
+
+@rule("train", "lora", "dpo")
+def preference_reference(train, lora, dpo: DpoSection) -> list[tuple[str, str, str]]:
+    if train.objective != DPO.name:
+        return []
+    problems = []
+    if dpo.reference == "adapters_off" and not lora.enabled:
+        problems.append(
+            (
+                "dpo.reference",
+                "adapters_off is the base without its adapters: it needs LoRA",
+                "set lora.enabled: true, or dpo.reference: frozen_copy (or auto)",
+            )
+        )
+    if dpo.reference == "precomputed" and dpo.loss in REFERENCE_FREE:
+        problems.append(
+            (
+                "dpo.reference",
+                f"{dpo.loss} is reference-free: there is nothing to precompute",
+                "drop dpo.reference (or use loss sigmoid or ipo)",
+            )
+        )
+    if dpo.loss == "ipo" and dpo.label_smoothing:
+        problems.append(
+            (
+                "dpo.label_smoothing",
+                "label smoothing applies to the sigmoid and simpo losses; ipo has none",
+                "drop dpo.label_smoothing, or use dpo.loss: sigmoid (conservative DPO)",
+            )
+        )
+    if dpo.reference == "adapters_off" and lora.enabled and lora.init_adapter is not None:
+        problems.append(
+            (
+                "dpo.reference",
+                "with lora.init_adapter the run starts from that adapter, and adapters_off would "
+                "compare with the base without it",
+                "set dpo.reference: frozen_copy (or auto)",
+            )
+        )
+    return problems

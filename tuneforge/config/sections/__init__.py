@@ -1,0 +1,1 @@
+"""The configuration's sections, one module per top-level key."""

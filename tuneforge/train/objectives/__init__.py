@@ -1,0 +1,3 @@
+"""Objectives, one module each (`sft`, `dpo`, `distill`, `orpo`): the loss, its metrics, the
+frozen models it holds and its resume state. What each asks of the run is declared beside its
+settings in `config/objectives/`; `registry.py` lists them."""

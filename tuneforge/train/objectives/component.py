@@ -1,0 +1,38 @@
+"""An objective as a component: its declaration (what it asks of the run, `config/objectives/`)
+and the builder of its module. The loop, the bench and the evaluation ask it; none of them
+names an objective."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tuneforge.config.objectives.declaration import ObjectiveDeclaration
+from tuneforge.config.schema import RunConfig
+from tuneforge.models.decoder import Decoder
+from tuneforge.train.frozen.passes import FrozenPassData
+from tuneforge.train.objectives.seam import Objective
+
+
+@dataclass
+class ObjectiveSetup:
+    """What an objective's module is built from, once the trained model has its adapters and
+    precision and before it is wrapped (a frozen copy is taken of it as it then is)."""
+
+    config: RunConfig
+    model: Decoder
+    device: torch.device
+    passes: FrozenPassData | None = None
+    """The data a frozen pass runs over before training (a precomputed reference, a cached
+    teacher); None where there is none (the benchmark)."""
+    sharded: bool = False
+    """The trained model is sharded (FSDP2): a frozen model held beside it is sharded too."""
+    resumed: dict[str, Any] | None = None
+    """The objective's `resume_state()` from the checkpoint the run resumes; None when fresh."""
+
+
+@dataclass(frozen=True)
+class ObjectiveComponent:
+    declaration: ObjectiveDeclaration
+    build: Callable[[ObjectiveSetup], Objective]

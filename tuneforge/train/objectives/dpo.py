@@ -1,0 +1,93 @@
+"""Preference training (DPO, IPO, SimPO) as an objective: a micro-batch holds whole pairs, the
+policy's and the reference's log-probabilities of each reply are summed over its supervised
+tokens, and the loss is summed over the pairs (the step divides by the pairs of all its
+micro-batches).
+
+The reference is the model as it was when preference training started (`config/objectives/
+dpo.py` says which is held): for a fresh adapter the base with the adapters disabled (no second
+copy of the model), otherwise a frozen copy, or its values computed in one pass before training."""
+
+import logging
+from typing import Any
+
+from tuneforge.config.objectives.dpo import DPO, reference_kind
+from tuneforge.data.packing import PackedBatch
+from tuneforge.models.decoder import Decoder
+from tuneforge.train.frozen.precomputed_reference import precomputed_reference
+from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
+from tuneforge.train.objectives.pairs import (
+    REWARD_METRICS,
+    AdaptersOffReference,
+    FrozenCopyReference,
+    Reference,
+    pair_logps_of_hidden,
+    reward_sums,
+)
+from tuneforge.train.objectives.preference_loss import PreferenceLoss, preference_losses
+from tuneforge.train.objectives.seam import Objective, ObjectiveOutput, hidden_states_and_aux
+
+log = logging.getLogger(__name__)
+
+
+class PreferenceObjective(Objective):
+    metrics = REWARD_METRICS
+
+    def __init__(
+        self,
+        model: Decoder,
+        setting: PreferenceLoss,
+        reference: Reference | None,
+        chunk_tokens: int = 1024,
+    ) -> None:
+        super().__init__(model)
+        if setting.needs_reference and reference is None:
+            raise ValueError(f"the {setting.loss} loss needs a reference model")
+        self.setting = setting
+        self.reference = reference
+        self.chunk_tokens = chunk_tokens
+
+    def units(self, batch: PackedBatch) -> int:
+        return batch.num_documents // 2
+
+    def forward(self, batch: PackedBatch) -> ObjectiveOutput:
+        reference = None
+        if self.setting.needs_reference:
+            assert self.reference is not None
+            reference = self.reference.logps(batch, self.chunk_tokens)
+        hidden, aux = hidden_states_and_aux(self.model, batch)
+        policy = pair_logps_of_hidden(hidden, self.model, batch, self.chunk_tokens)
+        out = preference_losses(self.setting, policy, reference)
+        metrics = reward_sums(out.reward_chosen, out.reward_rejected)
+        return ObjectiveOutput(out.loss.sum(), aux, metrics)
+
+    def resume_state(self) -> dict[str, Any]:
+        return self.reference.resume_state() if self.reference is not None else {}
+
+
+def reference_of(setup: ObjectiveSetup) -> Reference | None:
+    config = setup.config
+    kind = reference_kind(config.lora, config.dpo)
+    if kind is None:
+        return None
+    if kind == "precomputed":
+        assert setup.passes is not None, "a precomputed reference needs the training data"
+        return precomputed_reference(
+            setup.model, setup.passes, config.train.loss_chunk_tokens, setup.resumed
+        )
+    if kind == "adapters_off":
+        return AdaptersOffReference(setup.model)
+    if setup.sharded:
+        log.info("reference: the frozen copy's blocks sharded across the ranks")
+    return FrozenCopyReference(setup.model, setup.sharded)
+
+
+def build(setup: ObjectiveSetup) -> PreferenceObjective:
+    dpo = setup.config.dpo
+    setting = PreferenceLoss(
+        dpo.loss, dpo.beta, dpo.label_smoothing, dpo.simpo_gamma, dpo.sft_weight
+    )
+    chunk = setup.config.train.loss_chunk_tokens
+    return PreferenceObjective(setup.model, setting, reference_of(setup), chunk)
+
+
+COMPONENT = ObjectiveComponent(DPO, build)

@@ -1,0 +1,102 @@
+"""The objective seam: an objective turns a batch into a loss and metrics. The step and the loop
+know only this. A batch is read from the loader, or made by the objective itself
+(`Objective.make_batch`, e.g. a rollout); next-token SFT is one objective, and the others live
+beside it in this package, each one module.
+
+An objective is the module that DDP and FSDP2 wrap, so that the whole computation (the output
+layer's weight included) runs inside the wrapper."""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from tuneforge.data.packing import PackedBatch
+from tuneforge.models.decoder import Decoder
+from tuneforge.parallel.distributed import unwrap
+
+
+class ObjectiveOutput(NamedTuple):
+    loss_sum: torch.Tensor
+    """0-d: the sum of the batch's per-unit losses; the step divides by the units of all its
+    micro-batches on every rank."""
+    aux: torch.Tensor
+    """0-d: a regulariser added once per micro-batch (the MoE load-balancing loss, or 0)."""
+    metrics: dict[str, torch.Tensor]
+    """0-d sums over the batch's units, reported per unit with the step's loss."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One of an objective's metrics and how people are shown it."""
+
+    name: str
+    percent: bool = False
+    """Shown as a percentage (an accuracy); otherwise with four decimals."""
+    headline: bool = False
+    """Shown on each evaluation's line, beside the held-out loss."""
+
+    def format(self, value: float) -> str:
+        return f"{value:.1%}" if self.percent else f"{value:.4f}"
+
+    @property
+    def label(self) -> str:
+        return self.name.replace("_", " ")
+
+
+class Objective(nn.Module, ABC):
+    """`objective(batch)` -> `ObjectiveOutput`; `units(batch)` counts what the loss is summed
+    over, on the host (supervised tokens for SFT)."""
+
+    metrics: tuple[Metric, ...] = ()
+    """The keys of `ObjectiveOutput.metrics`, in a fixed order for the step's reductions."""
+
+    def __init__(self, model: Decoder) -> None:
+        super().__init__()
+        self.model = model
+        self.every_row_loss = False
+        """Training batches have fixed shapes (a captured step): every row is projected to the
+        vocabulary, the ignored ones weighted 0, so that no shape depends on the labels;
+        evaluation, which runs eagerly, projects the supervised rows only."""
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(metric.name for metric in self.metrics)
+
+    @abstractmethod
+    def units(self, batch: PackedBatch) -> int: ...
+
+    @abstractmethod
+    def forward(self, batch: PackedBatch) -> ObjectiveOutput: ...
+
+    def make_batch(self, read: PackedBatch) -> PackedBatch:
+        """The batch a step trains on, from the one read from the loader: the same, unless the
+        objective makes its own (sampled completions of the read prompts)."""
+        return read
+
+    def resume_state(self) -> dict[str, Any]:
+        """What a resume needs beyond the weights and the optimizer (JSON values), kept with
+        each checkpoint's loop state and handed back to the objective's builder."""
+        return {}
+
+
+def objective_of(module: nn.Module) -> Objective:
+    """The objective inside a DDP wrapper (FSDP2 keeps the module itself)."""
+    inner = unwrap(module)
+    assert isinstance(inner, Objective), type(inner)
+    return inner
+
+
+def hidden_states_and_aux(model: Decoder, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trained model's last hidden states of `batch` and its MoE load-balancing loss (0
+    for a dense model; over the real tokens only, not the padding at the end). Router logits
+    are kept for the loss during this forward only, however it is left."""
+    model.record_router_logits(True)
+    try:
+        hidden = model.hidden_states(batch.tokens, batch.packed)
+        aux = model.aux_loss(batch.real_tokens)
+    finally:
+        model.record_router_logits(False)
+    return hidden, aux if aux is not None else hidden.new_zeros((), dtype=torch.float32)
