@@ -257,8 +257,8 @@ def predict(measured_file: Path) -> None:
     from tuneforge.data.training_data import load_training_data
     from tuneforge.hardware.gpus import GIB
     from tuneforge.plan.memory import CONTEXT_GIB
-    from tuneforge.plan.plan import Hardware
     from tuneforge.plan.planner import plan_run
+    from tuneforge.plan.prediction import Hardware
     from tuneforge.train.build import load_tokenizer
 
     data = Path(tempfile.gettempdir()) / "tuneforge-plan-validation" / "long.jsonl"

@@ -8,9 +8,9 @@ import transformers
 
 from tuneforge.data.packing import IGNORE_INDEX
 from tuneforge.data.token_store import TokenStore, make_example
+from tuneforge.execution.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
-from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora, lora_modules
 
 COMMON = dict(

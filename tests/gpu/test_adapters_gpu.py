@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 import tuneforge
 from tests.helpers import TARGETS, TOKENS, randomise_adapters, save_tiny_llama
+from tuneforge.execution.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.models.api import load_model
-from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import lora_modules
 from tuneforge.peft.lora import LoRALinear
 from tuneforge.precision.apply import quantize_frozen_base

@@ -7,8 +7,8 @@ import torch
 
 from tuneforge.bench.batches import synthetic_batch
 from tuneforge.config.sections.train import TrainSection
+from tuneforge.execution.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.models.api import load_model
-from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora
 from tuneforge.precision.trained_weights import TrainedWeights
 from tuneforge.train.master_adamw import MasterAdamW

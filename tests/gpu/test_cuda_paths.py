@@ -226,7 +226,7 @@ def test_the_memory_profile_names_the_copy_streams_pools():
     """A tensor sent to the host and brought back: the copy back is allocated in its side
     stream's pool, which the profile's cache breakdown names."""
     from tuneforge.bench.profile import peak_breakdown
-    from tuneforge.parallel.offload import HostCopy
+    from tuneforge.execution.offloaded_checkpoints import HostCopy
 
     x = torch.randn(1024, 1024, device="cuda")
 
@@ -267,8 +267,12 @@ def test_offloaded_blocks_come_back_into_the_compute_streams_slots():
     three steps: the gradients are the plain run's, the copies back allocate nothing on their
     side stream (two slots of the compute stream's, reused in turn), and the slots go back to
     the compute stream's pool once backward is over."""
-    from tuneforge.parallel.activation_offload import offloaded_activations
-    from tuneforge.parallel.offload import OffloadChain, copy_stream_names, offloaded_checkpoint
+    from tuneforge.execution.activation_offload import offloaded_activations
+    from tuneforge.execution.offloaded_checkpoints import (
+        OffloadChain,
+        copy_stream_names,
+        offloaded_checkpoint,
+    )
 
     torch.cuda.empty_cache()  # no side-stream segment left by an earlier test
     torch.manual_seed(0)

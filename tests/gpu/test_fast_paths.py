@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.helpers import packed_batch, packed_training_losses
+from tuneforge.execution.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.models.api import load_model
 from tuneforge.packed import PackedSequences
-from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora, lora_modules
 from tuneforge.peft.stacked_weights import stack_frozen_weights
 from tuneforge.train.loss import chunked_cross_entropy

@@ -1,7 +1,7 @@
 import torch
 
 from tests.helpers import tiny_decoder as tiny
-from tuneforge.parallel.host_embedding import embedding_to_host
+from tuneforge.execution.host_embedding import embedding_to_host
 
 
 def test_an_embedding_on_the_host_gives_the_same_step_on_the_gpu():

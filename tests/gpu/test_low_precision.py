@@ -9,9 +9,9 @@ from torch import nn
 
 from tests.helpers import packed_training_losses
 from tuneforge.config.sections.precision import PrecisionSection
+from tuneforge.execution.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.models.api import load_model
 from tuneforge.models.moe import expert_offsets, grouped_linear
-from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora
 from tuneforge.peft.lora import LoRALinear
 from tuneforge.precision.apply import apply_precision

@@ -174,7 +174,7 @@ def test_a_checkpoint_of_other_weights_is_refused_with_its_reason(tmp_path):
     from torch import nn
 
     from tuneforge.parallel.distributed import Dist
-    from tuneforge.train.checkpoint import LoopState, load_checkpoint, save_checkpoint
+    from tuneforge.train.save_resume import LoopState, load_checkpoint, save_checkpoint
 
     def module(name: str) -> nn.Module:
         m = nn.Module()

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from tests.helpers import lora_gradients, packed_batch, save_tiny_llama
+from tuneforge.execution.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.models.hf.checkpoint import load_hf_model
-from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.plan.policies import checkpointed_blocks, recomputed_blocks
 
 
@@ -120,7 +120,7 @@ def test_offloaded_checkpointing_of_a_fully_trained_model(tmp_path):
 def test_offloaded_blocks_keep_only_host_copies():
     """Inside autograd, an offloaded block keeps no tensor of its own computation: what its
     forward saves is nothing but the host copy of its input."""
-    from tuneforge.parallel.offload import offloaded_checkpoint
+    from tuneforge.execution.offloaded_checkpoints import offloaded_checkpoint
 
     weight = torch.nn.Parameter(torch.randn(8, 8))
     saved = []
@@ -137,7 +137,7 @@ def test_offloaded_blocks_prefetch_the_input_below_once_their_backward_is_queued
     i's input gradient is handed on (on the GPU the copy then runs during block i's backward
     kernels); without a chain each input comes back only when its own block recomputes. The
     gradients are the same."""
-    from tuneforge.parallel import offload
+    from tuneforge.execution import offloaded_checkpoints as offload
 
     weights = [torch.nn.Parameter(torch.randn(8, 8) / 3) for _ in range(3)]
     x = torch.randn(4, 8)
@@ -195,7 +195,7 @@ def test_offloaded_blocks_prefetch_the_input_below_once_their_backward_is_queued
 
 @pytest.mark.parametrize("autotune", [False, True])
 def test_autotune_asks_inductor_to_time_the_matrix_products(tmp_path, monkeypatch, autotune):
-    from tuneforge.parallel import block_wrappers
+    from tuneforge.execution import block_wrappers
 
     calls = []
     monkeypatch.setattr(
@@ -227,8 +227,8 @@ def test_checkpointed_blocks_run_compiled():
 def test_offload_refused_where_it_cannot_work():
     from tuneforge.config.sections.train import TrainSection
     from tuneforge.errors import TuneforgeError
+    from tuneforge.execution.block_wrappers import refuse_unsupported_offload
     from tuneforge.models.args import ModelArgs, MoEArgs
-    from tuneforge.parallel.block_wrappers import refuse_unsupported_offload
 
     train = TrainSection(max_steps=1, activation_checkpointing="full", offload_checkpoints=True)
     dense = ModelArgs(vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48)

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from tests.helpers import lora_gradients
-from tuneforge.parallel import activation_offload
-from tuneforge.parallel.activation_offload import SavedOnHost, offloaded_activations
-from tuneforge.parallel.offload import OffloadChain
+from tuneforge.execution import activation_offload
+from tuneforge.execution.activation_offload import SavedOnHost, offloaded_activations
+from tuneforge.execution.offloaded_checkpoints import OffloadChain
 from tuneforge.plan.policies import offloaded_blocks
 
 
@@ -140,8 +140,8 @@ def test_a_block_below_comes_back_once_the_block_above_reached_its_input(offload
 def test_offloaded_activations_refused_where_they_cannot_work():
     from tuneforge.config.sections.train import TrainSection
     from tuneforge.errors import TuneforgeError
+    from tuneforge.execution.block_wrappers import refuse_unsupported_offload
     from tuneforge.models.args import ModelArgs
-    from tuneforge.parallel.block_wrappers import refuse_unsupported_offload
 
     args = ModelArgs(vocab_size=64, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=48)
     refuse_unsupported_offload(TrainSection(max_steps=1, offload_activations=2), 1, args)
@@ -182,7 +182,7 @@ def test_memory_is_tight_within_the_margin_of_the_allocators_limit(monkeypatch):
     """The limit is the GPU's memory times the process's fraction (a held run's cap)."""
     import types
 
-    from tuneforge.parallel.offload import memory_is_tight
+    from tuneforge.execution.offloaded_checkpoints import memory_is_tight
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

@@ -14,18 +14,18 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from tuneforge.errors import TuneforgeError
 from tuneforge.parallel.distributed import Dist
-from tuneforge.runs.checkpoints import damage, newest_intact
-from tuneforge.train.checkpoint import (
-    CheckpointWriteError,
-    LoopState,
-    load_checkpoint,
-    save_checkpoint,
-)
-from tuneforge.train.checkpoint_reader import (
+from tuneforge.runs.checkpoint_dirs import damage, newest_intact
+from tuneforge.train.safe_dcp_reader import (
     DamagedCheckpointError,
     SafeLoadPlanner,
     SafeReader,
     UnsafeCheckpointError,
+)
+from tuneforge.train.save_resume import (
+    CheckpointWriteError,
+    LoopState,
+    load_checkpoint,
+    save_checkpoint,
 )
 
 
@@ -194,7 +194,7 @@ def test_a_full_disk_while_saving_the_weights_says_so_and_leaves_no_half_directo
 
 def test_a_checkpoint_garbled_in_place_is_kept_aside_and_the_one_before_loaded(tmp_path):
     """Damage the file sizes cannot show (same length, other bytes) is found when loading."""
-    from tuneforge.train.checkpoint import load_intact
+    from tuneforge.train.save_resume import load_intact
 
     run = tmp_path / "run"
     first, second = saved(run, step=2), saved(run, step=4)

@@ -39,8 +39,8 @@ def saved_bytes_per_token(
     rotary excluded; the slope between `tokens` and twice as many, so that per-step tensors
     such as the adapters' cast weights do not count); with `lora`, adapters on a frozen base;
     with `compile_budget`, the block compiled as the trainer compiles it, with that budget."""
+    from tuneforge.execution.block_wrappers import compiled
     from tuneforge.models.decoder import Decoder
-    from tuneforge.parallel.block_wrappers import compiled
 
     model = Decoder(replace(args, num_layers=1), "sdpa").to(dtype)
     if lora is not None:

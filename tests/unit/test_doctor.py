@@ -298,8 +298,8 @@ def test_remedies_size_memory_from_the_datas_lengths_as_plan_does(tmp_path):
     from tuneforge.data.length_policy import RecordLengths
     from tuneforge.doctor.oom_plan import remedies
     from tuneforge.hardware.gpus import GIB
-    from tuneforge.plan.plan import Hardware
     from tuneforge.plan.planner import plan_run
+    from tuneforge.plan.prediction import Hardware
 
     config = qwen3_8b_config(
         tmp_path,

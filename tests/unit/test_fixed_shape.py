@@ -12,9 +12,9 @@ from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.fixed_shape import documents_needed, to_fixed_shape
 from tuneforge.data.packing import IGNORE_INDEX, PAD_TOKEN
 from tuneforge.errors import TuneforgeError
+from tuneforge.execution.captured_step import captured_step_blockers
 from tuneforge.models.api import load_model
 from tuneforge.models.hf.checkpoint import load_hf_model
-from tuneforge.parallel.captured_step import captured_step_blockers
 from tuneforge.peft.apply import apply_lora
 from tuneforge.train.loss import chunked_cross_entropy
 from tuneforge.train.objectives.sft import NextTokenObjective

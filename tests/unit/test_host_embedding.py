@@ -2,7 +2,7 @@ import pytest
 
 from tests.helpers import tiny_decoder as tiny
 from tuneforge.errors import TuneforgeError
-from tuneforge.parallel.host_embedding import embedding_to_host
+from tuneforge.execution.host_embedding import embedding_to_host
 
 
 def test_only_a_frozen_untied_embedding_of_one_process_goes_to_the_host():

@@ -485,7 +485,7 @@ def test_what_ifs_use_the_plans_step_time_model_recomputation_included():
 def test_a_plan_for_the_cpu_uses_its_cores_and_host_memory(monkeypatch):
     from tuneforge.cli.plan import _target
     from tuneforge.hardware.cpu import cpu_cores, host_memory_gib
-    from tuneforge.plan.plan import CPU
+    from tuneforge.plan.prediction import CPU
 
     cpu = Hardware(gpu=CPU)
     assert cpu.gpu_memory_gib == pytest.approx(host_memory_gib())

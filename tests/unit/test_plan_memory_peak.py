@@ -5,11 +5,11 @@ import torch
 
 from tests.helpers import packed_batch
 from tests.live_memory import LiveMemory
+from tuneforge.execution.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.models.args import ModelArgs, MoEArgs
 from tuneforge.models.cost import LoraShape
 from tuneforge.models.decoder import Decoder
 from tuneforge.packed import PackedSequences
-from tuneforge.parallel.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.peft.apply import apply_lora
 from tuneforge.plan.memory import Setup, predict_memory
 from tuneforge.train.objectives.sft import NextTokenObjective

@@ -21,10 +21,10 @@ from tuneforge.config.sections.parallel import ParallelSection
 from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
+from tuneforge.execution.block_wrappers import BlockWrapping
 from tuneforge.hardware.gpus import GIB
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import training_flops_per_token
-from tuneforge.parallel.block_wrappers import BlockWrapping
 from tuneforge.parallel.distributed import Dist, configured_dims, init_distributed
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.frozen_models import frozen_forward_flops_per_token

@@ -197,7 +197,7 @@ def peak_breakdown(step: Callable[[], None], top: int = 12) -> dict:
                 peak, at_peak = current, dict(live)
         elif event["action"] == "free_completed" and event["addr"] in live:
             current -= live.pop(event["addr"])[0]
-    from tuneforge.parallel.offload import copy_stream_names
+    from tuneforge.execution.offloaded_checkpoints import copy_stream_names
 
     sites: dict[str, int] = {}
     for size, site in at_peak.values():

@@ -58,8 +58,8 @@ def plan_command(
         load_config(config, overrides or [])
     from tuneforge.config.durations import format_duration, parse_duration
     from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB
-    from tuneforge.plan.plan import CPU, Hardware
     from tuneforge.plan.planner import measured_mfu, plan_config
+    from tuneforge.plan.prediction import CPU, Hardware
 
     gpu, target = _target(gpu)
     if gpu not in GPU_MEMORY_GIB and gpu != CPU and gpu_mem is None:
@@ -149,7 +149,7 @@ def _target(gpu: str | None) -> tuple[str, str]:
     in the tables), else this machine's CPU."""
     from tuneforge.hardware.cpu import cpu_cores
     from tuneforge.hardware.gpus import GPU_MEMORY_GIB
-    from tuneforge.plan.plan import CPU
+    from tuneforge.plan.prediction import CPU
 
     if gpu is not None:
         name = CPU if gpu.lower() == "cpu" else gpu

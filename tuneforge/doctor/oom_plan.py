@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from tuneforge.config import load_config
 from tuneforge.hardware.gpus import GIB
 from tuneforge.plan.memory_options import COMPILE_BUDGET
-from tuneforge.plan.plan import Hardware
 from tuneforge.plan.planner import plan_run
+from tuneforge.plan.prediction import Hardware
 from tuneforge.precision.trained_weights import TrainedWeights
 
 if TYPE_CHECKING:

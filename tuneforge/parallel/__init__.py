@@ -1,2 +1,2 @@
-"""Applied to the model from outside: DDP and FSDP2, per-block compilation and activation
-checkpointing, host-memory offload, the host embedding and the captured CUDA-graph step."""
+"""Data parallelism applied to the model from outside: DDP and FSDP2 on the layout
+`parallel_dims.ParallelDims` describes."""

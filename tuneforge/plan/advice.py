@@ -15,7 +15,7 @@ RANK_WAIT_WORTH_BALANCING = 1.02
 
 if TYPE_CHECKING:
     from tuneforge.config import RunConfig
-    from tuneforge.plan.plan import Hardware, Plan
+    from tuneforge.plan.prediction import Hardware, Plan
 
 
 def advise(

@@ -35,8 +35,8 @@ from tuneforge.plan.frozen_models import (
 )
 from tuneforge.plan.memory import Setup, predict_memory
 from tuneforge.plan.memory_options import memory_options, recomputed
-from tuneforge.plan.plan import Hardware, Plan
 from tuneforge.plan.policies import reshard_after_forward
+from tuneforge.plan.prediction import Hardware, Plan
 from tuneforge.plan.rank_wait import rank_waits
 from tuneforge.plan.strategy import resolve_dims
 from tuneforge.plan.traffic import step_traffic_bytes

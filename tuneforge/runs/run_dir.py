@@ -10,7 +10,7 @@ from typing import Any
 
 from tuneforge.config import RunConfig, dump_config
 from tuneforge.errors import TuneforgeError
-from tuneforge.runs.checkpoints import damage, keep_aside, newest_intact
+from tuneforge.runs.checkpoint_dirs import damage, keep_aside, newest_intact
 from tuneforge.runs.files import CONFIG_FILE, RUN_FILES, SET_ASIDE_DIR, STATE_FILE
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from tuneforge.data.length_policy import RecordLengths
 from tuneforge.hardware.gpus import GIB
 from tuneforge.parallel.distributed import Dist, configured_dims
 from tuneforge.parallel_dims import ParallelDims
-from tuneforge.plan.plan import Hardware
 from tuneforge.plan.planner import replicated_memory_gib
+from tuneforge.plan.prediction import Hardware
 from tuneforge.plan.strategy import resolve_dims
 
 log = logging.getLogger(__name__)

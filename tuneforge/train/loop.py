@@ -35,12 +35,6 @@ from tuneforge.runs.run_dir import (
 )
 from tuneforge.runs.time_budget import Deadline, StopSignals, find_deadline, training_share
 from tuneforge.train.build import build_model, load_data, load_tokenizer
-from tuneforge.train.checkpoint import (
-    LoopState,
-    load_intact,
-    read_loop_state,
-    save_checkpoint,
-)
 from tuneforge.train.device_watch import DeviceWatch
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.frozen.passes import FrozenPassData
@@ -53,6 +47,12 @@ from tuneforge.train.optim import learning_rate
 from tuneforge.train.pending import PendingStep
 from tuneforge.train.prepare import prepare_model
 from tuneforge.train.progress import Progress
+from tuneforge.train.save_resume import (
+    LoopState,
+    load_intact,
+    read_loop_state,
+    save_checkpoint,
+)
 from tuneforge.train.step import StepRunner
 from tuneforge.train.step_events import EventSchedule
 from tuneforge.train.stopping import StopCheck

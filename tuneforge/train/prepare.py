@@ -9,15 +9,15 @@ import torch
 from torch import nn
 
 from tuneforge.config.schema import RunConfig
-from tuneforge.hardware.gpus import release_cached_memory
-from tuneforge.models.decoder import Decoder
-from tuneforge.parallel.block_wrappers import (
+from tuneforge.execution.block_wrappers import (
     BlockWrapping,
     refuse_unsupported_offload,
     wrap_blocks,
 )
+from tuneforge.execution.host_embedding import embedding_to_host
+from tuneforge.hardware.gpus import release_cached_memory
+from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.distributed import Dist, parallelize
-from tuneforge.parallel.host_embedding import embedding_to_host
 from tuneforge.parallel_dims import ParallelDims
 from tuneforge.peft.adapter_io import continue_adapter
 from tuneforge.peft.apply import LoraReport, apply_lora

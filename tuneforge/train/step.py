@@ -12,9 +12,9 @@ import torch
 
 from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.packing import PackedBatch
+from tuneforge.execution.captured_step import CapturedStep, skips_on_device
 from tuneforge.models.decoder import Decoder
 from tuneforge.packed import to_device
-from tuneforge.parallel.captured_step import CapturedStep, skips_on_device
 from tuneforge.parallel.distributed import gradient_sync
 from tuneforge.train.host_values import HostValues, Mark, read_host_values, values_to_host
 from tuneforge.train.objectives.seam import objective_of

@@ -16,19 +16,28 @@ DIVERGENCES: tuple[str, ...] = get_args(DivergenceName)
 
 class DistillSection(Section):
     teacher: ModelSection | None = None
-    """The teacher: a local model directory or hub id (`path`) or a catalog shape (`name`, random weights: a proxy for measuring), with its own `dtype` and `num_layers`; it must share the student's vocabulary. A plain string is the path (a directory, `./dir`, or `org/name`) or, without a slash, the catalog name."""
+    """The teacher: a local model directory or hub id (`path`) or a catalog shape (`name`, random
+    weights: a proxy for measuring), with its own `dtype` and `num_layers`; it must share the
+    student's vocabulary. A plain string is the path (a directory, `./dir`, or `org/name`) or,
+    without a slash, the catalog name."""
     loss: DivergenceName = "forward_kl"
-    """KL(teacher ‖ student), KL(student ‖ teacher), or the generalised Jensen-Shannon divergence with `jsd_beta`."""
+    """KL(teacher ‖ student), KL(student ‖ teacher), or the generalised Jensen-Shannon divergence
+    with `jsd_beta`."""
     jsd_beta: float = Field(0.5, gt=0, lt=1)
     """The JSD's mixture weight of the teacher."""
     temperature: float = Field(1.0, gt=0)
     """Both distributions are softened by it; the loss is multiplied by its square."""
     kd_weight: float = Field(0.5, ge=0, le=1)
-    """Share of the distillation loss in each token's loss; the cross-entropy on the data takes the rest."""
+    """Share of the distillation loss in each token's loss; the cross-entropy on the data takes the
+    rest."""
     top_k: int | None = Field(None, ge=1)
-    """Distil over the teacher's k likeliest tokens only (renormalised), as a cache of its logits keeps them."""
+    """Distil over the teacher's k likeliest tokens only (renormalised), as a cache of its logits
+    keeps them."""
     teacher_logits: Literal["online", "cached"] = "online"
-    """`online`: the teacher runs beside the student every step; `cached`: it runs once over the data before training and its top-k logits and token ids are kept memory-mapped on disk (keyed by the tokenised data and the teacher), so that it need not fit beside the student (needs top_k)."""
+    """`online`: the teacher runs beside the student every step; `cached`: it runs once over the
+    data before training and its top-k logits and token ids are kept memory-mapped on disk (keyed by
+    the tokenised data and the teacher), so that it need not fit beside the student (needs top_k).
+    """
 
 
 FIELD = "distill.teacher"

@@ -17,7 +17,8 @@ REFERENCE_FREE = frozenset({"simpo"})
 
 class DpoSection(Section):
     loss: PreferenceLossName = "sigmoid"
-    """`sigmoid` (DPO), `ipo`, or `simpo` (reference-free, on the replies' mean log-probabilities, with `simpo_gamma`)."""
+    """`sigmoid` (DPO), `ipo`, or `simpo` (reference-free, on the replies' mean log-probabilities,
+    with `simpo_gamma`)."""
     beta: float = Field(0.1, gt=0)
     """Strength of the reference's pull (DPO, IPO), or SimPO's reward scale."""
     label_smoothing: float = Field(0.0, ge=0, lt=0.5)
@@ -27,7 +28,12 @@ class DpoSection(Section):
     sft_weight: float = Field(0.0, ge=0)
     """Weight of the chosen reply's mean negative log-likelihood added to each pair's loss."""
     reference: Literal["auto", "adapters_off", "frozen_copy", "precomputed"] = "auto"
-    """The model as it was when preference training started: `adapters_off` (LoRA on a fresh adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy: full fine-tuning, or LoRA continuing `lora.init_adapter`), `precomputed` (its log-probabilities of every reply computed in one pass before training and cached with the tokenised data: no copy and no reference forward per step), or `auto` (adapters_off or frozen_copy, the one that applies)."""
+    """The model as it was when preference training started: `adapters_off` (LoRA on a fresh
+    adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy:
+    full fine-tuning, or LoRA continuing `lora.init_adapter`), `precomputed` (its log-probabilities
+    of every reply computed in one pass before training and cached with the tokenised data: no copy
+    and no reference forward per step), or `auto` (adapters_off or frozen_copy, the one that
+    applies)."""
 
 
 def reference_kind(lora, dpo: DpoSection) -> str | None:

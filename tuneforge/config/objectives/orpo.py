@@ -9,7 +9,8 @@ from tuneforge.config.sections.base import Section
 
 class OrpoSection(Section):
     beta: float = Field(0.1, gt=0)
-    """λ: the weight of the odds-ratio term beside the chosen reply's negative log-likelihood (TRL's `beta`)."""
+    """λ: the weight of the odds-ratio term beside the chosen reply's negative log-likelihood (TRL's
+    `beta`)."""
 
 
 ORPO = ObjectiveDeclaration(

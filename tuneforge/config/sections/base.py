@@ -29,6 +29,14 @@ class Section(BaseModel):
         extra="forbid", use_attribute_docstrings=True, validate_assignment=True
     )
 
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """A field's docstring, wrapped over lines in the source, is one line of help."""
+        super().__pydantic_init_subclass__(**kwargs)
+        for field in cls.model_fields.values():
+            if field.description:
+                field.description = " ".join(field.description.split())
+
 
 def section_type(annotation: Any) -> type[BaseModel] | None:
     """The config class inside `Section`, `Section | None` or `list[Section]`, if any."""

@@ -15,7 +15,9 @@ class LoggingSection(Section):
     tensorboard: bool = True
     """Write TensorBoard event files to <run dir>/tensorboard."""
     report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = []
-    """Experiment trackers given the run's config and every metrics line: wandb (WANDB_MODE=offline writes to the run directory) and mlflow (MLFLOW_TRACKING_URI, or <run dir>/mlruns), each with its extra installed; tensorboard here is the same as tensorboard: true."""
+    """Experiment trackers given the run's config and every metrics line: wandb (WANDB_MODE=offline
+    writes to the run directory) and mlflow (MLFLOW_TRACKING_URI, or <run dir>/mlruns), each with
+    its extra installed; tensorboard here is the same as tensorboard: true."""
     project: str = "tuneforge"
     """The W&B project and the MLflow experiment the run is logged to."""
     peak_tflops: float | None = Field(None, gt=0)

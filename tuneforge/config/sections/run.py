@@ -11,9 +11,11 @@ class RunSection(Section):
     name: str = Field("run", min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     """Run name: letters, digits, '.', '_' or '-'; names the run directory by default."""
     output_dir: Path | None = None
-    """Run directory (config, metrics, checkpoints); default `runs/<run.name>`. Never put a job id in it."""
+    """Run directory (config, metrics, checkpoints); default `runs/<run.name>`. Never put a job id
+    in it."""
     env: dict[str, str] = {}
-    """Environment the SLURM job scripts export (e.g. PYTORCH_ALLOC_CONF, NCCL_SOCKET_IFNAME, HF_HOME)."""
+    """Environment the SLURM job scripts export (e.g. PYTORCH_ALLOC_CONF, NCCL_SOCKET_IFNAME,
+    HF_HOME)."""
 
     @property
     def directory(self) -> Path:

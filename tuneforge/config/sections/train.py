@@ -18,7 +18,8 @@ class TrainSection(Section):
     tokens_per_micro_batch: int = Field(4096, ge=8)
     """Token budget of one packed micro-batch (its flat length); must be >= data.max_seq_len."""
     loss_chunk_tokens: int = Field(1024, ge=64)
-    """Tokens per chunk of the loss: one chunk's logits exist at a time (tokens x vocabulary x 6 bytes in a bf16 model)."""
+    """Tokens per chunk of the loss: one chunk's logits exist at a time (tokens x vocabulary x 6
+    bytes in a bf16 model)."""
     grad_accum_steps: int = Field(1, ge=1)
     """Micro-batches per optimizer step."""
     lr: float = Field(2e-4, gt=0)
@@ -40,24 +41,40 @@ class TrainSection(Section):
     seed: int = 0
     """Seed for weights, adapters, data order and dropout."""
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
-    """Recompute block activations in backward to save memory: every block (`full`) or every k-th (`selective`)."""
+    """Recompute block activations in backward to save memory: every block (`full`) or every k-th
+    (`selective`)."""
     checkpoint_every: int = Field(2, ge=1)
     """With activation_checkpointing: selective, recompute every k-th block."""
     offload_checkpoints: bool = False
     """With activation checkpointing, keep each checkpointed block's input in pinned host memory
     instead of on the GPU (one process; no MoE router aux loss)."""
     offload_activations: int = Field(0, ge=0)
-    """Blocks, spread evenly, whose saved activations go to pinned host memory in the forward and come back for their backward, instead of staying on the GPU or being recomputed (one process). Each costs its activations' round trip over PCIe, overlapped with compute: with checkpointing, blocks save their recomputation for one block's activations more at the peak (they come back into two staging buffers, in turn)."""
+    """Blocks, spread evenly, whose saved activations go to pinned host memory in the forward and
+    come back for their backward, instead of staying on the GPU or being recomputed (one process).
+    Each costs its activations' round trip over PCIe, overlapped with compute: with checkpointing,
+    blocks save their recomputation for one block's activations more at the peak (they come back
+    into two staging buffers, in turn)."""
     keep_activations: int = Field(0, ge=0)
-    """With activation checkpointing: the last N of the blocks it would recompute keep their activations on the GPU instead (fills the memory checkpointing leaves; each such block saves one block's recomputation). `tuneforge plan` predicts the memory."""
+    """With activation checkpointing: the last N of the blocks it would recompute keep their
+    activations on the GPU instead (fills the memory checkpointing leaves; each such block saves one
+    block's recomputation). `tuneforge plan` predicts the memory."""
     offload_embedding: bool = False
-    """Keep the frozen input embedding in pinned host memory: each micro-batch's rows are gathered there and copied to the GPU ([tokens, dim] per micro-batch instead of [vocabulary, dim] on the GPU). Needs a frozen, untied embedding (a LoRA run) and one process."""
+    """Keep the frozen input embedding in pinned host memory: each micro-batch's rows are gathered
+    there and copied to the GPU ([tokens, dim] per micro-batch instead of [vocabulary, dim] on the
+    GPU). Needs a frozen, untied embedding (a LoRA run) and one process."""
     compile: bool = False
     """Compile each block with torch.compile, and the loss's softmax and gradient per chunk."""
     compile_memory_budget: float = Field(1.0, gt=0, le=1)
-    """With compile: the share of its activations each compiled block may keep for backward (torch's activation_memory_budget); below 1, cheap values (norm outputs, the SwiGLU product) are recomputed in backward instead."""
+    """With compile: the share of its activations each compiled block may keep for backward (torch's
+    activation_memory_budget); below 1, cheap values (norm outputs, the SwiGLU product) are
+    recomputed in backward instead."""
     cuda_graph: bool = False
-    """Capture the whole optimizer step as one CUDA graph after two eager steps and replay it: the host queues one launch per step instead of thousands (for runs where Python cannot keep the GPU busy: small models, MoE). Batches are brought to a fixed shape (padded to tokens_per_micro_batch, document slots for the most documents seen), and the loss projects every row. One CUDA GPU, attention flash4 or varlen, nothing offloaded to host memory; memory stays reserved for the graph."""
+    """Capture the whole optimizer step as one CUDA graph after two eager steps and replay it: the
+    host queues one launch per step instead of thousands (for runs where Python cannot keep the GPU
+    busy: small models, MoE). Batches are brought to a fixed shape (padded to
+    tokens_per_micro_batch, document slots for the most documents seen), and the loss projects every
+    row. One CUDA GPU, attention flash4 or varlen, nothing offloaded to host memory; memory stays
+    reserved for the graph."""
     eval_steps: int | None = Field(None, ge=1)
     """The older name of `eval.every_steps`."""
     on_nonfinite: Literal["skip", "stop"] = "skip"
@@ -65,7 +82,8 @@ class TrainSection(Section):
     max_nonfinite_steps: int = Field(10, ge=1)
     """Stop anyway after this many non-finite steps in a row."""
     time_limit: str | None = None
-    """Wall-clock budget of this job (`90m`, `4h`, `01:30:00`, `2-00:00:00`); under SLURM the job's end time is used when sooner. The run saves and exits before it."""
+    """Wall-clock budget of this job (`90m`, `4h`, `01:30:00`, `2-00:00:00`); under SLURM the job's
+    end time is used when sooner. The run saves and exits before it."""
 
     @field_validator("time_limit")
     @classmethod

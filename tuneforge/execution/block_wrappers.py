@@ -14,10 +14,10 @@ from torch.utils.checkpoint import checkpoint
 
 from tuneforge.config.sections.train import TrainSection
 from tuneforge.errors import TuneforgeError
+from tuneforge.execution.activation_offload import offloaded_activations
+from tuneforge.execution.offloaded_checkpoints import OffloadChain, offloaded_checkpoint
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
-from tuneforge.parallel.activation_offload import offloaded_activations
-from tuneforge.parallel.offload import OffloadChain, offloaded_checkpoint
 from tuneforge.plan.policies import offloaded_blocks, recomputed_blocks
 
 

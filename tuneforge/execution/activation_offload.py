@@ -23,8 +23,8 @@ from dataclasses import dataclass, fields, is_dataclass
 import torch
 from torch import nn
 
-from tuneforge.parallel.offload import HostCopy, OffloadChain
-from tuneforge.parallel.staging_slots import aligned
+from tuneforge.execution.offloaded_checkpoints import HostCopy, OffloadChain
+from tuneforge.execution.staging_slots import aligned
 
 MIN_OFFLOAD_BYTES = 2**20
 

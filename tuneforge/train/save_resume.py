@@ -38,15 +38,20 @@ from torch.distributed.checkpoint.state_dict import (
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB
 from tuneforge.parallel.distributed import Dist, barrier
-from tuneforge.runs.checkpoints import complete_checkpoints, file_sizes, keep_aside, newest_intact
+from tuneforge.runs.checkpoint_dirs import (
+    complete_checkpoints,
+    file_sizes,
+    keep_aside,
+    newest_intact,
+)
 from tuneforge.runs.files import CHECKPOINTS, LATEST, STATE_FILE, WEIGHTS_DIR
-from tuneforge.train.checkpoint_reader import (
+from tuneforge.train.master_adamw import accurate_weights, split_accurate_weights
+from tuneforge.train.safe_dcp_reader import (
     DamagedCheckpointError,
     SafeLoadPlanner,
     SafeReader,
     read_metadata_file,
 )
-from tuneforge.train.master_adamw import accurate_weights, split_accurate_weights
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from tuneforge.parallel.staging_slots import StagingSlots
+from tuneforge.execution.staging_slots import StagingSlots
 
 _COPY_STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 
