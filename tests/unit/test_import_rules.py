@@ -10,6 +10,10 @@ import tuneforge
 PACKAGE = Path(tuneforge.__file__).parent
 LEAVES = {"errors", "packed", "hardware", "file_modes", "parallel_dims"}
 """Small modules of shared facts: anyone may import them; they import nothing of ours but each other."""
+TRAINER_IMPORTS = {
+    "parallel", "execution", "plan", "runs", "peft", "models", "data", "config", "doctor",
+    "precision",
+} | LEAVES  # fmt: skip
 ALLOWED = {
     "errors": set(),
     "packed": set(),
@@ -30,32 +34,8 @@ ALLOWED = {
     "slurm": {"runs", "config"} | LEAVES,
     "export": {"models", "peft", "runs", "config", "precision"} | LEAVES,
     "inference": {"models", "peft", "runs", "data", "config"} | LEAVES,
-    "train": {
-        "parallel",
-        "execution",
-        "plan",
-        "runs",
-        "peft",
-        "models",
-        "data",
-        "config",
-        "doctor",
-        "precision",
-    }
-    | LEAVES,
-    "bench": {
-        "train",
-        "parallel",
-        "execution",
-        "plan",
-        "runs",
-        "peft",
-        "models",
-        "data",
-        "config",
-        "precision",
-    }
-    | LEAVES,
+    "train": TRAINER_IMPORTS,
+    "bench": TRAINER_IMPORTS | {"train"},
     "cli": None,  # the command line may call anything
     "__main__": {"cli"},
     "__init__": set(),

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from tuneforge.config.sections.model import ModelSection
 from tuneforge.config.sections.precision import PrecisionSection
 from tuneforge.models.args import ModelArgs
+from tuneforge.precision.bnb_codes import BLOCK as BNB_BLOCK
+from tuneforge.precision.bnb_codes import NESTED_BLOCK
+from tuneforge.precision.fp4 import BLOCK_SIZE as FP4_BLOCK
 
-BLOCK = {"nvfp4": 16, "mxfp4": 32}
 SCALE_BYTES = {"nvfp4": 1, "mxfp4": 1}
-"""NVFP4: one E4M3 scale per 16 elements (and an fp32 tensor scale); MXFP4: one E8M0 per 32."""
-BNB_BLOCK, BNB_NESTED_BLOCK = 64, 256
-"""bitsandbytes' 4-bit formats: one absmax per 64 weights, fp32, or with double quantisation one
-byte, and an fp32 absmax (and offset) per 256 of those."""
+"""NVFP4: an E4M3 scale per block (and an fp32 tensor scale); MXFP4: an E8M0 per block. In
+bitsandbytes' 4-bit formats an fp32 absmax per block, or with double quantisation one byte, and
+an fp32 absmax (and offset) per block of those."""
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,13 @@ class BaseWeights:
             return values, 4.0 * (rows if self.rowwise else tensors)
         if self.format.startswith("bnb"):
             blocks = weights / BNB_BLOCK
-            absmax = blocks + 8.0 * blocks / BNB_NESTED_BLOCK if self.double_quant else 4.0 * blocks
+            absmax = blocks + 8.0 * blocks / NESTED_BLOCK if self.double_quant else 4.0 * blocks
             if self.fp8_products:
                 # multipliers and scales (a row's, or a tensor's), and the code table
                 held = 4.0 * rows + 4.0 * (rows if self.rowwise else tensors) + 64.0 * tensors
                 return weights / 2, absmax + held + dequantised_buffer(args, 1)
             return weights / 2, absmax + dequantised_buffer(args, param_bytes)
-        scales = weights / BLOCK[self.format] * SCALE_BYTES[self.format]
+        scales = weights / FP4_BLOCK[self.format] * SCALE_BYTES[self.format]
         return weights / 2, scales + (4.0 * tensors if self.format == "nvfp4" else 0.0)
 
     def describe(self, args: ModelArgs, param_bytes: int) -> str | None:

@@ -9,6 +9,8 @@ import torch
 
 BLOCK = 64
 """Weights per absmax: bitsandbytes' and QLoRA's default."""
+NESTED_BLOCK = 256
+"""Absmaxes per block of their own 8-bit quantisation (double quantisation)."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ MARGIN_SHARE = 0.05
 most of itself on the margin (a 2-minute job, a 60 s margin)."""
 MIN_MARGIN_S = 5.0
 
-EXIT_FINISHED = 0
 EXIT_RESUME = 75
 """Stopped on a time limit or a signal after saving: run the same command to resume (EX_TEMPFAIL)."""
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from tuneforge.config import RunConfig
 from tuneforge.config.durations import parse_duration
 from tuneforge.runs.files import JOBS_FILE
+from tuneforge.runs.time_budget import EXIT_RESUME
 
 SCRIPT = "train.sbatch"
 SUBMIT = "submit.sh"
@@ -136,8 +137,8 @@ def sbatch_script(spec: ChainSpec, config: RunConfig) -> str:
         f"  scancel --name={job_name(config)} --state=PENDING",
         "  exit 0",
         "fi",
-        "# 75: stopped before the time limit after saving; the next job of the chain resumes",
-        '[ "$status" -eq 75 ] && exit 0',
+        f"# {EXIT_RESUME}: stopped before the time limit after saving; the next job resumes",
+        f'[ "$status" -eq {EXIT_RESUME} ] && exit 0',
         "exit $status",
     ]
     return "\n".join(lines) + "\n"

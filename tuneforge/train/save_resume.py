@@ -43,6 +43,7 @@ from tuneforge.runs.checkpoint_dirs import (
     file_sizes,
     keep_aside,
     newest_intact,
+    step_of,
 )
 from tuneforge.runs.files import CHECKPOINTS, LATEST, STATE_FILE, WEIGHTS_DIR
 from tuneforge.train.master_adamw import accurate_weights, split_accurate_weights
@@ -175,7 +176,7 @@ def save_checkpoint(
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         _write_json(root / LATEST, {"step": state.step, "path": final.name})
-        steps = sorted((int(p.name.split("_")[1]), p) for p in root.glob("step_*") if p.is_dir())
+        steps = sorted((step_of(p), p) for p in root.glob("step_*") if p.is_dir())
         for _, old in steps[:-keep_last]:
             shutil.rmtree(old)
     barrier()
