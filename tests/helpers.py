@@ -283,3 +283,24 @@ def reply_logps(model, ids, labels):
     labels = torch.tensor(labels)
     supervised = labels != IGNORE_INDEX
     return F.log_softmax(logits, -1)[supervised].gather(1, labels[supervised][:, None]).sum()
+
+
+def random_packed_batch(vocab_size: int, tokens: int, one_document: bool, seed: int):
+    """`tokens` random token ids packed as documents of random lengths (or one document), each
+    token supervised but a document's last."""
+    from tuneforge.data.packing import PackedBatch
+    from tuneforge.packed import PackedSequences
+
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [tokens]
+    if not one_document:
+        lengths = []
+        while sum(lengths) < tokens:
+            lengths.append(int(torch.randint(8, max(9, tokens // 3), (), generator=generator)))
+        lengths[-1] -= sum(lengths) - tokens
+        lengths = [length for length in lengths if length > 0]
+    ids = torch.randint(0, vocab_size, (tokens,), generator=generator)
+    labels = ids.roll(-1)
+    labels[torch.tensor(lengths).cumsum(0) - 1] = IGNORE_INDEX
+    supervised = int((labels != IGNORE_INDEX).sum())
+    return PackedBatch(ids, labels, PackedSequences.from_lengths(lengths), supervised)

@@ -5,7 +5,7 @@ warm-up, capture, replays and a new capture when a batch brings more documents."
 import pytest
 import torch
 
-from tuneforge.bench.batches import synthetic_batch
+from tests.helpers import random_packed_batch
 from tuneforge.config.sections.train import TrainSection
 from tuneforge.execution.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.models.api import load_model
@@ -22,9 +22,9 @@ TOKENS = 2048
 def batches() -> list:
     """Packed batches (a few documents), one short batch (padded), and one of many documents
     (more than the first capture's slots)."""
-    packed = [synthetic_batch(2000, TOKENS, False, seed) for seed in range(6)]
-    short = synthetic_batch(2000, TOKENS - 300, False, 6)
-    many = synthetic_batch(2000, TOKENS, False, 7)
+    packed = [random_packed_batch(2000, TOKENS, False, seed) for seed in range(6)]
+    short = random_packed_batch(2000, TOKENS - 300, False, 6)
+    many = random_packed_batch(2000, TOKENS, False, 7)
     many.packed.cu_seqlens = torch.arange(0, TOKENS + 1, 64, dtype=torch.int32)
     many.packed.position_ids = torch.arange(TOKENS) % 64
     return [*packed, short, *packed[:2], many, *packed[2:4]]

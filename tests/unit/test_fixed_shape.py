@@ -6,8 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.helpers import save_tiny_model
-from tuneforge.bench.batches import synthetic_batch
+from tests.helpers import random_packed_batch, save_tiny_model
 from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.fixed_shape import documents_needed, to_fixed_shape
 from tuneforge.data.packing import IGNORE_INDEX, PAD_TOKEN
@@ -23,7 +22,7 @@ from tuneforge.train.step import StepRunner
 
 
 def test_a_short_batch_gets_a_padding_document_and_empty_slots():
-    batch = synthetic_batch(1000, 200, False, seed=3)
+    batch = random_packed_batch(1000, 200, False, seed=3)
     assert documents_needed(batch, 256) == batch.num_documents + 1
     fixed = to_fixed_shape(batch, 256, 8)
     cu = fixed.packed.cu_seqlens.tolist()
@@ -34,12 +33,12 @@ def test_a_short_batch_gets_a_padding_document_and_empty_slots():
     assert (fixed.tokens[200:] == PAD_TOKEN).all() and (fixed.labels[200:] == IGNORE_INDEX).all()
     assert fixed.packed.position_ids[200:].tolist() == list(range(56))
     assert fixed.num_padding == 56 and fixed.num_loss_tokens == batch.num_loss_tokens
-    full = synthetic_batch(1000, 256, False, seed=3)
+    full = random_packed_batch(1000, 256, False, seed=3)
     assert to_fixed_shape(full, 256, full.num_documents).tokens.data_ptr() == full.tokens.data_ptr()
 
 
 def test_a_batch_larger_than_the_shape_is_refused():
-    batch = synthetic_batch(1000, 256, False, seed=0)
+    batch = random_packed_batch(1000, 256, False, seed=0)
     with pytest.raises(ValueError, match="does not fit 128 tokens"):
         to_fixed_shape(batch, 128, 64)
     with pytest.raises(ValueError, match=f"in {batch.num_documents - 1} documents"):
@@ -80,7 +79,7 @@ def test_a_fixed_shape_batch_trains_as_the_batch_it_came_from():
             if "lora_B" in name:
                 param.data.normal_(0, 0.05, generator=torch.Generator().manual_seed(2))
         objective = NextTokenObjective(model)
-        batch = synthetic_batch(model.args.vocab_size, 200, False, seed=5)
+        batch = random_packed_batch(model.args.vocab_size, 200, False, seed=5)
         if fixed:
             objective.every_row_loss = True
             batch = to_fixed_shape(batch, 256, 16)
@@ -103,7 +102,7 @@ def test_padding_stays_out_of_the_moe_load_balancing_loss(tmp_path):
     for fixed in (False, True, "padding counted"):
         model = load_hf_model(tmp_path, "float32", "eager")
         objective = NextTokenObjective(model)
-        batch = synthetic_batch(model.args.vocab_size, 40, False, seed=1)
+        batch = random_packed_batch(model.args.vocab_size, 40, False, seed=1)
         if fixed:
             objective.every_row_loss = True
             batch = to_fixed_shape(batch, 64, 8)
@@ -154,7 +153,7 @@ def test_evaluation_projects_only_the_supervised_rows(monkeypatch):
     model = load_model("demo-tiny", dtype="float32", attention="eager", seed=0)
     objective = NextTokenObjective(model)
     objective.every_row_loss = True
-    batch = synthetic_batch(model.args.vocab_size, 120, False, seed=3)
+    batch = random_packed_batch(model.args.vocab_size, 120, False, seed=3)
     trained = objective(batch).loss_sum
     objective.eval()
     with torch.no_grad():

@@ -6,7 +6,7 @@ from typing import get_args
 import pytest
 import torch
 
-from tuneforge.bench.batches import synthetic_batch
+from tests.helpers import random_packed_batch
 from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.api import load_model
@@ -36,7 +36,7 @@ def test_the_step_normalises_by_the_objectives_units_and_reports_its_metrics():
     train = TrainSection(
         max_steps=1, tokens_per_micro_batch=128, grad_accum_steps=2, clip_grad_norm=None
     )
-    batches = [synthetic_batch(model.args.vocab_size, 128, False, seed=s) for s in (1, 2)]
+    batches = [random_packed_batch(model.args.vocab_size, 128, False, seed=s) for s in (1, 2)]
     objective = PerDocument(model)
     documents = sum(b.num_documents for b in batches)
     reference = 0.0
@@ -62,7 +62,7 @@ class Rollout(NextTokenObjective):
 
     def make_batch(self, read: PackedBatch) -> PackedBatch:
         tokens = read.tokens.flip(0)
-        return synthetic_batch(
+        return random_packed_batch(
             self.model.args.vocab_size, tokens.numel(), True, seed=int(tokens[0])
         )
 
@@ -70,7 +70,7 @@ class Rollout(NextTokenObjective):
 def test_the_step_trains_on_the_batch_an_objective_makes_itself():
     model = load_model("demo-tiny", dtype="float32", attention="sdpa", seed=0)
     train = TrainSection(max_steps=1, tokens_per_micro_batch=128, clip_grad_norm=None)
-    read = synthetic_batch(model.args.vocab_size, 128, False, seed=1)
+    read = random_packed_batch(model.args.vocab_size, 128, False, seed=1)
     objective = Rollout(model)
     made = objective.make_batch(read)
     assert not torch.equal(made.tokens, read.tokens)

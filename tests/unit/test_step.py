@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tuneforge.bench.batches import synthetic_batch
+from tests.helpers import random_packed_batch
 from tuneforge.config.sections.train import TrainSection
 from tuneforge.models.api import load_model
 from tuneforge.train import step as step_module
@@ -34,7 +34,7 @@ def run_steps(poisoned_step: int | None, on_device: bool, monkeypatch) -> tuple:
     optimizer = build_optimizer(model, train, CPU)
     results, snapshots = [], []
     for index in range(3):
-        batch = synthetic_batch(model.args.vocab_size, 64, False, seed=index)
+        batch = random_packed_batch(model.args.vocab_size, 64, False, seed=index)
         if index == poisoned_step:
             objective.forward = poisoned(objective.forward)
         results.append(optimizer_step(objective, model, optimizer, iter([batch]), train, 1e-3, CPU))

@@ -1,7 +1,6 @@
 """Durations, deadlines (time_limit and SLURM's end time), the stop margin, the projection at
 step 25, and the plot of several runs."""
 
-import json
 import logging
 
 import pytest
@@ -107,34 +106,3 @@ def test_a_short_job_keeps_a_margin_in_proportion():
     assert Deadline(None).margin(configured) == 60.0
     share = training_share(Deadline(120.0, "x", 0.0), now=108.0)
     assert share.startswith("training ran 00:01:48 of the 00:02:00 this job had") and "90%" in share
-
-
-def test_plot_draws_several_runs(tmp_path):
-    from tuneforge.runs.plot import plot_runs
-
-    for name, scale in (("a", 1.0), ("b", 2.0)):
-        run = tmp_path / name
-        run.mkdir()
-        records = [
-            {"step": s, "loss": scale / s, "tokens_per_s": 100.0 * s, "mem_reserved_gib": 1.5}
-            for s in range(1, 6)
-        ]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    out = plot_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "curves.png")
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_plot_panels_carry_their_units_and_say_when_held_out_loss_is_two_points():
-    from tuneforge.runs.plot import figure_of
-
-    records = [{"step": s, "loss": 1.0 / s, "mem_reserved_gib": 2.0, "mem_peak_gib": 1.5}
-               for s in range(1, 6)]  # fmt: skip
-    records[0]["eval_loss"], records[-1]["eval_loss"] = 1.2, 0.8
-    axes = figure_of({"a": records}).axes
-    assert [axis.get_ylabel() for axis in axes] == [
-        "cross-entropy, nats per supervised token", "cross-entropy, nats per supervised token", "GiB",
-    ]  # fmt: skip
-    assert "2 evaluations: eval.every_steps for a curve" in axes[1].get_title()
-    assert [line.get_label() for line in axes[2].lines] == ["a reserved", "a peak allocated"]
-    assert axes[2].get_ylim()[0] == 0  # memory read against zero
-    assert axes[1].lines[0].get_marker() == "o"
