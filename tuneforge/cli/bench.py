@@ -43,7 +43,13 @@ def bench_command(
     warmup: Annotated[
         int, typer.Option(min=0, help="Untimed steps first (compilation included).")
     ] = 6,
-    out: Annotated[Path, typer.Option(help="Folder for the JSON results.")] = Path("bench/results"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for the JSON results (default: $XDG_DATA_HOME/tuneforge/bench, outside "
+            "the checkout)."
+        ),
+    ] = None,
     profile: Annotated[
         bool,
         typer.Option(
@@ -81,6 +87,7 @@ def bench_command(
     """Benchmark one training step: tokens/s, ms/step, peak memory, MFU and ratios."""
     import torch
 
+    from tuneforge.bench.provenance import default_results_dir, tuneforge_commit
     from tuneforge.bench.report import scaling
     from tuneforge.bench.runner import (
         PEERS,
@@ -120,6 +127,7 @@ def bench_command(
     peak = peak_tflops_of(device_name) or PEAK_TFLOPS["H100"]
     record: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "tuneforge_commit": tuneforge_commit(),
         "gpu": device_name,
         "gpus": gpus,
         "peak_tflops_bf16": peak,
@@ -135,6 +143,7 @@ def bench_command(
         "peers_left_out": missing,
         "results": [],
     }
+    out = out or default_results_dir()
     out.mkdir(parents=True, exist_ok=True)
     stamp = record["date"].replace(":", "").replace("-", "").replace("+0000", "Z")
     file = out / f"bench-{stamp}.json"

@@ -1,9 +1,8 @@
 """The frozen input embedding kept in pinned host memory.
 
-A LoRA run never changes the input embedding and reads only the rows of the step's tokens:
-4,096 of 128,256 for Llama-3-8B, whose embedding is 1 GiB of GPU memory. Kept on the host,
-each micro-batch's rows are gathered there and copied to the GPU ([tokens, dim], 32 MiB per
-4,096 tokens), without the host waiting for it. The batch's token ids then stay on the host too
+A LoRA run never changes the input embedding and reads only the rows of the step's tokens, a
+small share of a large vocabulary. Kept on the host, each micro-batch's rows ([tokens, dim])
+are gathered there and copied to the GPU, without the host waiting for it. The batch's token ids then stay on the host too
 (`Decoder.hidden_states` gathers where the embedding is).
 """
 

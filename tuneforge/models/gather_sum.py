@@ -4,7 +4,7 @@ outputs, and the transpose of sending each token to its K experts.
 
 On CUDA one Triton kernel reads each token's k rows once, sums in fp32 and writes once;
 elsewhere (or without Triton) `index_select` and a sum. It is an opaque operator: Inductor's own
-fused gather-and-sum ran at 0.6 TB/s where the gather alone reaches 1.7 (`bench/moe_probe.py`)."""
+fused gather-and-sum is slower than the gather alone (`bench/moe_probe.py` measures both)."""
 
 import functools
 

@@ -5,8 +5,7 @@ Training uses `LinearCrossEntropy`: each chunk's logits are made, turned into th
 layer's gradients during the forward pass itself, so backward only scales them — no logits are
 recomputed and at most one chunk's fp32 logits exist. With `compiled`, the step from a chunk's
 bf16 logits to their loss and bf16 gradient is one compiled function (two fused passes over
-the logits, no fp32 copy of them: about 1 GB of memory traffic per 1,024 x 152k chunk instead
-of 5). `checkpointed_cross_entropy` (each chunk's loss recomputed in backward by autograd) is
+the logits, no fp32 copy of them). `checkpointed_cross_entropy` (each chunk's loss recomputed in backward by autograd) is
 the reference path both are tested against.
 
 Normally only the supervised rows are projected. With `every_row`, all rows are, the ignored
