@@ -133,13 +133,14 @@ def test_a_model_directory_is_quantized_on_its_way_to_the_device(tmp_path):
 
     save_tiny_llama(tmp_path / "base", intermediate_size=256)
     section = ModelSection(path=tmp_path / "base", dtype="float32", quantize="nf4")
-    staged = build_model(section, torch.device("cpu"), seed=0)
+    staged, arrived = build_model(section, torch.device("cpu"), seed=0)
     held = staged.layers[0].mlp.down_proj.weight
+    assert staged.layers[0].mlp.down_proj in arrived  # the 4-bit base, handed on as a value
     assert held.shape == (64, 256) and held.untyped_storage().nbytes() == 4
     lora = {"target_modules": ["q_proj", "down_proj"], "rank": 4}
     torch.manual_seed(0)  # the same adapters on both
     tuneforge.apply_lora(staged, lora)
-    report = apply_precision(staged, PrecisionSection(), base=section)
+    report = apply_precision(staged, PrecisionSection(), base=section, arrived=arrived)
     assert any("4-bit NF4" in line for line in report.lines)
     loaded = load_hf_model(tmp_path / "base", "float32", "sdpa")
     torch.manual_seed(0)

@@ -159,10 +159,10 @@ def run_ours(
     config = workload_config(workload, settings, world)
     tokens = config.train.tokens_per_micro_batch
     torch.manual_seed(0)
-    model = build_model(config.model, world.device, config.train.seed)
+    model, arrived = build_model(config.model, world.device, config.train.seed)
     wrapping = replace(BlockWrapping.of(config.train), autotune=settings.autotune)
     dims = configured_dims(config.parallel, world)
-    prepared = prepare_model(config, model, world, dims, wrapping=wrapping)
+    prepared = prepare_model(config, model, world, dims, arrived=arrived, wrapping=wrapping)
     objective, optimizer = prepared.objective, prepared.optimizer
     if declaration_of(config).data_format == "pairs":
         vocab = model.args.vocab_size

@@ -12,11 +12,11 @@ from tuneforge.export.generation import generation_config
 from tuneforge.export.output import MERGED, check_output, write_atomically
 from tuneforge.export.sources import ExportError, ExportSource
 from tuneforge.models.api import load_model
+from tuneforge.models.cost import PROJECTION_NAMES
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.checkpoint import read_hf_config, save_hf_model
 from tuneforge.peft.adapter_io import load_adapter
 from tuneforge.peft.apply import merge_lora
-from tuneforge.precision.apply import PROJECTIONS
 
 DEFAULT_SHARD_BYTES = 5 * 2**30
 
@@ -79,7 +79,7 @@ def as_trained(model: Decoder, quant_type: str, double_quant: bool) -> None:
 
     changed = total = 0.0
     for name, module in model.layers.named_modules():
-        if name.rsplit(".", 1)[-1] in PROJECTIONS and isinstance(module, torch.nn.Linear):
+        if name.rsplit(".", 1)[-1] in PROJECTION_NAMES and isinstance(module, torch.nn.Linear):
             rounded = round_through_4bit(module.weight, quant_type, double_quant)
             changed += (rounded.float() - module.weight.float()).abs().sum().item()
             total += module.weight.float().abs().sum().item()

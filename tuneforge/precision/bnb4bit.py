@@ -148,11 +148,14 @@ def round_through_4bit(weight: torch.Tensor, quant_type: str, double_quant: bool
 
 
 @torch.no_grad()
-def quantize_on_arrival(model, quant_type: str, double_quant: bool, device: torch.device) -> None:
+def quantize_on_arrival(
+    model, quant_type: str, double_quant: bool, device: torch.device
+) -> dict[nn.Linear, Bnb4bitLinear]:
     """Each projection of the decoder blocks (in host memory) quantised onto `device`, its weight
     replaced by a placeholder of one element on `device` (its shape, dtype and place for the
-    adapters made on it; never read): the 4-bit base waits on the linear (`FOUR_BIT`) until the
-    precision step swaps it in (`precision/apply.py`)."""
+    adapters made on it; never read). Returns the 4-bit projections by the placeholder linear
+    each stands in for, for the precision step to swap in (`converters.FourBitBase`)."""
+    arrived = {}
     for name, module in model.layers.named_modules():
         if name.rsplit(".", 1)[-1] not in PROJECTION_NAMES or not isinstance(module, nn.Linear):
             continue
@@ -163,7 +166,5 @@ def quantize_on_arrival(model, quant_type: str, double_quant: bool, device: torc
         if module.bias is not None:
             module.bias = nn.Parameter(module.bias.to(device), requires_grad=False)
             four_bit.bias = module.bias
-        object.__setattr__(module, FOUR_BIT, four_bit)  # not a child module: not moved again
-
-
-FOUR_BIT = "_four_bit_base"
+        arrived[module] = four_bit
+    return arrived

@@ -2,6 +2,7 @@
 
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -17,6 +18,7 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.errors import ModelError
 from tuneforge.parallel.distributed import Dist, barrier
 from tuneforge.precision.bnb4bit import quantize_on_arrival
+from tuneforge.precision.converters import ArrivedFourBit
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,14 @@ def load_tokenizer(config: RunConfig):
     return tokenizer
 
 
-def build_model(section: ModelSection, device: torch.device, seed: int) -> Decoder:
+class BuiltModel(NamedTuple):
+    model: Decoder
+    arrived: ArrivedFourBit | None = None
+    """A model directory whose base is held in 4 bits (`quantize`): the projections quantised
+    on their way to the device, which the precision step swaps in."""
+
+
+def build_model(section: ModelSection, device: torch.device, seed: int) -> BuiltModel:
     """Load a local HF model, or build a catalog shape with seeded random weights. A model
     directory whose base is held in 4 bits (`quantize`) is read into host memory and each
     projection quantised on its way to `device`: the GPU never holds the base in `dtype`."""
@@ -67,9 +76,10 @@ def build_model(section: ModelSection, device: torch.device, seed: int) -> Decod
         )
     except ModelError as error:  # say which section the problem is in
         raise type(error)(f"model: {error}") from None
+    arrived = None
     if staged:
         assert section.quantize is not None
-        quantize_on_arrival(model, section.quantize, section.double_quant, device)
+        arrived = quantize_on_arrival(model, section.quantize, section.double_quant, device)
         model.to(device)
         args = model.args
         dtype = model.embed.weight.dtype
@@ -82,7 +92,7 @@ def build_model(section: ModelSection, device: torch.device, seed: int) -> Decod
         log.warning(
             "eager attention materialises seq x seq scores per head: slow and memory-hungry at long sequences"
         )
-    return model
+    return BuiltModel(model, arrived)
 
 
 def load_data(config: RunConfig, tokenizer, world: Dist) -> TrainingData:

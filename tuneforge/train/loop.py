@@ -20,7 +20,7 @@ from tuneforge.hardware.cpu import choose_cpu_threads
 from tuneforge.hardware.gpus import peak_tflops
 from tuneforge.parallel.distributed import barrier, configured_dims, init_distributed
 from tuneforge.peft.selection import lora_shape
-from tuneforge.precision.apply import refuse_unsupported_precision
+from tuneforge.precision.refusals import refuse_unsupported_precision
 from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE
 from tuneforge.runs.outputs import save_base, save_final
 from tuneforge.runs.pace import WARMUP_STEPS
@@ -128,7 +128,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(config)
         self.train_stats = self._load_data()
         self.dims = choose_dims(config, self.world, self.train_stats.records)
-        self.model = build_model(config.model, self.device, seed)
+        self.model, arrived = build_model(config.model, self.device, seed)
         if len(self.tokenizer) > self.model.args.vocab_size:
             raise TuneforgeError(
                 f"the tokenizer has {len(self.tokenizer)} tokens but the model's vocabulary holds "
@@ -142,7 +142,7 @@ class Trainer:
         passes = FrozenPassData(self.loader, self.eval_batches, self.run_dir, self.world, config)
         resumed = read_loop_state(checkpoint).objective if checkpoint is not None else None
         setup = ObjectiveSetup(config, self.model, self.device, passes, resumed=resumed)
-        prepared = prepare_model(config, self.model, self.world, self.dims, setup)
+        prepared = prepare_model(config, self.model, self.world, self.dims, setup, arrived)
         self.objective, self.optimizer = prepared.objective, prepared.optimizer
         self.total_steps = self._total_steps()
         self.metrics = MetricsLog.of(config, self.run_dir) if self.world.is_main else None

@@ -22,7 +22,9 @@ from tuneforge.parallel_dims import ParallelDims
 from tuneforge.peft.adapter_io import continue_adapter
 from tuneforge.peft.apply import LoraReport, apply_lora
 from tuneforge.peft.stacked_weights import stack_frozen_weights
-from tuneforge.precision.apply import PrecisionReport, apply_precision
+from tuneforge.precision.apply import apply_precision
+from tuneforge.precision.converters import ArrivedFourBit
+from tuneforge.precision.report import PrecisionReport
 from tuneforge.precision.trained_weights import TrainedWeights
 from tuneforge.train.objectives.component import ObjectiveSetup
 from tuneforge.train.objectives.registry import build_objective
@@ -47,18 +49,20 @@ def prepare_model(
     world: Dist,
     dims: ParallelDims,
     setup: ObjectiveSetup | None = None,
+    arrived: ArrivedFourBit | None = None,
     wrapping: BlockWrapping | None = None,
 ) -> PreparedModel:
     """Everything between building `model` and its first step, as `config` says. `setup`
     carries what the objective's frozen models need beyond the model (the data for a frozen
-    pass, the state of a resume); `wrapping` replaces the block wrappers `train` asks for."""
+    pass, the state of a resume); `arrived`: the 4-bit projections `build_model` quantised on
+    their way to the device; `wrapping` replaces the block wrappers `train` asks for."""
     train, device = config.train, world.device
     generator = torch.Generator(device=device).manual_seed(train.seed + 1)
     lora = apply_lora(model, config.lora, generator, torch.float32)
     lora.log(log)
     if config.lora.enabled and config.lora.init_adapter is not None:  # a resume loads its own
         continue_adapter(model, config.lora.init_adapter, config.lora)
-    precision = apply_precision(model, config.precision, dims.sharded, config.model)
+    precision = apply_precision(model, config.precision, dims.sharded, config.model, arrived)
     precision.log(log)
     setup = setup or ObjectiveSetup(config, model, device)
     setup.sharded = dims.sharded

@@ -91,10 +91,13 @@ def teacher_of(setup: ObjectiveSetup) -> TeacherSource:
     assert section is not None
 
     def load() -> Decoder:
-        model = build_model(section, setup.device, config.train.seed)
+        model, arrived = build_model(section, setup.device, config.train.seed)
         if section.quantize:  # a frozen teacher in 4 bits
             model.requires_grad_(False)
-            quantize_frozen_base(model, section.quantize, section.double_quant).log(log)
+            report = quantize_frozen_base(
+                model, section.quantize, section.double_quant, None, arrived
+            )
+            report.log(log)
         log.info(
             "teacher: %s, %s parameters, %s", section.path or section.name,
             parameter_count(model.args.num_params()), section.dtype,
