@@ -65,7 +65,7 @@ def prepare_model(
     precision = apply_precision(model, config.precision, dims.sharded, config.model, arrived)
     precision.log(log)
     setup = setup or ObjectiveSetup(config, model, device)
-    setup.sharded = dims.sharded
+    setup.dims = dims
     objective = build_objective(setup)
     refuse_unsupported_offload(train, world.world_size, model.args)
     if train.offload_embedding:

@@ -3,7 +3,7 @@ and the builder of its module. The loop, the bench and the evaluation ask it; no
 names an objective."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -11,6 +11,7 @@ import torch
 from tuneforge.config.objectives.declaration import ObjectiveDeclaration
 from tuneforge.config.schema import RunConfig
 from tuneforge.models.decoder import Decoder
+from tuneforge.parallel_dims import ParallelDims
 from tuneforge.train.frozen.passes import FrozenPassData
 from tuneforge.train.objectives.seam import Objective
 
@@ -26,8 +27,8 @@ class ObjectiveSetup:
     passes: FrozenPassData | None = None
     """The data a frozen pass runs over before training (a precomputed reference, a cached
     teacher); None where there is none (the benchmark)."""
-    sharded: bool = False
-    """The trained model is sharded (FSDP2): a frozen model held beside it is sharded too."""
+    dims: ParallelDims = field(default_factory=ParallelDims)
+    """The trained model's layout: where it is sharded (FSDP2) a frozen model beside it is too."""
     resumed: dict[str, Any] | None = None
     """The objective's `resume_state()` from the checkpoint the run resumes; None when fresh."""
 

@@ -105,9 +105,9 @@ def teacher_of(setup: ObjectiveSetup) -> TeacherSource:
         return model
 
     if frozen.kind == "online":
-        if setup.sharded:
-            log.info("teacher: its blocks sharded across the ranks")
-        return Teacher(load(), setup.model, setup.sharded)
+        if setup.dims.sharded:
+            log.info("teacher: its blocks sharded across the %d ranks", setup.dims.world_size)
+        return Teacher(load(), setup.model, setup.dims.sharded)
     assert setup.passes is not None, "a cached teacher needs the training data"
     return cached_teacher(load, setup.model, setup.passes, config.train.loss_chunk_tokens)
 

@@ -76,9 +76,9 @@ def reference_of(setup: ObjectiveSetup) -> Reference | None:
         )
     if kind == "adapters_off":
         return AdaptersOffReference(setup.model)
-    if setup.sharded:
+    if setup.dims.sharded:
         log.info("reference: the frozen copy's blocks sharded across the ranks")
-    return FrozenCopyReference(setup.model, setup.sharded)
+    return FrozenCopyReference(setup.model, setup.dims.sharded)
 
 
 def build(setup: ObjectiveSetup) -> PreferenceObjective:
