@@ -12,10 +12,10 @@ from tuneforge.models.api import load_model
 from tuneforge.peft.apply import apply_lora, merge_lora
 from tuneforge.peft.lora import LoRALinear
 from tuneforge.precision.apply import apply_precision
-from tuneforge.precision.refusals import refuse_unsupported_precision
 from tuneforge.precision.fp4 import fake_quantize, quantize_fp4
 from tuneforge.precision.fp8 import E4M3, E5M2, Fp8Recipe, dequantize, quantize
 from tuneforge.precision.frozen_linear import Fp4Linear, Fp8Linear
+from tuneforge.precision.refusals import refuse_unsupported_precision
 
 
 def _torchao_float8():
