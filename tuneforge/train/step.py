@@ -223,6 +223,6 @@ def backward_micro_batches(
                 loss = loss + aux_weight * output.aux / len(micro_batches)
             loss.backward()
         total[0] += output.loss_sum.detach()  # one in-place add each, no stacking
-        for index, name in enumerate(metric_names, 1):
-            total[index] += output.metrics[name].detach()
+        for slot, name in enumerate(metric_names, 1):
+            total[slot] += output.metrics[name].detach()
     return total

@@ -51,7 +51,11 @@ def frozen_teacher(distill: DistillSection) -> tuple[FrozenModel, ...]:
             f"its top-{distill.top_k} logits and ids take {8 * (distill.top_k or 0)} bytes per "
             "supervised token on disk"
         )
-        return (FrozenModel("teacher", "cached", distill.teacher, FIELD, False, note=note),)
+        return (
+            FrozenModel(
+                "teacher", "cached", distill.teacher, FIELD, forward_every_step=False, note=note
+            ),
+        )
     return (FrozenModel("teacher", "online", distill.teacher, FIELD, holds_weights=True),)
 
 

@@ -4,6 +4,8 @@ as an objective: on each pair, the chosen reply's negative log-likelihood per to
 odds are P/(1−P), P its mean per-token probability (exp of the mean log-probability), as TRL's
 `ORPOTrainer` takes it. One forward of the policy; no reference model."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -24,11 +26,14 @@ from tuneforge.train.objectives.seam import (
     hidden_states_and_aux,
 )
 
+LN_2 = math.log(2)
+
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 − exp(x)) for x < 0, without the cancellation either form has on its own side."""
+    """log(1 − exp(x)) for x < 0: log(−expm1(x)) above −ln 2, log1p(−exp(x)) below, each where
+    the other cancels (Mächler 2012)."""
     x = x.clamp(max=-1e-7)
-    return torch.where(x > -0.6931, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    return torch.where(x > -LN_2, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
 def orpo_terms(policy: PairLogps, beta: float) -> dict[str, torch.Tensor]:
