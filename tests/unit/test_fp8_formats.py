@@ -16,6 +16,7 @@ from tuneforge.peft.apply import apply_lora
 from tuneforge.precision.fp8 import E4M3, E4M3_FNUZ, E5M2_FNUZ, Fp8Recipe, fnuz_formats
 from tuneforge.precision.fp8_training import Fp8TrainingLinear
 from tuneforge.precision.frozen_linear import Fp8Linear
+from tuneforge.precision.refusals import refuse_unsupported_precision
 
 
 @pytest.mark.parametrize(
@@ -67,9 +68,9 @@ def test_a_4bit_base_in_fp8_on_mi300_is_refused_clearly(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: mi300)
     fp8, gpu = PrecisionSection(fp8="e4m3"), torch.device("cuda", 0)
     base = ModelSection(name="demo-tiny", quantize="nf4")
-    apply_module.refuse_unsupported_precision(fp8, gpu, ModelSection(name="demo-tiny"))
+    refuse_unsupported_precision(fp8, gpu, ModelSection(name="demo-tiny"))
     with pytest.raises(TuneforgeError, match="MI300: FNUZ formats"):
-        apply_module.refuse_unsupported_precision(fp8, gpu, base)
+        refuse_unsupported_precision(fp8, gpu, base)
     monkeypatch.setattr(apply_module, "fnuz_formats", lambda device: True)
     model = load_model("demo-tiny", dtype="bfloat16", device=torch.device("cpu"), seed=0)
     with pytest.raises(TuneforgeError, match=r"drop precision\.fp8"):

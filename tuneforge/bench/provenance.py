@@ -7,7 +7,8 @@ import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import tuneforge
+SOURCE = Path(__file__).resolve().parents[2]
+"""The directory holding the `tuneforge` package: a git checkout's root when run from one."""
 
 
 def default_results_dir() -> Path:
@@ -17,10 +18,9 @@ def default_results_dir() -> Path:
     return Path(base) / "tuneforge" / "bench"
 
 
-def tuneforge_commit() -> str:
-    """The commit of the checkout tuneforge runs from, `+dirty` where tracked files differ from
-    it; the installed version where it is not a git checkout."""
-    source = Path(tuneforge.__file__).resolve().parent.parent
+def tuneforge_commit(source: Path = SOURCE) -> str:
+    """The commit of the checkout tuneforge runs from (`source`), `+dirty` where tracked files
+    differ from it; the installed version where it is not a git checkout."""
 
     def git(*args: str) -> str:
         return subprocess.run(
