@@ -27,8 +27,13 @@ from tuneforge.train.frozen.passes import (
     on_main_then_all,
     store_digest,
 )
-from tuneforge.train.objectives.pairs import PairLogps, Reference, as_pairs, token_counts
-from tuneforge.train.sequence_logps import document_sums, token_logps
+from tuneforge.train.objectives.pairs import (
+    PairLogps,
+    Reference,
+    as_pairs,
+    document_logps,
+    token_counts,
+)
 
 NAME = "reference_logps"
 RUN_FILES = ("reference_logps.npy", "reference_logps_eval.npy")
@@ -60,11 +65,10 @@ def values_digest(train: np.ndarray, held_out: np.ndarray) -> str:
 
 
 @torch.no_grad()
-def document_logps(model: Decoder, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
-    """[documents] fp32: each document's summed log-probability of its supervised tokens."""
+def reference_logps(model: Decoder, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
+    """[documents] fp32: the reference's summed log-probability of each document's replies."""
     hidden = model.hidden_states(batch.tokens, batch.packed)
-    logps = token_logps(hidden, model.lm_head.weight, batch.labels, chunk_tokens)
-    return document_sums(logps, batch.packed.cu_seqlens)
+    return document_logps(hidden, model, batch, chunk_tokens)
 
 
 def precomputed_reference(
@@ -81,7 +85,7 @@ def precomputed_reference(
             train, held_out = values_from_run_dir(data.run_dir, resumed)
         else:
             train = _training_values(model, data, device, chunk_tokens)
-            pieces = [document_logps(model, b.to(device), chunk_tokens) for b in data.eval_batches]
+            pieces = [reference_logps(model, b.to(device), chunk_tokens) for b in data.eval_batches]
             held_out = np.concatenate([p.cpu().numpy() for p in pieces] or [np.zeros(0)])
             if data.world.is_main:
                 np.save(data.run_dir / RUN_FILES[0], train)
@@ -114,7 +118,7 @@ def _training_values(
         values = np.zeros(len(data.loader.store), dtype=np.float32)
         log.info("reference: log-probabilities of %d documents, one pass", len(values))
         for indexes, batch in bins_on(data.loader, device):
-            values[indexes] = document_logps(model, batch, chunk_tokens).cpu().numpy()
+            values[indexes] = reference_logps(model, batch, chunk_tokens).cpu().numpy()
         np.save(partial / f"{NAME}.npy", values)
 
     on_main_then_all(data, directory, compute)

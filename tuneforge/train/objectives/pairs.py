@@ -60,12 +60,20 @@ def as_pairs(per_document: torch.Tensor, counts: torch.Tensor) -> PairLogps:
     return PairLogps(per_document[0::2], per_document[1::2], counts[0::2], counts[1::2])
 
 
+def document_logps(
+    hidden: torch.Tensor, model: Decoder, batch: PackedBatch, chunk_tokens: int
+) -> torch.Tensor:
+    """[documents] fp32: each document's summed log-probability of its supervised tokens, from
+    the model's last hidden states."""
+    logps = token_logps(hidden, model.lm_head.weight, batch.labels, chunk_tokens)
+    return document_sums(logps, batch.packed.cu_seqlens)
+
+
 def pair_logps_of_hidden(
     hidden: torch.Tensor, model: Decoder, batch: PackedBatch, chunk_tokens: int
 ) -> PairLogps:
     """Each pair's replies' summed log-probabilities from the model's last hidden states."""
-    logps = token_logps(hidden, model.lm_head.weight, batch.labels, chunk_tokens)
-    return as_pairs(document_sums(logps, batch.packed.cu_seqlens), token_counts(batch))
+    return as_pairs(document_logps(hidden, model, batch, chunk_tokens), token_counts(batch))
 
 
 def pair_logps(model: Decoder, batch: PackedBatch, chunk_tokens: int) -> PairLogps:
