@@ -8,7 +8,7 @@ from pathlib import Path
 import tuneforge
 
 PACKAGE = Path(tuneforge.__file__).parent
-LEAVES = {"errors", "packed", "hardware", "file_modes", "parallel_dims"}
+LEAVES = {"errors", "packed", "hardware", "file_modes", "parallel_dims", "mesh_rules"}
 """Small modules of shared facts: anyone may import them; they import nothing of ours but each other."""
 TRAINER_IMPORTS = {
     "parallel", "execution", "plan", "runs", "peft", "models", "data", "config", "doctor",
@@ -20,6 +20,7 @@ ALLOWED = {
     "hardware": set(),
     "file_modes": set(),
     "parallel_dims": set(),
+    "mesh_rules": set(),
     "config": {"errors"},
     "models": LEAVES,
     "data": {"config"} | LEAVES,

@@ -67,7 +67,7 @@ def _train(trainer, run_config) -> int:
         start = f"from step {trainer.resumed_from} " if trainer.resumed_from else ""
         console.print(
             f"run directory: {trainer.run_dir}  ({trainer.total_steps} steps {start}on "
-            f"{trainer.world.world_size} x {trainer.device.type}, {trainer.dims.strategy})"
+            f"{trainer.world.world_size} x {trainer.device.type}, {trainer.dims.describe()})"
         )
     progress = Progress(
         TextColumn("[bold]train"),

@@ -247,3 +247,23 @@ def zero_names_agree(parallel) -> list[tuple[str, str, str]]:
             "set only one: zero_stage 2 = reshard_after_forward false, 3 = true",
         )
     ]
+
+
+@rule("parallel")
+def mesh_needs_sharding(parallel) -> list[tuple[str, str, str]]:
+    """Tensor, expert and replica dimensions compose with FSDP2 on a device mesh, not with DDP."""
+    sizes = {
+        name: getattr(parallel, name)
+        for name in ("tensor_parallel", "expert_parallel", "data_parallel_replicate")
+        if getattr(parallel, name) > 1
+    }
+    if not sizes or parallel.strategy in ("auto", "fsdp"):
+        return []
+    named = ", ".join(f"parallel.{name}={size}" for name, size in sizes.items())
+    return [
+        (
+            "parallel.strategy",
+            f"{parallel.strategy} cannot run {named}: those dimensions live on FSDP2's device mesh",
+            "set parallel.strategy to fsdp (or auto)",
+        )
+    ]

@@ -3,6 +3,7 @@
 import math
 from dataclasses import dataclass, replace
 
+from tuneforge.mesh_rules import SplitSizes
 from tuneforge.models.errors import ModelError
 
 
@@ -139,6 +140,16 @@ class ModelArgs:
             raise ModelError(
                 f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
             )
+
+    def split_sizes(self) -> SplitSizes:
+        """What tensor and expert parallelism split of this model (`mesh_rules.py`)."""
+        return SplitSizes(
+            heads=self.num_heads,
+            kv_heads=self.num_kv_heads,
+            ffn_dim=self.ffn_dim,
+            experts=self.moe.num_experts if self.moe is not None else 0,
+            latent_attention=self.latent_attention is not None,
+        )
 
     def with_layers(self, num_layers: int | None) -> "ModelArgs":
         return self if num_layers is None else replace(self, num_layers=num_layers)

@@ -63,18 +63,19 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x_TD.shape[0]
         q, k, v = project_each(x_TD, self.q_proj, self.k_proj, self.v_proj)
-        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
+        # heads by the projections' width: under tensor parallelism a rank holds a share of them
+        q = self.q_norm(q.view(num_tokens, -1, self.head_dim))
+        k = self.k_norm(k.view(num_tokens, -1, self.head_dim))
         # v may be a column slice of q, k and v's one output (stacked weights): saved by the
         # attention as it is, it would keep all three alive until backward
-        v = v.contiguous().view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.contiguous().view(num_tokens, -1, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         out = (
             BACKENDS[self.backend](q, k, v, packed, self.window, self.scale)
             if cache is None
             else cache.attend(q, k, v, packed, self.window, self.scale)
         )
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(num_tokens, -1))
 
 
 class MLP(nn.Module):

@@ -6,11 +6,12 @@ its up rows, as transformers holds them: one GEMM makes both) and `down_proj` [E
 sorted by expert; `loop` is the per-expert reference.
 """
 
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from tuneforge.models.args import MoEArgs
 from tuneforge.models.gather_sum import gather_sum
@@ -83,6 +84,28 @@ class _Combine(torch.autograd.Function):
         return grad_of_row * weight_of_row, grad_weights, None, None, None
 
 
+def local_part(weight: torch.Tensor) -> torch.Tensor:
+    """This rank's experts of a stacked expert weight: its own shard where the experts are split
+    between ranks (a DTensor), else the whole tensor."""
+    return weight.to_local() if isinstance(weight, DTensor) else weight
+
+
+class TokenExchange(Protocol):
+    """Where the experts are split between ranks (expert parallelism, set from outside the
+    model): rows sorted by global expert go to the ranks holding their experts and come back."""
+
+    def dispatch(
+        self, rows: torch.Tensor, offsets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """(the rows this rank's experts receive, sorted by local expert; their cumulative
+        counts per local expert; the route back)."""
+        ...
+
+    def combine(self, rows: torch.Tensor, route: Any) -> torch.Tensor:
+        """The received rows' outputs sent back, in the order `dispatch` took them."""
+        ...
+
+
 class BankProduct(Protocol):
     """What an expert bank asks of a module on one of its projections: an adapter's update of
     the projection's output (LoRA's `ExpertLoRA`; skipped while not `enabled`), or the base
@@ -111,6 +134,8 @@ class ExpertBank(nn.Module):
         self.low_precision = nn.ModuleDict()
         """Base products by projection that replace the weights' own (a frozen bank in FP8);
         the weight parameter may then be dropped."""
+        self.exchange: TokenExchange | None = None
+        """Set where the experts are split between ranks: each holds `num_experts / ranks`."""
 
     def forward(
         self, x_TD: torch.Tensor, expert_ids_TK: torch.Tensor, weights_TK: torch.Tensor
@@ -148,14 +173,14 @@ class ExpertBank(nn.Module):
     def _base_single(self, projection: str, rows: torch.Tensor, expert: int) -> torch.Tensor:
         if projection in self.low_precision:
             return cast(BankProduct, self.low_precision[projection]).single(rows, expert)
-        return rows @ getattr(self, projection)[expert].t()
+        return rows @ local_part(getattr(self, projection))[expert].t()
 
     def _base_grouped(
         self, projection: str, rows: torch.Tensor, offsets: torch.Tensor
     ) -> torch.Tensor:
         if projection in self.low_precision:
             return cast(BankProduct, self.low_precision[projection]).grouped(rows, offsets)
-        return grouped_linear(rows, getattr(self, projection), offsets)
+        return grouped_linear(rows, local_part(getattr(self, projection)), offsets)
 
     def _forward_grouped(
         self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
@@ -168,6 +193,16 @@ class ExpertBank(nn.Module):
         )
         offsets = expert_offsets(sorted_ids, self.num_experts)
         h = _Dispatch.apply(x, token_of_row, inverse, top_k)
+        if self.exchange is None:
+            y = self._experts_grouped(h, offsets)
+        else:
+            received, local_offsets, route = self.exchange.dispatch(h, offsets)
+            y = self.exchange.combine(self._experts_grouped(received, local_offsets), route)
+        return _Combine.apply(y.to(x.dtype), weights, token_of_row, inverse, order)
+
+    def _experts_grouped(self, h: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Each row of `h` (sorted by expert, `offsets` cumulative rows per expert held here)
+        through its expert's SwiGLU."""
         gate_up = self._base_grouped("gate_up_proj", h, offsets)
         if self._adapted("gate_up_proj"):
             gate_up = gate_up + self._adapter("gate_up_proj").grouped(h, offsets)
@@ -176,7 +211,7 @@ class ExpertBank(nn.Module):
         y = self._base_grouped("down_proj", act, offsets)
         if self._adapted("down_proj"):
             y = y + self._adapter("down_proj").grouped(act, offsets)
-        return _Combine.apply(y.to(x.dtype), weights, token_of_row, inverse, order)
+        return y
 
 
 class MoE(nn.Module):

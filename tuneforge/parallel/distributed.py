@@ -14,6 +14,10 @@ from torch.distributed.fsdp import FSDPModule
 
 from tuneforge.config.sections.parallel import ParallelSection
 from tuneforge.errors import TuneforgeError
+from tuneforge.mesh_rules import MeshSizes, mesh_problems
+from tuneforge.parallel.expert_parallel import apply_expert_parallel
+from tuneforge.parallel.mesh import Meshes
+from tuneforge.parallel.tensor_parallel import apply_tensor_parallel
 from tuneforge.parallel_dims import ParallelDims
 from tuneforge.plan.policies import reshard_after_forward
 from tuneforge.precision.trained_weights import LOW_PRECISION
@@ -61,9 +65,21 @@ def barrier() -> None:
 
 def configured_dims(parallel: ParallelSection, world: Dist) -> ParallelDims:
     """The configured layout, `single` for `auto` on one process and `fsdp` for it on several
-    (the trainer's `choose_dims` picks DDP there where the whole model fits each GPU)."""
+    (the trainer's `choose_dims` picks DDP there where the whole model fits each GPU and no
+    mesh dimension is asked for)."""
+    sizes = MeshSizes(
+        world.world_size,
+        parallel.tensor_parallel,
+        parallel.expert_parallel,
+        parallel.data_parallel_replicate,
+    )
+    problems = mesh_problems(sizes)
+    if problems:
+        raise TuneforgeError("; ".join(problems))
+    mesh = (sizes.tensor, sizes.expert, sizes.replicate)
     if parallel.strategy == "auto":
-        return ParallelDims.of("fsdp" if world.world_size > 1 else "single", world.world_size)
+        strategy = "fsdp" if world.world_size > 1 else "single"
+        return ParallelDims.of(strategy, world.world_size, *mesh)
     if parallel.strategy == "single" and world.world_size > 1:
         raise TuneforgeError(
             f"parallel.strategy=single with {world.world_size} processes: use ddp or fsdp (or auto)"
@@ -73,7 +89,7 @@ def configured_dims(parallel: ParallelSection, world: Dist) -> ParallelDims:
             f"parallel.strategy={parallel.strategy} needs processes started by torchrun (one per "
             "GPU): this is one process on its own; start it with torchrun, or use single or auto"
         )
-    return ParallelDims.of(parallel.strategy, world.world_size)
+    return ParallelDims.of(parallel.strategy, world.world_size, *mesh)
 
 
 def parallelize(
@@ -83,13 +99,19 @@ def parallelize(
     parallel: ParallelSection,
     world: Dist,
     fp32_shards: bool = False,
+    meshes: Meshes | None = None,
 ) -> nn.Module:
     """Wrap `root` (which runs `blocks`) for the layout; the returned module is what forward
     and backward run through. FSDP2 shards each block and then the root (embedding, final norm,
     output layer), computing in the model's dtype with reductions in fp32 (or the model's
     dtype); with `fp32_shards` the trained 16-bit parameters are held as fp32 shards, the
     master weights, all-gathered in the model's dtype. Under ZeRO-3 the last block and the
-    root keep their parameters gathered after forward: backward needs them at once."""
+    root keep their parameters gathered after forward: backward needs them at once.
+
+    On a device mesh (`meshes`, for tensor, expert or replica dimensions) the blocks' layers
+    are split over the tensor- and expert-parallel ranks first; FSDP2 then shards the dense
+    parameters over the data-parallel ranks (HSDP: within each replica group) and each rank's
+    experts over the ranks that hold the same ones."""
     if dims.data_parallel == "none":
         return root
     if dims.replicated:
@@ -101,6 +123,10 @@ def parallelize(
         )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    if meshes is not None and dims.tensor > 1:
+        apply_tensor_parallel(blocks, meshes.tensor)
+    if meshes is not None and dims.expert > 1:
+        apply_expert_parallel(blocks, meshes.expert)
     dtype = next(root.parameters()).dtype
     if fp32_shards:
         for param in root.parameters():
@@ -112,10 +138,26 @@ def parallelize(
     reduce_dtype = torch.float32 if parallel.reduce_dtype == "float32" else dtype
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype)
     reshard = reshard_after_forward(parallel)
+    dense = meshes.dense if meshes is not None else None
     for index, block in enumerate(blocks):
         last = index == len(blocks) - 1
-        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard and not last)
-    fully_shard(root, mp_policy=policy, reshard_after_forward=False)
+        experts = getattr(block.mlp, "experts", None)
+        if meshes is not None and dims.expert > 1 and experts is not None:
+            fully_shard(
+                experts,
+                mesh=meshes.expert_data,
+                mp_policy=policy,
+                reshard_after_forward=reshard and not last,
+            )
+            # a rank's expert gradients hold every expert-parallel rank's tokens: averaged over
+            # all data-parallel ranks, as the dense ones, not only over those holding them
+            experts.set_gradient_divide_factor(float(dims.data_parallel_size))
+            if dims.expert_shards > 1:
+                # a sum, then the division (gloo has no pre-multiplied sum); not with one shard,
+                # where FSDP2 divides the gradient as it copies it, and would again after
+                experts.set_force_sum_reduction_for_comms(True)
+        fully_shard(block, mesh=dense, mp_policy=policy, reshard_after_forward=reshard and not last)
+    fully_shard(root, mesh=dense, mp_policy=policy, reshard_after_forward=False)
     if not reshard:
         _GATHERED_AFTER_FORWARD.add(root)
     return root

@@ -6,7 +6,7 @@ the experts (or one adapter shared by every expert). Attached to an `ExpertBank`
 import torch
 from torch import nn
 
-from tuneforge.models.moe import grouped_linear
+from tuneforge.models.moe import grouped_linear, local_part
 from tuneforge.peft.lora import AdapterDropout, adapter_compute_dtype, init_lora_A, lora_scaling
 
 
@@ -61,7 +61,7 @@ class ExpertLoRA(nn.Module):
         """The update for rows of `x` sorted by expert (`offsets`: cumulative rows per expert)."""
         dtype = adapter_compute_dtype(self.compute_dtype, x, self.lora_A)
         h = self.dropout.pre(x).to(dtype)
-        lora_A, lora_B = self.lora_A.to(dtype), self.lora_B.to(dtype)
+        lora_A, lora_B = local_part(self.lora_A).to(dtype), local_part(self.lora_B).to(dtype)
         if self.shared:
             update = (h @ lora_A[0].t()) @ lora_B[0].t()
         else:

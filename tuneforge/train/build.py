@@ -16,7 +16,7 @@ from tuneforge.models.api import load_model
 from tuneforge.models.attention import resolve_backend
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.errors import ModelError
-from tuneforge.parallel.distributed import Dist, barrier
+from tuneforge.parallel.distributed import Dist, barrier, configured_dims
 from tuneforge.precision.bnb4bit import quantize_on_arrival
 from tuneforge.precision.converters import ArrivedFourBit
 
@@ -99,14 +99,16 @@ def load_data(config: RunConfig, tokenizer, world: Dist) -> TrainingData:
     """This rank's training data; the first rank tokenises into the cache, then the others read
     it. A data problem is a `TuneforgeError` on every rank."""
 
+    dims = configured_dims(config.parallel, world)  # tensor-parallel ranks read the same data
+
     def load() -> TrainingData:
         return load_training_data(
             config.data,
             tokenizer,
             config.train.tokens_per_micro_batch,
             config.train.seed,
-            rank=world.rank,
-            world_size=world.world_size,
+            rank=dims.data_rank(world.rank),
+            world_size=dims.data_parallel_size,
             data_format=declaration_of(config).data_format,
         )
 

@@ -26,7 +26,7 @@ def choose_dims(
     """`records`: the records' tokenised lengths (the data's statistics), as `tuneforge plan`
     reads them, so both predict the same memory."""
     configured = configured_dims(config.parallel, world)  # refuses `single` on several processes
-    if config.parallel.strategy != "auto" or world.world_size == 1:
+    if config.parallel.strategy != "auto" or world.world_size == 1 or configured.on_mesh:
         return configured
     gpu_gib = None
     if world.device.type == "cuda":

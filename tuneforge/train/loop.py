@@ -144,6 +144,7 @@ class Trainer:
         setup = ObjectiveSetup(config, self.model, self.device, passes, resumed=resumed)
         prepared = prepare_model(config, self.model, self.world, self.dims, setup, arrived)
         self.objective, self.optimizer = prepared.objective, prepared.optimizer
+        self.data_group = prepared.data_group
         self.total_steps = self._total_steps()
         self.metrics = MetricsLog.of(config, self.run_dir) if self.world.is_main else None
         self.progress = Progress()
@@ -154,7 +155,7 @@ class Trainer:
             (self.run_dir / CONFIG_FILE).write_text(dump_config(config))
         # after the resume: a captured step keeps the optimizer's state tensors
         self.queue_step = StepRunner(
-            self.objective, self.model, self.optimizer, config.train, self.device
+            self.objective, self.model, self.optimizer, config.train, self.device, self.data_group
         )
 
     def _prepare_run_dir(self) -> Path | None:
@@ -238,7 +239,7 @@ class Trainer:
             tokens_seen=progress.tokens_seen,
             loader=self.loader.state_dict(),
             elapsed_s=elapsed,
-            world_size=self.world.world_size,
+            world_size=self.dims.data_parallel_size,
             settings=run_settings(self.config),
             nonfinite_steps=progress.nonfinite_steps,
             objective=objective_of(self.objective).resume_state(),

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from tuneforge.config.schema import RunConfig
+from tuneforge.errors import TuneforgeError
 from tuneforge.execution.block_wrappers import (
     BlockWrapping,
     refuse_unsupported_offload,
@@ -16,8 +18,10 @@ from tuneforge.execution.block_wrappers import (
 )
 from tuneforge.execution.host_embedding import embedding_to_host
 from tuneforge.hardware.gpus import release_cached_memory
+from tuneforge.mesh_rules import MeshSizes, mesh_problems
 from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.distributed import Dist, parallelize
+from tuneforge.parallel.mesh import Meshes, build_meshes
 from tuneforge.parallel_dims import ParallelDims
 from tuneforge.peft.adapter_io import continue_adapter
 from tuneforge.peft.apply import LoraReport, apply_lora
@@ -41,6 +45,13 @@ class PreparedModel:
     lora: LoraReport
     precision: PrecisionReport
     weights: TrainedWeights
+    meshes: Meshes | None = None
+    """The device mesh's dimensions, where the layout has tensor, expert or replica ones."""
+
+    @property
+    def data_group(self) -> ProcessGroup | None:
+        """The ranks that read different data, where not every rank does (None: all)."""
+        return self.meshes.data.get_group() if self.meshes is not None else None
 
 
 def prepare_model(
@@ -57,6 +68,13 @@ def prepare_model(
     pass, the state of a resume); `arrived`: the 4-bit projections `build_model` quantised on
     their way to the device; `wrapping` replaces the block wrappers `train` asks for."""
     train, device = config.train, world.device
+    meshes = None
+    if dims.on_mesh:
+        sizes = MeshSizes(dims.world_size, dims.tensor, dims.expert, dims.replicate)
+        problems = mesh_problems(sizes, model.args.split_sizes())
+        if problems:
+            raise TuneforgeError("; ".join(problems))
+        meshes = build_meshes(dims, device)
     generator = torch.Generator(device=device).manual_seed(train.seed + 1)
     lora = apply_lora(model, config.lora, generator, torch.float32)
     lora.log(log)
@@ -73,10 +91,11 @@ def prepare_model(
     wrap_blocks(model, wrapping or BlockWrapping.of(train))
     weights = TrainedWeights.of(config.precision.master_weights, config.model.dtype)
     weights.log(model, dims.sharded)
+    fp32_shards = weights.fp32_shards(dims.sharded)
     wrapped = parallelize(
-        objective, model.layers, dims, config.parallel, world, weights.fp32_shards(dims.sharded)
+        objective, model.layers, dims, config.parallel, world, fp32_shards, meshes
     )
     stack_frozen_weights(model)  # where unsharded: q, k and v as one GEMM
     release_cached_memory(device)
     optimizer = build_optimizer(model, train, device, weights)
-    return PreparedModel(wrapped, optimizer, lora, precision, weights)
+    return PreparedModel(wrapped, optimizer, lora, precision, weights, meshes)

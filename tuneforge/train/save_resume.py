@@ -70,6 +70,8 @@ class LoopState:
     loader: dict[str, int]
     elapsed_s: float
     world_size: int
+    """The data-parallel ranks the loader's position counts (tensor-parallel ranks read the
+    same data and count once)."""
     settings: dict[str, Any]
     """Memory-critical settings the run was started with (checked on resume)."""
     nonfinite_steps: int = 0

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.distributed import ProcessGroup
 
 from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.packing import PackedBatch
@@ -16,6 +17,7 @@ from tuneforge.execution.captured_step import CapturedStep, skips_on_device
 from tuneforge.models.decoder import Decoder
 from tuneforge.packed import to_device
 from tuneforge.parallel.distributed import gradient_sync
+from tuneforge.parallel.grad_norm import clip_grad_norm
 from tuneforge.train.host_values import HostValues, Mark, read_host_values, values_to_host
 from tuneforge.train.objectives.seam import objective_of
 
@@ -30,9 +32,11 @@ def optimizer_step(
     train: TrainSection,
     lr: float,
     device: torch.device,
+    data_group: ProcessGroup | None = None,
 ) -> "StepResult":
     """Queue one step at learning rate `lr`; its loss, metrics, gradient norm and token counts
-    come with `get()` on the result."""
+    come with `get()` on the result. `data_group`: the ranks that read different data, where
+    not all do (tensor-parallel ranks read the same)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     embedding = model.embed.weight.device  # the host with train.offload_embedding
@@ -43,9 +47,11 @@ def optimizer_step(
     # The sum stays on the device (no wait for the GPU before the forward is queued).
     unit_total = to_device(unit_count(micro_batches, inner.units), device)
     if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(unit_total)
+        torch.distributed.all_reduce(unit_total, group=data_group)
     counts = step_counts(micro_batches)
-    values = queue_update(objective, model, optimizer, micro_batches, unit_total, train, counts)
+    values = queue_update(
+        objective, model, optimizer, micro_batches, unit_total, train, counts, data_group
+    )
     return StepResult(values_to_host(values), lr, counts, inner.metric_names)
 
 
@@ -70,6 +76,7 @@ def queue_update(
     unit_total: torch.Tensor,
     train: TrainSection,
     counts: list[float],
+    data_group: ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Forward and backward of the micro-batches, clipping, the update and zeroed gradients;
     returns [loss sum, *metric sums, (real tokens, documents: summed over ranks), gradient norm,
@@ -77,10 +84,10 @@ def queue_update(
     updates itself, so the whole of it can also be captured as a CUDA graph."""
     # Normalise by the units of the whole step on every rank (`unit_total`, summed over ranks):
     # any split of the same units over micro-batches and ranks gives the same update. DDP and
-    # FSDP average gradients over ranks, hence the factor world_size.
+    # FSDP average gradients over the data-parallel ranks, hence the factor of their number.
     distributed = torch.distributed.is_initialized()
-    world_size = torch.distributed.get_world_size() if distributed else 1
-    scale = (world_size / unit_total.clamp(min=1)).float().squeeze(0)
+    ranks = torch.distributed.get_world_size(data_group) if distributed else 1
+    scale = (ranks / unit_total.clamp(min=1)).float().squeeze(0)
     moe = model.args.moe
     local_sums = backward_micro_batches(
         objective,
@@ -91,12 +98,11 @@ def queue_update(
     )
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    norm = clip_grad_norm(params, max_norm)
     totals = local_sums
     if distributed:  # the token counts summed over ranks by the same all-reduce as the loss
         totals = torch.cat([totals, torch.tensor(counts, dtype=torch.float64, device=norm.device)])
-        torch.distributed.all_reduce(totals)
+        torch.distributed.all_reduce(totals, group=data_group)
     norm = norm.detach().reshape(1).to(torch.float64)
     values = torch.cat([totals, norm, unit_total])
     if skips_on_device(optimizer):
@@ -177,9 +183,10 @@ class StepRunner:
         optimizer: torch.optim.Optimizer,
         train: TrainSection,
         device: torch.device,
+        data_group: ProcessGroup | None = None,
     ) -> None:
         self.objective, self.model, self.optimizer = objective, model, optimizer
-        self.train, self.device = train, device
+        self.train, self.device, self.data_group = train, device, data_group
         inner = objective_of(objective)
         self.metric_names = inner.metric_names
         self.captured: CapturedStep | None = None
@@ -194,7 +201,14 @@ class StepRunner:
     def __call__(self, batches: Iterator[PackedBatch], lr: float) -> StepResult:
         if self.captured is None:
             return optimizer_step(
-                self.objective, self.model, self.optimizer, batches, self.train, lr, self.device
+                self.objective,
+                self.model,
+                self.optimizer,
+                batches,
+                self.train,
+                lr,
+                self.device,
+                self.data_group,
             )
         micro_batches = [next(batches) for _ in range(self.train.grad_accum_steps)]
         values = self.captured(micro_batches, lr)

@@ -12,6 +12,18 @@ class ParallelSection(Section):
     """How to spread the run across devices; `auto` is `single` on one process and, on several,
     `ddp` where every GPU can hold the whole model (its predicted peak within 85% of the GPU; only
     gradients cross between GPUs), else `fsdp`."""
+    tensor_parallel: int = Field(1, ge=1)
+    """Ranks that split each attention and MLP layer (Megatron's column- and row-parallel
+    projections, LoRA adapters split with their bases); they read the same data. Keep it within a
+    node: every layer exchanges activations between them."""
+    expert_parallel: int = Field(1, ge=1)
+    """Ranks that split a mixture-of-experts layer's experts between them, sending each token to
+    the rank holding its expert (all-to-all); a share of the data-parallel ranks, each still
+    reading its own data (4 ranks with expert_parallel 2 are 4 data-parallel ranks)."""
+    data_parallel_replicate: int = Field(1, ge=1)
+    """Replica groups of HSDP: FSDP2 shards the model within each group (one per node, say) and
+    the groups keep whole copies, averaging gradients between them; 1 shards over every
+    data-parallel rank."""
     zero_stage: Literal[2, 3] | None = None
     """FSDP sharding: 2 keeps parameters gathered after forward (ZeRO-2), 3 reshards them (ZeRO-3).
     """
