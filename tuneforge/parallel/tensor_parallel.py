@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 from torch.distributed.tensor.placement_types import Placement
@@ -108,6 +109,9 @@ def block_plan(block: nn.Module) -> dict[str, ParallelStyle]:
     for name in ("q_proj", "k_proj", "v_proj"):
         plan[f"attn.{name}"] = column
     plan["attn.o_proj"] = row
+    for name in ("q_norm", "k_norm"):  # per-head norms: each rank normalises its own heads
+        if not isinstance(getattr(block.attn, name), nn.Identity):
+            plan[f"attn.{name}"] = SequenceParallel(sequence_dim=1, use_local_output=True)
     if isinstance(block.mlp, MLP):
         plan["mlp.gate_proj"] = column
         plan["mlp.up_proj"] = column
@@ -118,4 +122,8 @@ def block_plan(block: nn.Module) -> dict[str, ParallelStyle]:
 def apply_tensor_parallel(blocks: nn.ModuleList, mesh: DeviceMesh) -> None:
     """Split every block's attention and dense MLP over `mesh` (the tensor-parallel ranks)."""
     for block in blocks:
+        trained = {name: param.requires_grad for name, param in block.named_parameters()}
         parallelize_module(block, mesh, block_plan(block))
+        # PyTorch's styles make the parameters they replicate trainable: frozen ones stay frozen
+        for name, param in block.named_parameters():
+            param.requires_grad_(trained[name])

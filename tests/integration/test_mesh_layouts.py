@@ -1,0 +1,110 @@
+"""Device-mesh layouts on 4 and 8 gloo ranks (tiny dense and MoE models, fp32): tensor
+parallelism, expert parallelism, both, and HSDP, each for LoRA and full fine-tuning, give the
+losses of one process over the same global batch (its accumulation equal to the data-parallel
+size) over 10 steps; a run's checkpoints reshard across layouts and resume exactly; the adapter
+of a tensor × expert-parallel run loads in `peft` with the one-process run's logits."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli_runs import losses
+from tests.helpers import save_tiny_model
+from tests.mesh_runs import MODES, REPO, launch, run_overrides, train
+
+TP, EP, HSDP = (
+    "parallel.tensor_parallel",
+    "parallel.expert_parallel",
+    "parallel.data_parallel_replicate",
+)
+LAYOUTS = {  # name: (ranks, model, data-parallel ranks, overrides)
+    "tp2": (4, "dense", 2, [f"{TP}=2"]),  # TP 2 × FSDP 2
+    "hsdp2x2": (4, "dense", 4, [f"{HSDP}=2"]),
+    "tp2-hsdp2x1": (4, "dense", 2, [f"{TP}=2", f"{HSDP}=2"]),  # TP 2 × two whole replicas
+    "ep2": (4, "moe", 4, [f"{EP}=2"]),
+    "ep4": (4, "moe", 4, [f"{EP}=4"]),
+    "tp2-ep2": (4, "moe", 2, [f"{TP}=2", f"{EP}=2"]),
+    "ep4-hsdp2": (8, "moe", 8, [f"{EP}=4", f"{HSDP}=2"]),
+    "tp2-ep2-fsdp4": (8, "moe", 4, [f"{TP}=2", f"{EP}=2"]),
+}
+REL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    save_tiny_model(root / "dense", "llama", vocab_size=384)  # the demo tokenizer's vocabulary
+    save_tiny_model(root / "moe", "qwen3_moe", vocab_size=384)
+    return root
+
+
+@pytest.fixture(scope="module")
+def layout_runs(tmp_path_factory, models):
+    """Every layout and mode trained: one launch per rank count."""
+    root = tmp_path_factory.mktemp("layouts")
+    for ranks in (4, 8):
+        runs = [
+            {
+                "overrides": run_overrides(
+                    root / f"{name}-{mode}", models / model, "train.grad_accum_steps=1",
+                    *extra, *MODES[mode],
+                )
+            }
+            for name, (count, model, _, extra) in LAYOUTS.items()
+            if count == ranks
+            for mode in MODES
+        ]  # fmt: skip
+        launch(ranks, runs, root / f"spec{ranks}.json")
+    return root
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, models):
+    """The one-process runs, by (model, accumulation, mode), trained when first asked for."""
+    root = tmp_path_factory.mktemp("one")
+    done: dict[tuple, list[float]] = {}
+
+    def losses_of(model: str, accumulation: int, mode: str) -> list[float]:
+        key = (model, accumulation, mode)
+        if key not in done:
+            run = root / "-".join(map(str, key))
+            extra = [f"train.grad_accum_steps={accumulation}", *MODES[mode]]
+            train([{"overrides": run_overrides(run, models / model, *extra)}])
+            done[key] = losses(run)
+        return done[key]
+
+    return losses_of
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_mesh_layout_trains_as_one_process(layout_runs, one_process, layout, mode):
+    _, model, data_parallel, _ = LAYOUTS[layout]
+    expected = one_process(model, data_parallel, mode)
+    got = losses(layout_runs / f"{layout}-{mode}")
+    assert len(got) == len(expected) == 10
+    assert got == pytest.approx(expected, rel=REL)
+
+
+GRADIENT_CASES = [  # model, mode, tensor, expert, replicate (4 ranks)
+    ("dense", "lora", 2, 1, 1),
+    ("dense", "full", 2, 1, 2),
+    ("moe", "full", 2, 1, 1),  # Qwen3's per-head q/k norms split with their heads
+    ("moe", "lora", 2, 2, 1),
+    ("moe", "lora", 1, 2, 2),
+]
+
+
+@pytest.mark.parametrize("case", GRADIENT_CASES, ids=lambda case: "-".join(map(str, case)))
+def test_mesh_gradients_equal_one_process(models, case):
+    """The stricter oracle: one forward and backward's gradients, not ten steps' losses."""
+    model, mode, *sizes = case
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+    script = [str(REPO / "tests" / "mesh_gradients.py"), str(models / model), mode]
+    done = subprocess.run(
+        [*launcher, *script, *map(str, sizes)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    worst = float(done.stdout.split("worst relative gradient difference:")[1].split()[0])
+    assert worst < 1e-5

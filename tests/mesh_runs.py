@@ -1,0 +1,69 @@
+"""Runs of the demo's data on tiny dense and MoE models under device-mesh layouts: several
+trainings in one `torchrun` launch (one process group, so the ranks start once), and the
+one-process runs they are compared with. Run as a script under torchrun, it trains every run of
+the JSON list it is given."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script under torchrun
+    sys.path.insert(0, str(REPO))
+
+from tests.helpers import QUIET_DEMO  # noqa: E402
+
+DEMO = REPO / "examples" / "demo.yaml"
+STEPS = 10
+LORA = ["lora.enabled=true", "lora.rank=4", "lora.dropout=0", "train.lr=1e-2"]
+MODES = {"full": [], "lora": LORA}
+
+
+def run_overrides(run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
+    return [
+        f"run.output_dir={run_dir}",
+        f"data.cache_dir={run_dir.parent / 'cache'}",
+        "model.name=null",
+        f"model.path={model_dir}",
+        f"train.max_steps={STEPS}",
+        "train.warmup_steps=2",
+        "train.tokens_per_micro_batch=256",
+        *QUIET_DEMO,
+        "checkpoint.save_steps=3",
+        "checkpoint.keep_last=5",
+        *extra,
+    ]
+
+
+def train(runs: list[dict]) -> None:
+    """Each of `runs` ({"overrides": [...], "resume": "never" | "auto"}) trained in turn in
+    this process (one rank of a launch, or the only process)."""
+    from tuneforge.config import load_config
+    from tuneforge.train.loop import Trainer
+
+    for run in runs:
+        config = load_config(DEMO, run["overrides"])
+        resume = run.get("resume", "never")
+        trainer = Trainer(config, overwrite=resume == "never", resume=resume)
+        trainer.setup()
+        trainer.train()
+        if trainer.metrics is not None:
+            trainer.metrics.close()
+
+
+def launch(ranks: int, runs: list[dict], spec: Path) -> None:
+    """`runs` trained by `ranks` processes started by torchrun (one process: in a child)."""
+    spec.write_text(json.dumps(runs))
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    command = [sys.executable, *(launcher if ranks > 1 else []), __file__, str(spec)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+
+
+if __name__ == "__main__":
+    train(json.loads(Path(sys.argv[1]).read_text()))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
