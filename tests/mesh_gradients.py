@@ -22,6 +22,8 @@ from tuneforge.parallel_dims import ParallelDims  # noqa: E402
 from tuneforge.peft.apply import apply_lora  # noqa: E402
 
 LORA = {"enabled": True, "rank": 4, "alpha": 8}
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+EXPERTS = ["experts.gate_up_proj", "experts.down_proj"]
 
 
 def loss_of(model, batch) -> torch.Tensor:
@@ -43,7 +45,8 @@ class Loss(torch.nn.Module):
 def built(path: str, lora: bool):
     model = load_model(path, dtype="float32", attention="sdpa")
     if lora:
-        apply_lora(model, LORA, torch.Generator().manual_seed(0))
+        targets = [*ATTENTION, *EXPERTS] if model.args.moe is not None else ATTENTION
+        apply_lora(model, LORA | {"target_modules": targets}, torch.Generator().manual_seed(0))
         randomise_adapters(model)
     return model
 

@@ -18,6 +18,14 @@ DEMO = REPO / "examples" / "demo.yaml"
 STEPS = 10
 LORA = ["lora.enabled=true", "lora.rank=4", "lora.dropout=0", "train.lr=1e-2"]
 MODES = {"full": [], "lora": LORA}
+EXPERT_ADAPTERS = (
+    "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj]"
+)
+
+
+def mode_overrides(model: str, mode: str) -> list[str]:
+    """A mode's overrides; the MoE model's adapters include its experts'."""
+    return [*MODES[mode], EXPERT_ADAPTERS] if model == "moe" and mode == "lora" else MODES[mode]
 
 
 def run_overrides(run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
@@ -47,9 +55,9 @@ def train(runs: list[dict]) -> None:
         resume = run.get("resume", "never")
         trainer = Trainer(config, overwrite=resume == "never", resume=resume)
         trainer.setup()
-        trainer.train()
-        if trainer.metrics is not None:
-            trainer.metrics.close()
+        summary = trainer.train()
+        if summary.stopped is None:
+            trainer.save()
 
 
 def launch(ranks: int, runs: list[dict], spec: Path) -> None:

@@ -4,14 +4,17 @@ losses of one process over the same global batch (its accumulation equal to the 
 size) over 10 steps; a run's checkpoints reshard across layouts and resume exactly; the adapter
 of a tensor × expert-parallel run loads in `peft` with the one-process run's logits."""
 
+import json
+import shutil
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.cli_runs import losses
 from tests.helpers import save_tiny_model
-from tests.mesh_runs import MODES, REPO, launch, run_overrides, train
+from tests.mesh_runs import MODES, REPO, launch, mode_overrides, run_overrides, train
 
 TP, EP, HSDP = (
     "parallel.tensor_parallel",
@@ -48,7 +51,7 @@ def layout_runs(tmp_path_factory, models):
             {
                 "overrides": run_overrides(
                     root / f"{name}-{mode}", models / model, "train.grad_accum_steps=1",
-                    *extra, *MODES[mode],
+                    *extra, *mode_overrides(model, mode),
                 )
             }
             for name, (count, model, _, extra) in LAYOUTS.items()
@@ -69,11 +72,12 @@ def one_process(tmp_path_factory, models):
         key = (model, accumulation, mode)
         if key not in done:
             run = root / "-".join(map(str, key))
-            extra = [f"train.grad_accum_steps={accumulation}", *MODES[mode]]
+            extra = [f"train.grad_accum_steps={accumulation}", *mode_overrides(model, mode)]
             train([{"overrides": run_overrides(run, models / model, *extra)}])
             done[key] = losses(run)
         return done[key]
 
+    losses_of.root = root  # type: ignore[attr-defined]
     return losses_of
 
 
@@ -108,3 +112,67 @@ def test_mesh_gradients_equal_one_process(models, case):
     assert done.returncode == 0, done.stderr[-6000:]
     worst = float(done.stdout.split("worst relative gradient difference:")[1].split()[0])
     assert worst < 1e-5
+
+
+def test_a_tensor_and_expert_parallel_adapter_loads_in_peft_with_the_one_process_logits(
+    layout_runs, one_process, models, tmp_path
+):
+    """The attention adapters (split by tensor parallelism) and the experts' (split by expert
+    parallelism) of a TP 2 × EP 2 run, gathered into one PEFT adapter; the one-process run
+    trained on the same global batch gives the same logits through `peft`."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    one_process("moe", 2, "lora")  # trained into the fixture's directory
+    tokens = torch.randint(0, 384, (1, 24), generator=torch.Generator().manual_seed(3))
+
+    def peft_logits(adapter):
+        base = AutoModelForCausalLM.from_pretrained(models / "moe", dtype=torch.float32)
+        with torch.no_grad():
+            return PeftModel.from_pretrained(base, adapter).eval()(tokens).logits
+
+    mesh_adapter = layout_runs / "tp2-ep2-lora" / "adapter"
+    config = json.loads((mesh_adapter / "adapter_config.json").read_text())
+    assert config["target_parameters"] and "q_proj" in config["target_modules"]
+    one_adapter = one_process.root / "moe-2-lora" / "adapter"
+    expected = peft_logits(one_adapter)
+    torch.testing.assert_close(peft_logits(mesh_adapter), expected, rtol=1e-4, atol=1e-4)
+
+
+def _resume_from(run, step: int) -> None:
+    """Keep only the checkpoint of `step` and the metrics up to it, as a run stopped there."""
+    checkpoints = run / "checkpoints"
+    for directory in checkpoints.glob("step_*"):
+        if directory.name != f"step_{step}":
+            shutil.rmtree(directory)
+    (checkpoints / "latest").write_text(json.dumps({"step": step, "path": f"step_{step}"}))
+    for name in ("finished", "final", "adapter"):
+        path = run / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def test_checkpoints_reshard_across_three_layouts_and_resume_exactly(models, tmp_path):
+    """TP 2 × EP 2 on 4 ranks saves; one process resumes from its step 3 and saves; FSDP 2 ×
+    EP 2 on 2 ranks resumes from that step 6: each continues with the uninterrupted run's
+    losses (weights, adapters' optimizer states and the data's position all resharded)."""
+    model = models / "moe"
+    mode = mode_overrides("moe", "lora")
+    straight = tmp_path / "straight"
+    launch(4, [{"overrides": run_overrides(straight, model, f"{TP}=2", f"{EP}=2",
+                                           "train.grad_accum_steps=1", *mode)}],
+           tmp_path / "a.json")  # fmt: skip
+    expected = losses(straight)
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    _resume_from(run, 3)
+    resumed = {"overrides": run_overrides(run, model, "train.grad_accum_steps=2", *mode)}
+    launch(1, [resumed | {"resume": "auto"}], tmp_path / "b.json")
+    assert losses(run) == pytest.approx(expected, rel=REL)
+    _resume_from(run, 6)
+    two = run_overrides(run, model, f"{EP}=2", "train.grad_accum_steps=1", *mode)
+    launch(2, [{"overrides": two, "resume": "auto"}], tmp_path / "c.json")
+    assert losses(run) == pytest.approx(expected, rel=REL)
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
