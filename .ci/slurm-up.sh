@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Start a one-node SLURM cluster on this machine (munge, slurmctld, slurmd) for the job-chain
-# test. Best effort: without root or packages it says why and leaves the test to skip.
+# Start a two-node SLURM cluster on this machine (munge, slurmctld, two slurmd) for the job-chain
+# tests. Best effort: without root or packages it says why and leaves the test to skip.
 set -u
 if ! command -v slurmctld > /dev/null; then
   if [ "$(id -u)" -ne 0 ] || ! command -v apt-get > /dev/null; then
@@ -34,9 +34,11 @@ SchedulerType=sched/backfill
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdSpoolDir=/var/spool/slurmd/%n
+SlurmdPidFile=/var/run/slurmd-%n.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
-SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmdLogFile=/var/log/slurm/slurmd-%n.log
+SlurmdParameters=config_overrides
 JobCompType=jobcomp/filetxt
 JobCompLoc=/var/log/slurm/jobcomp.log
 ReturnToService=2
@@ -45,13 +47,19 @@ MinJobAge=600
 InactiveLimit=0
 OverTimeLimit=0
 MpiDefault=none
-NodeName=$host CPUs=$cpus RealMemory=$memory State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+NodeName=tf-node1 NodeHostname=$host NodeAddr=127.0.0.1 Port=17001 CPUs=$cpus RealMemory=$memory State=UNKNOWN
+NodeName=tf-node2 NodeHostname=$host NodeAddr=127.0.0.1 Port=17002 CPUs=$cpus RealMemory=$memory State=UNKNOWN
+PartitionName=debug Nodes=tf-node1,tf-node2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
+mkdir -p /var/spool/slurmd/tf-node1 /var/spool/slurmd/tf-node2
 slurmctld
-slurmd
+# two slurmd on this one machine: the multi-node test's two nodes (their jobs share its cores)
+slurmd -N tf-node1
+slurmd -N tf-node2
 for _ in $(seq 1 30); do
-  if sinfo -h -o %T 2>/dev/null | grep -q idle; then echo "slurm-up: cluster ready on $host"; exit 0; fi
+  if [ "$(sinfo -h -N -o %T 2>/dev/null | grep -c idle)" -ge 2 ]; then
+    echo "slurm-up: two-node cluster ready on $host"; exit 0
+  fi
   sleep 1
 done
 echo "slurm-up: the node did not become idle (see /var/log/slurm): the SLURM test will be skipped"

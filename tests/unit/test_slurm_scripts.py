@@ -39,11 +39,14 @@ def test_scripts_are_valid_bash_with_a_fixed_run_directory(tmp_path, nodes, gpus
     assert "export NCCL_SOCKET_IFNAME=hsn0" in text and "export HF_HOME=/scratch/hf" in text
     assert "export PYTORCH_ALLOC_CONF=expandable_segments:True" in text
     assert "--resume auto" in text and "scancel --name=tf-demo --state=PENDING" in text
-    if nodes > 1:
-        assert "srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES --nproc_per_node=8" in text
-        assert "--rdzv_backend=c10d" in text
+    if nodes > 1:  # each node's torchrun takes its rank from its own task's SLURM_NODEID
+        launch = next(line for line in text.splitlines() if line.startswith("srun "))
+        assert launch.startswith("srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c '")
+        assert "--nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID --nproc_per_node=8" in launch
+        assert "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT" in launch
+        assert "export MASTER_PORT=" in text and "NodeAddr=" in text
     elif gpus:
-        assert "torchrun --standalone --nproc_per_node=8" in text
+        assert "-m torch.distributed.run --standalone --nproc_per_node=8" in text
     submission = submit.read_text()
     assert "--dependency=afterany:" in submission and "seq 2 6" in submission
     assert (tmp_path / "run").is_dir()  # SLURM opens the output file there

@@ -22,6 +22,10 @@ def slurm_command(
     time: Annotated[str | None, typer.Option(help="Time limit of each job (HH:MM:SS).")] = None,
     nodes: Annotated[int, typer.Option(min=1, help="Nodes per job.")] = 1,
     gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs per node (0: CPU).")] = 0,
+    procs_per_node: Annotated[
+        int | None,
+        typer.Option(min=1, help="Training processes per node (default: one per GPU, or one)."),
+    ] = None,
     partition: Annotated[str | None, typer.Option(help="SLURM partition.")] = None,
     account: Annotated[str | None, typer.Option(help="SLURM account.")] = None,
     env: Annotated[
@@ -48,6 +52,7 @@ def slurm_command(
             account,
             env or [],
             out,
+            procs_per_node,
         )
 
 
@@ -58,7 +63,17 @@ def _one(args: list[str], usage: str) -> Path:
 
 
 def _write(
-    config_file, overrides, jobs, time, nodes, gpus_per_node, partition, account, env, out
+    config_file,
+    overrides,
+    jobs,
+    time,
+    nodes,
+    gpus_per_node,
+    partition,
+    account,
+    env,
+    out,
+    procs_per_node=None,
 ) -> None:
     from tuneforge.config import load_config
     from tuneforge.config.durations import parse_duration
@@ -80,7 +95,16 @@ def _write(
         pairs[key] = value
     config = load_config(config_file, overrides)
     spec = ChainSpec(
-        config_file, overrides, jobs, time, nodes, gpus_per_node, partition, account, pairs
+        config_file,
+        overrides,
+        jobs,
+        time,
+        nodes,
+        gpus_per_node,
+        partition,
+        account,
+        pairs,
+        procs_per_node=procs_per_node,
     )
     script, submit = write_chain(spec, config, out or Path(config.run.directory) / "slurm")
     console.print(

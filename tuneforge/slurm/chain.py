@@ -42,6 +42,12 @@ class ChainSpec:
     signal_margin_s: int = 120
     python: str = sys.executable
     """The interpreter the jobs run (the one tuneforge is installed in)."""
+    procs_per_node: int | None = None
+    """Training processes per node (default: one per GPU, or one on CPU nodes)."""
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.procs_per_node or max(1, self.gpus_per_node)
 
 
 def job_name(config: RunConfig) -> str:
@@ -72,15 +78,34 @@ def train_command(spec: ChainSpec, run_dir: Path) -> str:
         "auto",
     ]
     quoted = " ".join(shlex.quote(a) for a in args)
+    python, ranks = shlex.quote(spec.python), spec.ranks_per_node
     if spec.nodes > 1:
-        return (
-            "srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES "
-            f"--nproc_per_node={spec.gpus_per_node} --rdzv_backend=c10d "
-            '--rdzv_endpoint="$MASTER_ADDR:29500" --rdzv_id=$SLURM_JOB_ID ' + quoted
+        # one torchrun per node, its rank SLURM's node id (expanded in each task, not here);
+        # the first node's address and a port of this job form the rendezvous
+        launcher = (
+            f"{python} -m torch.distributed.run --nnodes=$SLURM_NNODES "
+            f"--node_rank=$SLURM_NODEID --nproc_per_node={ranks} "
+            f"--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT {quoted}"
         )
-    if spec.gpus_per_node > 1:
-        return f"torchrun --standalone --nproc_per_node={spec.gpus_per_node} {quoted}"
-    return f"{shlex.quote(spec.python)} {quoted}"
+        per_node = shlex.quote(_passing_usr1_to_ranks(launcher))
+        return f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c {per_node}"
+    if ranks > 1:
+        launcher = (
+            f"{python} -m torch.distributed.run --standalone --nproc_per_node={ranks} {quoted}"
+        )
+        return f"bash -c {shlex.quote(_passing_usr1_to_ranks(launcher))}"
+    return f"{python} {quoted}"
+
+
+def _passing_usr1_to_ranks(launcher: str) -> str:
+    """`launcher` (torchrun) in a shell that hands SLURM's USR1 on to the training processes it
+    started: torchrun would die of it, and take them down before they save."""
+    return (
+        f"{launcher} & launcher=$!; "
+        "trap 'interrupted=1; pkill -USR1 -P $launcher' USR1; "
+        "while :; do interrupted=0; wait $launcher; status=$?; "
+        '[ "$interrupted" -eq 0 ] && break; done; exit $status'
+    )
 
 
 def sbatch_script(spec: ChainSpec, config: RunConfig) -> str:
@@ -111,7 +136,11 @@ def sbatch_script(spec: ChainSpec, config: RunConfig) -> str:
         "# the trainer stops before this time on any SLURM version",
         f'export SLURM_JOB_END_TIME="${{SLURM_JOB_END_TIME:-$(( $(date +%s) + {seconds} ))}}"',
         *(f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())),
-        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        'first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "# the node's address as SLURM knows it (its name where that is all there is)",
+        'MASTER_ADDR="$(scontrol show node "$first_node" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)"',
+        'export MASTER_ADDR="${MASTER_ADDR:-$first_node}"',
+        "export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))  # not the previous job's",
         'if [ -f "$RUN_DIR/finished" ]; then',
         '  echo "training already finished: cancelling the rest of the chain"',
         f"  scancel --name={job_name(config)} --state=PENDING",
