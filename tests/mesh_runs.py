@@ -56,8 +56,37 @@ def train(runs: list[dict]) -> None:
         trainer = Trainer(config, overwrite=resume == "never", resume=resume)
         trainer.setup()
         summary = trainer.train()
+        _record_held_bytes(trainer)
         if summary.stopped is None:
             trainer.save()
+
+
+def _local_bytes(tensor) -> int:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def _record_held_bytes(trainer) -> None:
+    """What each rank holds after its last step, in `held.json` of the run directory: its
+    parameters' and its optimizer states' bytes (its shards, under FSDP2 and the mesh)."""
+    import torch.distributed as dist
+
+    states = trainer.optimizer.state.values()
+    held = {
+        "parameters": sum(_local_bytes(p) for p in trainer.model.parameters()),
+        "optimizer": sum(
+            _local_bytes(value)
+            for state in states
+            for key, value in state.items()
+            if key != "step" and hasattr(value, "numel")
+        ),
+    }
+    ranks = [held]
+    if dist.is_initialized():
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, held)
+    if trainer.world.is_main:
+        (trainer.run_dir / "held.json").write_text(json.dumps(ranks))
 
 
 def launch(ranks: int, runs: list[dict], spec: Path) -> None:

@@ -176,3 +176,26 @@ def test_checkpoints_reshard_across_three_layouts_and_resume_exactly(models, tmp
     launch(2, [{"overrides": two, "resume": "auto"}], tmp_path / "c.json")
     assert losses(run) == pytest.approx(expected, rel=REL)
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_planner_holds_per_rank_what_the_ranks_hold(layout_runs, models, layout):
+    """Full fine-tuning: the parameters each rank keeps (its tensor- and expert-parallel share,
+    sharded by FSDP2) and its AdamW states, as the planner predicts them, against the mean over
+    the ranks of what they held after the run (FSDP2 splits a dimension unevenly where it must,
+    so single ranks differ by a row or two)."""
+    from tuneforge.config import load_config
+    from tuneforge.plan.planner import plan_run, run_model_args, setup_of
+    from tuneforge.plan.prediction import CPU, Hardware
+
+    ranks, model, _, extra = LAYOUTS[layout]
+    run = layout_runs / f"{layout}-full"
+    config = load_config(
+        REPO / "examples" / "demo.yaml", run_overrides(run, models / model, *extra)
+    )
+    hardware = Hardware(gpus=ranks, gpu=CPU, memory_gib=64)
+    setup = setup_of(config, run_model_args(config), hardware, 64.0)
+    held = json.loads((run / "held.json").read_text())
+    mean = {key: sum(rank[key] for rank in held) / len(held) for key in held[0]}
+    assert setup.shares().sharded() * 4 == pytest.approx(mean["parameters"], rel=1e-9)
+    assert plan_run(config, hardware).memory.optimizer == pytest.approx(mean["optimizer"], rel=1e-9)

@@ -76,9 +76,17 @@ def plan_command(
     with without_weights():  # a hub model's configuration and tokenizer are enough to plan
         lengths = None if no_data else record_lengths(config, overrides or [])
         plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
+        layouts = []
+        if hardware.data_parallel > 1:
+            from tuneforge.plan.layouts import plan_layouts
+
+            layouts = plan_layouts(load_config(config, overrides or []), hardware, lengths)
     if as_json:
         console.print(
-            json.dumps(plan.as_dict() | {"planned_for": target}, indent=2),
+            json.dumps(
+                plan.as_dict() | {"planned_for": target, "layouts": _layout_rows(layouts)},
+                indent=2,
+            ),
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -124,6 +132,10 @@ def plan_command(
             markup=False,
             highlight=False,
         )
+        by_collective = ", ".join(f"{k} {v:.2f}" for k, v in plan.collectives_gb.items())
+        console.print(f"  by collective (GB): {by_collective}", markup=False, highlight=False)
+    if layouts:
+        _print_layouts(layouts, hardware)
     if plan.slowest_rank_factor > 1.0:
         console.print(
             f"each step waits for its slowest rank: +{plan.slowest_rank_factor - 1:.1%} over the "
@@ -165,3 +177,49 @@ def _target(gpu: str | None) -> tuple[str, str]:
             return known, f"{known}, the GPU here ({here}); --gpu plans for another"
         return "H100", f"H100: the GPU here ({here}) is not in the tables; pass --gpu and --gpu-mem"
     return CPU, f"this machine's CPU ({cpu_cores()} cores, no GPU here); --gpu plans for a GPU"
+
+
+def _layout_rows(layouts) -> list[dict]:
+    from tuneforge.hardware.gpus import GIB
+
+    return [
+        {
+            "layout": layout.describe(),
+            "overrides": layout.overrides,
+            "memory_gib": layout.plan.memory.total / GIB,
+            "fits": layout.plan.fits,
+            "step_time_s": layout.plan.step_time_s,
+            "tokens_per_s": 1 / layout.seconds_per_token if layout.seconds_per_token else None,
+            "collectives_gb": layout.plan.collectives_gb,
+            "cross_node_gb": layout.cross_node_gb,
+            "collective_s": layout.collective_s,
+        }
+        for layout in layouts
+    ]
+
+
+def _print_layouts(layouts, hardware) -> None:
+    """The layouts of these GPUs, the proposed one first, with its overrides to paste."""
+    table = Table(
+        f"layout on {hardware.nodes} x {hardware.gpus}", "GiB/GPU", "fits", "step s", "tokens/s",
+        "GB/step", "across nodes", "collectives s",
+    )  # fmt: skip
+    for row in _layout_rows(layouts)[:10]:
+        table.add_row(
+            row["layout"],
+            f"{row['memory_gib']:.1f}",
+            "yes" if row["fits"] else "no",
+            f"{row['step_time_s']:.2f}",
+            f"{row['tokens_per_s']:,.0f}",
+            f"{sum(row['collectives_gb'].values()):.1f}",
+            f"{row['cross_node_gb']:.1f}",
+            f"{row['collective_s']:.2f}",
+        )
+    console.print(table)
+    best = layouts[0]
+    verdict = "proposed" if best.plan.fits else "none fits; the nearest"
+    console.print(
+        f"{verdict}: {best.describe()} ({' '.join(best.overrides)} parallel.strategy=fsdp)",
+        markup=False,
+        highlight=False,
+    )

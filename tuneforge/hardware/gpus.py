@@ -33,6 +33,32 @@ GPU_MEMORY_GIB = {
 }
 
 
+INTRA_NODE_GBPS = {
+    "H200": 450.0,
+    "H100 PCIe": 64.0,
+    "H100": 450.0,
+    "A100": 300.0,
+    "B200": 900.0,
+    "MI355X": 538.0,
+    "MI300X": 448.0,
+    "MI250X": 50.0,  # the xGMI links between a node's packages, which a ring over 8 GCDs crosses
+}
+"""GB/s one GPU sends to the others of its node (NVLink, Infinity Fabric), by the spec sheets."""
+
+INTER_NODE_GBPS = {
+    "MI250X": 12.5,  # LUMI-G: 4 × 200 Gb/s Slingshot for a node's 8 GCDs
+}
+"""GB/s one GPU sends to other nodes; 50 (one 400 Gb/s NIC per GPU) where not listed."""
+DEFAULT_INTER_NODE_GBPS = 50.0
+
+
+def link_gbps(name: str) -> tuple[float, float]:
+    """(within a node, between nodes) GB/s per GPU of the first entries `name` contains."""
+    intra = next((v for k, v in INTRA_NODE_GBPS.items() if k in name), 100.0)
+    inter = next((v for k, v in INTER_NODE_GBPS.items() if k in name), DEFAULT_INTER_NODE_GBPS)
+    return intra, inter
+
+
 def peak_tflops_of(name: str) -> float | None:
     """The peak of the first table entry whose name `name` contains."""
     return next((value for key, value in PEAK_TFLOPS.items() if key in name), None)

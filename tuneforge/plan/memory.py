@@ -16,7 +16,7 @@ weight gradient yet unless accumulated), a block's backward, and the end of back
 of weights and optimizer states. `other` is the runtime: context, collective buffers and allocator rounding.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tuneforge.hardware.gpus import GIB
 from tuneforge.models.args import ModelArgs
@@ -30,6 +30,7 @@ from tuneforge.models.cost import (
 )
 from tuneforge.plan.base_weights import BaseWeights
 from tuneforge.plan.policies import offloaded_blocks, recomputed_blocks
+from tuneforge.plan.rank_shares import RankShares, rank_shares
 from tuneforge.precision.trained_weights import TrainedWeights
 
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
@@ -80,6 +81,35 @@ class Setup:
     under FSDP2: `frozen_weight_bytes`)."""
     extra_weight_bytes: float = 0.0
     """Weights per GPU of another model held beside this one (a distillation teacher)."""
+    tensor: int = 1
+    """Tensor-parallel ranks: each holds and computes its share of every layer's heads and MLP."""
+    expert: int = 1
+    """Expert-parallel ranks (a share of `data_parallel`): each holds its share of the experts."""
+    replicate: int = 1
+    """HSDP's replica groups: FSDP2 shards over `data_parallel / replicate` ranks."""
+
+    @property
+    def on_mesh(self) -> bool:
+        return self.tensor > 1 or self.expert > 1 or self.replicate > 1
+
+    @property
+    def rank_args(self) -> ModelArgs:
+        """The shape one rank computes: its tensor-parallel share of the heads and the MLP."""
+        if self.tensor == 1:
+            return self.args
+        t = self.tensor
+        return replace(
+            self.args,
+            num_heads=self.args.num_heads // t,
+            num_kv_heads=self.args.num_kv_heads // t,
+            ffn_dim=self.args.ffn_dim // t,
+        )
+
+    def shares(self) -> RankShares:
+        """The parameters a rank holds, and the ranks FSDP2 shards them over."""
+        dense = self.data_parallel // self.replicate if _fsdp(self) else 1
+        routed = max(1, dense // self.expert)
+        return rank_shares(self.args, self.tensor, self.expert, dense, routed)
 
 
 @dataclass(frozen=True)
@@ -139,6 +169,8 @@ def _fsdp(setup: Setup) -> bool:
 def static_bytes(setup: Setup) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes per GPU."""
     args, n, stage, b = setup.args, setup.data_parallel, setup.zero_stage, setup.param_bytes
+    if setup.on_mesh:
+        return _mesh_static_bytes(setup)
     total = args.num_params()
     shard = n if n > 1 else 1
     if setup.lora is not None:
@@ -166,9 +198,25 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
     return weights, gradients, optimizer
 
 
+def _mesh_static_bytes(setup: Setup) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per rank on a device mesh: each parameter group
+    sharded over its own ranks (`Setup.shares`). LoRA adapters are counted whole on every
+    rank (an upper bound: tensor and expert parallelism split them too)."""
+    shares, stage, b = setup.shares(), setup.zero_stage, setup.param_bytes
+    held = shares.sharded()
+    if setup.lora is not None:
+        adapters = lora_params(setup.args, setup.lora)
+        base = held if stage >= 3 else shares.whole()
+        return base * b + adapters * 4, adapters * 4, adapters * 8
+    master = setup.trained.extra_bytes_per_param(b)
+    weights = (held if stage >= 3 else shares.whole()) * b
+    gradients = (held if stage >= 2 else shares.whole()) * b
+    return weights, gradients, held * master
+
+
 def _layer_bytes(setup: Setup, layer: int, checkpointing: str) -> float:
     """What layer `layer` keeps per token in mode `checkpointing`."""
-    args, b = setup.args, setup.param_bytes
+    args, b = setup.rank_args, setup.param_bytes
     if checkpointing == "full" and setup.offload_checkpoints:
         return 0.0
     if checkpointing == "none" and setup.compiled:
@@ -269,7 +317,8 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
         moments.append(
             below
             + _layer_bytes(setup, layer, "none") * tokens
-            + working_bytes_per_token(args, layer, setup.param_bytes, setup.lora) * tokens
+            + working_bytes_per_token(setup.rank_args, layer, setup.param_bytes, setup.lora)
+            * tokens
             + (gradients if persistent else written)
             + _reduce_bytes(setup, largest_block)
             + sum(slots)

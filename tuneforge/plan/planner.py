@@ -15,6 +15,7 @@ from tuneforge.config.durations import parse_duration
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB
+from tuneforge.mesh_rules import MeshSizes, mesh_problems
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
     activation_bytes_per_token,
@@ -39,7 +40,7 @@ from tuneforge.plan.policies import reshard_after_forward
 from tuneforge.plan.prediction import Hardware, Plan
 from tuneforge.plan.rank_wait import rank_waits
 from tuneforge.plan.strategy import resolve_dims
-from tuneforge.plan.traffic import step_traffic_bytes
+from tuneforge.plan.traffic import collective_bytes
 from tuneforge.plan.workload import (
     documents_of,
     epoch_workload,
@@ -99,6 +100,12 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
     attention = "eager" if config.model.attention == "eager" else "flash"
     stage = fsdp_stage_of(config, hardware)
     sharded_ranks = hardware.data_parallel if stage >= 2 else 1  # frozen blocks under FSDP2
+    parallel = config.parallel
+    mesh = hardware.data_parallel > 1 and (
+        max(parallel.tensor_parallel, parallel.expert_parallel, parallel.data_parallel_replicate)
+        > 1
+    )
+    tensor = parallel.tensor_parallel if mesh else 1
     return Setup(
         args=args,
         param_bytes=4 if config.model.dtype == "float32" else 2,
@@ -112,8 +119,8 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         offload_embedding=config.train.offload_embedding,
         attention=attention,
         mean_doc_len=mean_doc_len,
-        data_parallel=hardware.data_parallel,
-        zero_stage=stage,
+        data_parallel=hardware.data_parallel // tensor,
+        zero_stage=max(stage, 2) if mesh else stage,  # a mesh always runs FSDP2
         trained=TrainedWeights.of(config.precision.master_weights, config.model.dtype),
         platform=hardware.platform,
         grad_accum_steps=config.train.grad_accum_steps,
@@ -125,6 +132,9 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         ),
         frozen_copy=holds_frozen_copy(config),
         extra_weight_bytes=sum(own_weight_bytes(f, sharded_ranks) for f in frozen_models(config)),
+        tensor=tensor,
+        expert=parallel.expert_parallel if mesh else 1,
+        replicate=parallel.data_parallel_replicate if mesh else 1,
     )
 
 
@@ -189,6 +199,8 @@ def plan_run(
     if dims.replicated:
         setup = replace(setup, zero_stage=0)
     memory = predict_memory(setup)
+    sizes = MeshSizes(hardware.data_parallel, setup.tensor, setup.expert, setup.replicate)
+    mesh_refusals = mesh_problems(sizes, args.split_sizes())
     stage, stage_advice = zero_stage_advice(args, hardware.data_parallel)
 
     options = memory_options(setup, capacity, replicated)
@@ -215,9 +227,11 @@ def plan_run(
             args.num_layers, 1
         )
         flops_per_micro_batch *= 1 + share / 3
-    step_time = flops_per_micro_batch * train.grad_accum_steps / (peak * mfu)
+    # a tensor-parallel rank computes its share of a micro-batch's work
+    step_time = flops_per_micro_batch * train.grad_accum_steps / (peak * mfu) / setup.tensor
     waits = rank_waits(epoch, config, hardware.data_parallel) if epoch else (1.0, 1.0)
     step_time *= waits[0]
+    collectives = collective_bytes(setup, reduce_bytes)
     if train.max_steps is not None:
         steps = train.max_steps
     elif micro_batches_per_epoch is not None:
@@ -239,8 +253,9 @@ def plan_run(
         eta_h=eta_s / 3600,
         jobs_needed=None,
         epoch=epoch,
-        collective_gb_per_step=step_traffic_bytes(setup, reduce_bytes) / 1e9,
-        strategy=dims.strategy,
+        collective_gb_per_step=sum(collectives.values()) / 1e9,
+        collectives_gb={name: value / 1e9 for name, value in collectives.items()},
+        strategy=dims.describe(),
         strategy_reason=strategy_reason,
         slowest_rank_factor=waits[0],
         balanced_slowest_rank_factor=waits[1],
@@ -251,6 +266,7 @@ def plan_run(
             else train.tokens_per_micro_batch
         ),
     )
+    plan.problems += mesh_refusals
     if records is not None and records.lengths:
         p99 = float(np.percentile(records.lengths, 99))
         plan.suggested_max_seq_len = max(

@@ -57,7 +57,9 @@ class Plan:
     jobs_needed: int | None
     epoch: Workload | None
     collective_gb_per_step: float = 0.0
-    """Bytes (GB) each GPU sends per optimizer step in its data-parallel collectives."""
+    """Bytes (GB) each GPU sends per optimizer step in its collectives."""
+    collectives_gb: dict[str, float] = field(default_factory=dict)
+    """The same by collective (`fsdp all-gather`, `tp all-reduce`, `ep all-to-all`, ...)."""
     strategy: str = "single"
     strategy_reason: str = ""
     slowest_rank_factor: float = 1.0

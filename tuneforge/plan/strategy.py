@@ -17,8 +17,12 @@ def resolve_dims(
     replicated_gib: float,
     gpu_memory_gib: float | None,
 ) -> tuple[ParallelDims, str]:
-    """(layout, why) for `data_parallel` ranks; `replicated_gib`: the predicted per-GPU peak
-    with the whole model on every GPU."""
+    """(layout, why) for `data_parallel` ranks (all the GPUs: with a tensor dimension, fewer of
+    them read different data); `replicated_gib`: the predicted per-GPU peak with the whole model
+    on every GPU."""
+    mesh = (parallel.tensor_parallel, parallel.expert_parallel, parallel.data_parallel_replicate)
+    if max(mesh) > 1 and data_parallel > 1:
+        return ParallelDims.of("fsdp", data_parallel, *mesh), "a device mesh, as configured"
     strategy, why = _strategy(parallel, data_parallel, replicated_gib, gpu_memory_gib)
     return ParallelDims.of(strategy, data_parallel), why
 
