@@ -60,6 +60,23 @@ def test_ddp_runs_where_there_are_several_gpus_or_a_process_group():
     assert strategy_for(ddp, Dist()) == strategy_for(plain, Dist()) == "single"  # no group here
 
 
+def test_a_mesh_variant_configures_the_mesh_on_several_gpus_and_scales_against_one():
+    from tuneforge.bench.ours import workload_config
+    from tuneforge.bench.workloads import WORKLOADS, Variant, baseline_variant
+    from tuneforge.parallel.distributed import Dist
+
+    workload = WORKLOADS["qwen3-moe-4l-lora-attn-experts-4gpu"]
+    assert "compiled+ep4" in workload.variants
+    config = workload_config(workload, Variant.parse("compiled+tp2+ep2"), Dist(world_size=4))
+    parallel = config.parallel
+    assert (parallel.strategy, parallel.tensor_parallel, parallel.expert_parallel) == (
+        "fsdp", 2, 2,
+    )  # fmt: skip
+    alone = workload_config(workload, Variant.parse("compiled+ep2"), Dist())
+    assert alone.parallel.expert_parallel == 1  # one GPU standing in for the work
+    assert baseline_variant("compiled+tp2+accum4") == "compiled+accum4"
+
+
 def test_scaling_compares_each_multi_gpu_run_with_one_gpu_doing_the_same_work_per_gpu():
     """The baseline keeps the options that change a GPU's work (micro-batches per step, which
     batches) and drops how the GPUs share it; a round's run is compared within its round."""
@@ -263,6 +280,9 @@ def test_variant_names_parse_into_settings_and_typos_are_refused():
     )
     assert Variant.parse("compiled+graph+autotune") == Variant(
         compiled=True, cuda_graph=True, autotune=True
+    )
+    assert Variant.parse("compiled+tp2+ep4") == Variant(
+        compiled=True, tensor_parallel=2, expert_parallel=4
     )
     torchao = Variant.parse("compiled+fp8+tensorwise+torchao").precision()
     assert torchao.fp8_implementation == "torchao" and torchao.fp8_scaling == "tensorwise"

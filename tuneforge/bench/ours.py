@@ -80,7 +80,7 @@ def strategy_for(settings: Variant, world: Dist) -> str:
         return "ddp"
     if world.world_size == 1:
         return "single"
-    return "ddp" if settings.ddp else "fsdp"
+    return "ddp" if settings.ddp else "fsdp"  # and any tensor or expert dimension
 
 
 def workload_lora(workload: Workload, fp32: bool = False) -> LoraSection:
@@ -128,6 +128,8 @@ def workload_config(workload: Workload, settings: Variant, world: Dist) -> RunCo
             strategy=strategy_for(settings, world),
             zero_stage=2 if settings.zero2 else None,
             reduce_dtype="model" if settings.bf16_reduce else "float32",
+            tensor_parallel=settings.tensor_parallel if world.world_size > 1 else 1,
+            expert_parallel=settings.expert_parallel if world.world_size > 1 else 1,
         ),
     )
 
@@ -167,12 +169,15 @@ def run_ours(
     if declaration_of(config).data_format == "pairs":
         vocab = model.args.vocab_size
         batches = [synthetic_pair(vocab, tokens, index) for index in range(DISTINCT_BATCHES)]
-    else:
-        batches = rank_batches(model.args.vocab_size, tokens, settings, world, workload.gpus)
+    else:  # the tensor-parallel ranks of a group read the same data
+        data = Dist(dims.data_rank(world.rank), dims.data_parallel_size, world.local_rank)
+        batches = rank_batches(model.args.vocab_size, tokens, settings, data, workload.gpus)
     steps = whole_cycles(steps, len(batches), accum)
     counter = iter(range(10**9))
     queued: list[StepResult] = []
-    queue_step = StepRunner(objective, model, optimizer, config.train, world.device)
+    queue_step = StepRunner(
+        objective, model, optimizer, config.train, world.device, prepared.data_group
+    )
 
     def step() -> None:
         """As the trainer's loop: a step's numbers are read once the next step is queued."""
@@ -199,8 +204,8 @@ def run_ours(
     return result | {
         "system": "tuneforge",
         "variant": variant,
-        "tokens_per_step": tokens * accum * world.world_size,
-        "flops_per_step": flops * accum * world.world_size,
+        "tokens_per_step": tokens * accum * dims.data_parallel_size,
+        "flops_per_step": flops * accum * dims.data_parallel_size,
         "gpus": world.world_size,
         "documents_per_step": documents * accum,
         "padding_share": 0.0,

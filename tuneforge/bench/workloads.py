@@ -158,6 +158,29 @@ WORKLOADS = {
             peer_checkpointing=(False,),
             variants=("compiled", "compiled+graph"),
         ),
+        *(
+            Workload(
+                f"llama3-8b-lora-{gpus}gpu",
+                "llama-3-8b",
+                ALL_LINEAR,
+                gpus=gpus,
+                peer_checkpointing=(),
+                variants=("compiled+ddp", "compiled", "compiled+tp2", "compiled+tp2+balanced"),
+            )
+            for gpus in (2, 4, 8)
+        ),
+        *(
+            Workload(
+                f"qwen3-moe-4l-lora-attn-experts-{gpus}gpu",
+                "qwen3-30b-a3b",
+                ATTENTION + EXPERT_BANKS,
+                layers=4,
+                gpus=gpus,
+                peer_checkpointing=(),
+                variants=("compiled", *(f"compiled+ep{ep}" for ep in (2, 4, 8) if ep <= gpus)),
+            )
+            for gpus in (2, 4, 8)
+        ),
         Workload(
             "llama3.2-1b-full-fsdp2-2gpu",
             "llama-3.2-1b",
@@ -211,6 +234,8 @@ class Variant:
     fp4: bool = False
     fp4_param: bool = False
     master_weights: bool | str = True
+    tensor_parallel: int = 1
+    expert_parallel: int = 1
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
@@ -250,6 +275,9 @@ class Variant:
                 settings["offload_activations"] = int(option.removeprefix("host"))
             elif option.startswith("keep") and option.removeprefix("keep").isdigit():
                 settings["keep_activations"] = int(option.removeprefix("keep"))
+            elif option[:2] in ("tp", "ep") and _is_count(option[2:]):
+                key = "tensor_parallel" if option.startswith("tp") else "expert_parallel"
+                settings[key] = int(option[2:])
             else:
                 raise TuneforgeError(
                     f"variant {name!r}: unknown option {option!r} (full, selective, offload, "
@@ -257,7 +285,7 @@ class Variant:
                     "bf16reduce, ddp, nccl<channels>, flash4, varlen, sdpa, cudnn, onedoc, fp32lora, graph, "
                     "accum<micro-batches>, tokens<per micro-batch>, samedata, balanced, autotune, "
                     "fp8, fp8hybrid, tensorwise, fp8base, torchao, fp4, fp4param, nomaster, "
-                    "compensated)"
+                    "compensated, tp<ranks>, ep<ranks>)"
                 )
         variant = cls(**settings)
         if (
