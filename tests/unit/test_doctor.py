@@ -228,6 +228,10 @@ def test_with_a_config_each_remedy_is_sized_by_the_planner(tmp_path):
     assert any(line.startswith("ZeRO-3") for line in lines)
     assert any("micro-batch of 8192 tokens" in line for line in lines)
     assert not any("memory budget" in line for line in lines)  # eager blocks
+    split = next(line for line in lines if line.startswith("tensor parallelism over 2 GPUs"))
+    before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", split)[0])
+    assert after < before  # each GPU keeps half of every layer's activations
+    assert not any(line.startswith("expert parallelism") for line in lines)  # a dense model
     compiled = remedies(config, ["train.compile=true"], gpus=8, capacity_gib=63.98)
     budget = next(line for line in compiled if line.startswith("a memory budget of 0.8"))
     before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", budget)[0])

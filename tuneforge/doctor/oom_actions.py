@@ -8,8 +8,9 @@ PRESSURE_ACTIONS = [
     "selective with a smaller checkpoint_every)",
     "lower data.max_seq_len (to the p99 of your data: `tuneforge data inspect`) or "
     "train.tokens_per_micro_batch, keeping the global batch with grad_accum_steps",
-    "shard more: parallel.strategy: fsdp with zero_stage: 3, or more GPUs; "
-    "`tuneforge plan CONFIG` predicts each setting's memory",
+    "shard more: parallel.strategy: fsdp with zero_stage: 3, or more GPUs, or split each layer "
+    "(parallel.tensor_parallel) or the experts (parallel.expert_parallel) between GPUs; "
+    "`tuneforge plan CONFIG --gpus N` predicts each setting's memory and proposes a layout",
 ]
 
 HOST_ACTIONS = [

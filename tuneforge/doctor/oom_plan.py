@@ -1,15 +1,18 @@
 """For an out-of-memory run with a known configuration: how much each remedy saves, from the
-planner (the compiled blocks' memory budget, activation checkpointing, ZeRO-3, a LoRA base held
+planner (the compiled blocks' memory budget, activation checkpointing, ZeRO-3, more tensor or
+expert parallelism, a LoRA base held
 in FP8 or in 4 bits, lighter master weights, a halved micro-batch), given the GPU's capacity from the error message. The planner gets the same
 documents `tuneforge plan` gives it (the data's lengths), so the two agree."""
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuneforge.config import load_config
 from tuneforge.hardware.gpus import GIB
+from tuneforge.mesh_rules import MeshSizes, mesh_problems
 from tuneforge.plan.memory_options import COMPILE_BUDGET
-from tuneforge.plan.planner import plan_run
+from tuneforge.plan.planner import plan_run, run_model_args
 from tuneforge.plan.prediction import Hardware
 from tuneforge.precision.trained_weights import TrainedWeights
 
@@ -64,6 +67,7 @@ def remedies(
             "QLoRA: the frozen base in 4 bits (model.quantize: nf4; bitsandbytes, slower "
             "products: see docs/lora-and-export.md)",
         )
+    options |= _mesh_remedies(config, gpus)
     options |= _lighter_master_weights(config)
     options["half"] = _halved_micro_batch(config.train.tokens_per_micro_batch, config.data)
     lines = [f"the planner predicts {current:.1f} GiB per GPU for this configuration"]
@@ -76,6 +80,31 @@ def remedies(
             + ("" if capacity_gib is None else (", fits" if fits else ", still too much"))
         )
     return lines
+
+
+def _mesh_remedies(config, gpus: int) -> dict[str, tuple[list[str], str]]:
+    """Twice the tensor parallelism (each GPU a share of every layer's heads and MLP), and for
+    an MoE model twice the expert parallelism, where the model and the GPUs take them."""
+    parallel, split = config.parallel, run_model_args(config).split_sizes()
+    sizes = MeshSizes(
+        gpus,
+        parallel.tensor_parallel,
+        parallel.expert_parallel,
+        parallel.data_parallel_replicate,
+    )
+    options: dict[str, tuple[list[str], str]] = {}
+    for field, key, what in (
+        ("tensor", "tensor_parallel", "tensor parallelism"),
+        ("expert", "expert_parallel", "expert parallelism"),
+    ):
+        doubled = replace(sizes, **{field: 2 * getattr(sizes, field)})
+        if gpus > 1 and not mesh_problems(doubled, split):
+            size = getattr(doubled, field)
+            options[field] = (
+                ["parallel.strategy=fsdp", f"parallel.{key}={size}"],
+                f"{what} over {size} GPUs (parallel.{key}: {size}; docs/parallel.md)",
+            )
+    return options
 
 
 def _lighter_master_weights(config) -> dict[str, tuple[list[str], str]]:
