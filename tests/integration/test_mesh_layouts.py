@@ -89,6 +89,15 @@ def test_a_mesh_layout_trains_as_one_process(layout_runs, one_process, layout, m
     got = losses(layout_runs / f"{layout}-{mode}")
     assert len(got) == len(expected) == 10
     assert got == pytest.approx(expected, rel=REL)
+    if mode == "full":  # the weights, gathered from the layout and saved in the HF layout
+        from safetensors.torch import load_file
+
+        saved = load_file(layout_runs / f"{layout}-{mode}" / "final" / "model.safetensors")
+        alone = one_process.root / f"{model}-{data_parallel}-{mode}"
+        reference = load_file(alone / "final" / "model.safetensors")
+        assert saved.keys() == reference.keys()
+        for name, tensor in reference.items():
+            torch.testing.assert_close(saved[name], tensor, rtol=1e-3, atol=1e-4, msg=name)
 
 
 GRADIENT_CASES = [  # model, mode, tensor, expert, replicate (4 ranks)
