@@ -3,6 +3,11 @@ peak memory and step time, then compare with `tuneforge plan`'s prediction.
 
 On the GPU machine (2 GPUs):   python bench/plan_validation.py measure OUT_DIR [CASE ...]
 Anywhere afterwards:           python bench/plan_validation.py predict OUT_DIR/measured.jsonl
+
+The step-time model against every recorded bench step (bench/measured_steps.json), fitted on
+half of the configurations and checked on the other half, then fitted on all of them (the rates
+`hardware/step_rates.py` ships):
+                               python bench/plan_validation.py time [bench/measured_steps.json]
 """
 
 import json
@@ -292,8 +297,46 @@ def predict(measured_file: Path) -> None:
         )
 
 
+def validate_time(file: Path) -> None:
+    from tuneforge.bench.measured import measured_sample, read_bench_results
+    from tuneforge.hardware.step_rates import FITTED, H200
+    from tuneforge.plan.calibration import fit_rates, sample_seconds
+
+    measured = read_bench_results(file)
+    samples = [measured_sample(m) for m in measured]
+    halves = {"fit": samples[0::2], "check": samples[1::2]}  # alternate rows of the sorted file
+    rates = fit_rates(halves["fit"], H200, "fitted on the first half")
+    print("| configuration | half | measured ms | predicted ms | error | bound by |")
+    print("|---|---|---|---|---|---|")
+    errors: dict[str, list[float]] = {"fit": [], "check": []}
+    from tuneforge.plan.step_time import step_time
+
+    for index, sample in enumerate(samples):
+        half = "fit" if index % 2 == 0 else "check"
+        predicted = sample_seconds(sample, rates)
+        error = predicted / sample.seconds - 1
+        errors[half].append(error)
+        bound = step_time(sample.works[0][0], rates, sample.link_gbps).bound
+        print(
+            f"| {sample.name} | {half} | {sample.seconds * 1000:.1f} | {predicted * 1000:.1f} | "
+            f"{error:+.1%} | {bound} |"
+        )
+    for half, values in errors.items():
+        absolute = sorted(abs(v) for v in values)
+        within = sum(v <= 0.15 for v in absolute)
+        print(
+            f"\n{half}: {len(values)} configurations, median |error| "
+            f"{statistics.median(absolute):.1%}, largest {absolute[-1]:.1%}, {within} within 15%"
+        )
+    print("\nfitted on the first half:", {k: round(getattr(rates, k), 5) for k in FITTED})
+    everything = fit_rates(samples, H200, "fitted on all")
+    print("fitted on all:", {k: round(getattr(everything, k), 5) for k in FITTED})
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "measure":
         measure(Path(sys.argv[2]), *sys.argv[3:])
+    elif sys.argv[1] == "time":
+        validate_time(Path(sys.argv[2] if len(sys.argv) > 2 else REPO / "bench" / "measured_steps.json"))
     else:
         predict(Path(sys.argv[2]))

@@ -20,6 +20,11 @@ def document_lengths(tokens: int, rng: np.random.Generator) -> list[int]:
     return [length for length in lengths if length > 0]
 
 
+def batch_lengths(tokens: int, one_document: bool, seed: int) -> list[int]:
+    """The document lengths of `synthetic_batch`'s batch of this seed."""
+    return [tokens] if one_document else document_lengths(tokens, np.random.default_rng(seed))
+
+
 def synthetic_batch(vocab_size: int, tokens: int, one_document: bool, seed: int) -> PackedBatch:
     rng = np.random.default_rng(seed)
     lengths = [tokens] if one_document else document_lengths(tokens, rng)

@@ -1,6 +1,7 @@
 """`tuneforge plan`: memory per GPU, step time, ETA and jobs, and what-if comparisons."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -34,7 +35,25 @@ def plan_command(
         list[str] | None, typer.Option(help="A changed setting, key=value (repeatable).")
     ] = None,
     calibrate: Annotated[
-        Path | None, typer.Option(help="A measured run directory: use its MFU.")
+        list[Path] | None,
+        typer.Option(
+            help="Fit the step-time model's rates to measured steps: a bench JSON (`tuneforge "
+            "bench --out`) or a run directory (repeatable); used for this plan."
+        ),
+    ] = None,
+    save_rates: Annotated[
+        Path | None, typer.Option(help="Write the rates --calibrate fitted to this JSON file.")
+    ] = None,
+    rates: Annotated[
+        Path | None, typer.Option(help="Step-time rates written by --calibrate --save-rates.")
+    ] = None,
+    fit: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            help="Search the memory and speed options for the fastest recipes whose reserved "
+            "memory fits in this many GiB per GPU.",
+        ),
     ] = None,
     master_weights: Annotated[
         bool | None,
@@ -58,7 +77,7 @@ def plan_command(
         load_config(config, overrides or [])
     from tuneforge.config.durations import format_duration, parse_duration
     from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB
-    from tuneforge.plan.planner import measured_mfu, plan_config
+    from tuneforge.plan.planner import plan_config
     from tuneforge.plan.prediction import CPU, Hardware
 
     gpu, target = _target(gpu)
@@ -71,8 +90,26 @@ def plan_command(
         limit = parse_duration(time_limit) if time_limit else None
     except ValueError as error:
         raise TuneforgeError(f"--time-limit: {error}") from None
-    mfu = measured_mfu(calibrate) if calibrate is not None else None
-    hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit, mfu)
+    if save_rates is not None and not calibrate:
+        raise TuneforgeError("--save-rates writes what --calibrate fits: give --calibrate too")
+    if rates is not None and calibrate:
+        raise TuneforgeError("--rates and --calibrate both give the rates: use one")
+    hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit)
+    if rates is not None:
+        hardware = replace(hardware, rates=_load_rates(rates))
+    if calibrate:
+        hardware = replace(hardware, rates=_calibrated(calibrate, hardware))
+        if save_rates is not None:
+            hardware.step_rates.save(save_rates)
+            console.print(f"rates written to {save_rates}", markup=False, highlight=False)
+    if fit is not None:
+        from tuneforge.plan.recipe_search import search_recipes
+
+        with without_weights():
+            lengths = None if no_data else record_lengths(config, overrides or [])
+            found = search_recipes(config, overrides or [], hardware, lengths, fit)
+        _print_recipes(found, fit, as_json)
+        return
     with without_weights():  # a hub model's configuration and tokenizer are enough to plan
         lengths = None if no_data else record_lengths(config, overrides or [])
         plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
@@ -105,9 +142,20 @@ def plan_command(
         f"{verdict}: {plan.gpu_memory_gib - plan.memory.total / GIB:+.1f} GiB headroom{sharding}"
     )
     console.print(
-        f"step {plan.step_time_s:.2f} s (MFU {hardware.mfu or 0.4:.0%}{' measured' if mfu else ' assumed'}), "
-        f"{plan.steps} steps, ETA {format_duration(plan.eta_h * 3600)}"
-        + (f", {plan.jobs_needed} job(s) under the limit" if plan.jobs_needed else "")
+        f"step {plan.step_time_s:.3f} s, {plan.steps} steps, ETA "
+        f"{format_duration(plan.eta_h * 3600)}"
+        + (f", {plan.jobs_needed} job(s) under the limit" if plan.jobs_needed else ""),
+        markup=False,
+        highlight=False,
+    )
+    parts = ", ".join(
+        f"{name} {seconds * 1000:.1f}" for name, seconds in plan.step_parts.items() if seconds
+    )
+    clock = f"; clock held at {plan.clock:.0%} by the power cap" if plan.clock < 1 else ""
+    console.print(
+        f"  step by part (ms): {parts}; bound by {plan.step_bound}{clock}; rates: {plan.rates}",
+        markup=False,
+        highlight=False,
     )
     from tuneforge.models.cost import parameter_count
 
@@ -153,6 +201,86 @@ def plan_command(
             f"what if {item['change']}: {item['speedup']:.2f}x speed, memory x{item['memory_ratio']:.2f} "
             f"({item['memory_gib']:.1f} GiB, {'fits' if item['fits'] else 'does not fit'})",
             markup=False,
+        )
+
+
+def _load_rates(file: Path):
+    from tuneforge.hardware.step_rates import load_rates
+
+    try:
+        return load_rates(file)
+    except ValueError as error:
+        raise TuneforgeError(f"--rates: {error}") from None
+
+
+def _calibrated(sources: list[Path], hardware):
+    """The rates fitted to the measured steps of bench JSONs and run directories."""
+    from tuneforge.bench.measured import measured_sample, read_bench_results
+    from tuneforge.plan.calibration import fit_rates
+    from tuneforge.plan.measured_runs import run_sample
+
+    samples = []
+    for source in sources:
+        if source.is_dir():
+            run_lengths = record_lengths(source / "config.yaml", [])
+            samples.append(run_sample(source, hardware, run_lengths))
+        elif source.is_file():
+            samples += [measured_sample(m, hardware.gpu) for m in read_bench_results(source)]
+        else:
+            raise TuneforgeError(f"--calibrate {source}: no such file or directory")
+    if not samples:
+        raise TuneforgeError(
+            f"--calibrate: no measured tuneforge steps in {', '.join(map(str, sources))}"
+        )
+    names = ", ".join(source.name for source in sources)
+    name = f"{hardware.gpu} rates fitted on {len(samples)} measured step(s) of {names}"
+    return fit_rates(samples, hardware.step_rates, name)
+
+
+def _print_recipes(found, fit_gib: float, as_json: bool) -> None:
+    rows = [
+        {
+            "overrides": recipe.overrides,
+            "step_time_s": recipe.step_time_s,
+            "tokens_per_s": recipe.tokens_per_s,
+            "reserved_gib": recipe.reserved_gib,
+            "allocated_gib": recipe.allocated_gib,
+            "bound": recipe.bound,
+        }
+        for recipe in found.recipes
+    ]
+    if as_json:
+        console.print(
+            json.dumps({"fit_gib": fit_gib, "rates": found.rates, "recipes": rows,
+                        "searched": found.searched}, indent=2),
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+        return
+    console.print(
+        f"{found.searched} recipes searched; the fastest whose reserved memory fits in "
+        f"{fit_gib:g} GiB (rates: {found.rates}):",
+        markup=False,
+        highlight=False,
+    )
+    if not rows:
+        console.print(f"[red]none fits in {fit_gib:g} GiB[/red]")
+        return
+    table = Table("#", "tokens/s", "step s", "reserved GiB", "allocated GiB", "bound by")
+    for index, row in enumerate(rows, start=1):
+        table.add_row(
+            str(index),
+            f"{row['tokens_per_s']:,.0f}",
+            f"{row['step_time_s']:.3f}",
+            f"{row['reserved_gib']:.2f}",
+            f"{row['allocated_gib']:.2f}",
+            row["bound"],
+        )
+    console.print(table)
+    for index, row in enumerate(rows, start=1):
+        console.print(
+            f"{index}: {' '.join(row['overrides']) or '(as configured)'}",
+            markup=False,
+            highlight=False,
         )
 
 

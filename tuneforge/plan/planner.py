@@ -4,7 +4,6 @@ real lengths, before any GPU is used."""
 
 import logging
 import math
-import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,8 +12,7 @@ import numpy as np
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
 from tuneforge.data.length_policy import RecordLengths
-from tuneforge.errors import TuneforgeError
-from tuneforge.hardware.gpus import GIB
+from tuneforge.hardware.gpus import GIB, link_gbps
 from tuneforge.mesh_rules import MeshSizes, mesh_problems
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
@@ -28,31 +26,32 @@ from tuneforge.plan.advice import advise
 from tuneforge.plan.base_weights import BaseWeights
 from tuneforge.plan.frozen_models import (
     describe_frozen_models,
-    frozen_forward_flops_per_token,
     frozen_models,
     holds_frozen_copy,
     own_weight_bytes,
     section_model_args,
 )
 from tuneforge.plan.memory import Setup, predict_memory
-from tuneforge.plan.memory_options import memory_options, recomputed
+from tuneforge.plan.memory_options import memory_options
 from tuneforge.plan.policies import reshard_after_forward
 from tuneforge.plan.prediction import Hardware, Plan
 from tuneforge.plan.rank_wait import rank_waits
+from tuneforge.plan.step_estimate import estimate_step
+from tuneforge.plan.step_time import StepTime, mean_step
 from tuneforge.plan.strategy import resolve_dims
 from tuneforge.plan.traffic import collective_bytes
 from tuneforge.plan.workload import (
+    Workload,
     documents_of,
     epoch_workload,
     mean_document_length,
 )
 from tuneforge.precision.trained_weights import TrainedWeights
-from tuneforge.runs.files import read_metrics
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MFU = 0.40
-"""Share of peak FLOP/s assumed without a measured run (`--calibrate RUN_DIR` replaces it)."""
+SAMPLED_STEPS = 32
+"""Steps of the epoch the step time is averaged over (spread evenly through it)."""
 LENGTH_ROUNDING = 64
 DENSE_ZERO2_MAX_PARAMS = 13e9
 MOE_ZERO2_MAX_PARAMS = 30e9
@@ -154,22 +153,46 @@ def largest_budget(setup: Setup, capacity_gib: float) -> int:
     return 256 * low
 
 
-def measured_mfu(run_dir: Path) -> float:
-    file = run_dir / "metrics.jsonl"
-    records = [r for r in read_metrics(file) if r.get("mfu")] if file.is_file() else []
-    if not records:
-        raise TuneforgeError(f"{file} has no MFU figures (a GPU run of tuneforge writes them)")
-    steady = records[len(records) // 4 :] or records
-    # weighted by each step's time: the useful FLOPs over the time they took (packed batches
-    # differ in cost; a median of the steps' MFU would count the common batches only)
-    seconds = [r.get("step_s") or 0.0 for r in steady]
-    if sum(seconds) <= 0:
-        return statistics.median(r["mfu"] for r in steady)
-    return sum(r["mfu"] * s for r, s in zip(steady, seconds, strict=True)) / sum(seconds)
+def sampled_steps(config: RunConfig, epoch: Workload | None) -> list[list[list[int]]]:
+    """Steps of the epoch (each its micro-batches' rows), `SAMPLED_STEPS` of them spread evenly
+    through it; without the data's lengths, micro-batches of `data.max_seq_len` documents."""
+    train, accum = config.train, config.train.grad_accum_steps
+    if epoch is not None and epoch.micro_batch_lengths:
+        rows = epoch.micro_batch_lengths
+        starts = range(0, max(len(rows) - accum + 1, 1), max(1, len(rows) // SAMPLED_STEPS))
+        return [[rows[(start + k) % len(rows)] for k in range(accum)] for start in starts][
+            :SAMPLED_STEPS
+        ]
+    length = min(config.data.max_seq_len, train.tokens_per_micro_batch)
+    return [[[length] * max(1, train.tokens_per_micro_batch // length)] * accum]
+
+
+def planned_step(
+    config: RunConfig, setup: Setup, hardware: Hardware, epoch: Workload | None
+) -> StepTime:
+    """The mean of the sampled steps' times at the hardware's rates."""
+    rates, link = hardware.step_rates, link_gbps(hardware.gpu)[0 if hardware.nodes == 1 else 1]
+    steps = sampled_steps(config, epoch)
+    return mean_step([estimate_step(config, setup, step, rates, link) for step in steps])
 
 
 def jobs_needed(eta_s: float, time_limit_s: float, margin_s: float) -> int:
     return max(1, math.ceil(eta_s / max(time_limit_s - margin_s, 1.0)))
+
+
+def planned_epoch(config: RunConfig, records: RecordLengths | None) -> Workload | None:
+    """The epoch's micro-batches from the records' lengths (None without them)."""
+    if records is None or not records.lengths:
+        return None
+    args, data, train = run_model_args(config), config.data, config.train
+    return epoch_workload(
+        args,
+        documents_of(data, records),
+        train.tokens_per_micro_batch,
+        data.packing,
+        lora_shape(config.lora, args),
+        train.seed,
+    )
 
 
 def plan_run(
@@ -178,18 +201,8 @@ def plan_run(
     records: RecordLengths | None = None,
 ) -> Plan:
     args = run_model_args(config)
-    data, train = config.data, config.train
-    epoch = None
-    if records is not None and records.lengths:
-        lengths = documents_of(data, records)
-        epoch = epoch_workload(
-            args,
-            lengths,
-            train.tokens_per_micro_batch,
-            data.packing,
-            lora_shape(config.lora, args),
-            train.seed,
-        )
+    train = config.train
+    epoch = planned_epoch(config, records)
     setup = setup_of(config, args, hardware, mean_document_length(config.data, records))
     capacity = hardware.gpu_memory_gib
     replicated = predict_memory(replace(setup, zero_stage=0)).total / GIB
@@ -206,29 +219,9 @@ def plan_run(
     options = memory_options(setup, capacity, replicated)
     reduce_bytes = 4 if config.parallel.reduce_dtype == "float32" else setup.param_bytes
     needs_checkpointing = options.without_checkpointing > capacity >= options.full_checkpointing
-    peak = hardware.peak_tflops * 1e12
-    mfu = hardware.mfu or DEFAULT_MFU
-    if epoch is not None:
-        flops_per_micro_batch = epoch.flops / max(epoch.micro_batches, 1)
-        micro_batches_per_epoch = epoch.micro_batches
-    else:
-        flops_per_micro_batch = train.tokens_per_micro_batch * training_flops_per_token(
-            args, data.max_seq_len, setup.lora
-        )
-        micro_batches_per_epoch = None
-    # forwards of every token without gradients: a preference run's reference, a teacher
-    length = round(setup.mean_doc_len) or data.max_seq_len
-    frozen_forwards = frozen_forward_flops_per_token(config, args, length)
-    flops_per_micro_batch *= 1 + frozen_forwards / training_flops_per_token(
-        args, length, setup.lora
-    )
-    if setup.checkpointing != "none":  # recomputation: another forward of the checkpointed blocks
-        share = len([i for i in range(args.num_layers) if i in recomputed(setup)]) / max(
-            args.num_layers, 1
-        )
-        flops_per_micro_batch *= 1 + share / 3
-    # a tensor-parallel rank computes its share of a micro-batch's work
-    step_time = flops_per_micro_batch * train.grad_accum_steps / (peak * mfu) / setup.tensor
+    micro_batches_per_epoch = epoch.micro_batches if epoch is not None else None
+    timed = planned_step(config, setup, hardware, epoch)
+    step_time = timed.total_s
     waits = rank_waits(epoch, config, hardware.data_parallel) if epoch else (1.0, 1.0)
     step_time *= waits[0]
     collectives = collective_bytes(setup, reduce_bytes)
@@ -250,6 +243,10 @@ def plan_run(
         largest_micro_batch_tokens=largest_budget(setup, capacity),
         step_time_s=step_time,
         steps=steps,
+        step_parts=timed.parts,
+        step_bound=timed.bound,
+        clock=timed.clock,
+        rates=timed.rates,
         eta_h=eta_s / 3600,
         jobs_needed=None,
         epoch=epoch,

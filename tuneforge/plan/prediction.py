@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from tuneforge.hardware.cpu import cpu_cores, cpu_peak_tflops, host_memory_gib
 from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB, PEAK_TFLOPS, platform_of
+from tuneforge.hardware.step_rates import MEMORY_GBPS, StepRates, step_rates
 from tuneforge.plan.memory import Memory
 from tuneforge.plan.workload import Workload
 
@@ -19,7 +20,8 @@ class Hardware:
     """A GPU of the tables in `hardware.gpus`, or `CPU`."""
     memory_gib: float | None = None
     time_limit_s: float | None = None
-    mfu: float | None = None
+    rates: StepRates | None = None
+    """The step-time model's rates: a calibration (`plan --calibrate`), else the GPU's row."""
 
     @property
     def data_parallel(self) -> int:
@@ -36,6 +38,18 @@ class Hardware:
         if self.gpu == CPU:
             return cpu_peak_tflops(cpu_cores())
         return PEAK_TFLOPS.get(self.gpu, PEAK_TFLOPS["H100"])
+
+    @property
+    def step_rates(self) -> StepRates:
+        if self.rates is not None:
+            return self.rates
+        if self.gpu == CPU:  # the fitted rates scaled to this machine's cores
+            h200 = step_rates("H200")
+            compute = self.peak_tflops / PEAK_TFLOPS["H200"]
+            return h200.scaled(
+                "this CPU's rates, scaled from the H200's", compute, 20.0 / MEMORY_GBPS["H200"]
+            )
+        return step_rates(self.gpu)
 
     @property
     def platform(self) -> str:
@@ -79,6 +93,14 @@ class Plan:
     """How the frozen base linears are held, where a precision setting changes it."""
     objective: str | None = None
     """What a non-SFT objective adds to a step (a preference run's reference)."""
+    step_parts: dict[str, float] = field(default_factory=dict)
+    """The step's time by part (seconds), as the step-time model prices it."""
+    step_bound: str = ""
+    """What bounds the step: the host, or the GPU's largest part."""
+    clock: float = 1.0
+    """The SM clock the power cap holds, as a share of its maximum."""
+    rates: str = ""
+    """The calibration the step time comes from."""
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)
@@ -95,6 +117,10 @@ class Plan:
             "largest_micro_batch_tokens": self.largest_micro_batch_tokens,
             "suggested_max_seq_len": self.suggested_max_seq_len,
             "step_time_s": self.step_time_s,
+            "step_parts_s": self.step_parts,
+            "step_bound": self.step_bound,
+            "clock": self.clock,
+            "rates": self.rates,
             "steps": self.steps,
             "eta_h": self.eta_h,
             "jobs_needed": self.jobs_needed,

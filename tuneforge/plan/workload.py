@@ -32,6 +32,8 @@ class Workload:
     """Each micro-batch's training FLOPs, in packing order."""
     micro_batch_attention: list[int] = field(default_factory=list)
     """Each micro-batch's attention work as the loader deals by it (`rank_balance`)."""
+    micro_batch_lengths: list[list[int]] = field(default_factory=list)
+    """Each micro-batch's rows as computed (a padded row at its padded width)."""
 
 
 def documents_of(data: DataSection, records: RecordLengths) -> list[int]:
@@ -84,4 +86,5 @@ def epoch_workload(
         real / max(len(lengths), 1),
         group_flops,
         [attention_cost([lengths[i] for i in group]) for group in groups],
+        [[width for width, count in group for _ in range(count)] for group in rows],
     )

@@ -22,9 +22,9 @@ class ModelSection(Section):
     """Keep only the first N decoder layers: a proxy of a real shape that fits a small machine."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     """Dtype of the base weights and of the computation."""
-    attention: Literal["auto", "flash4", "varlen", "sdpa", "eager"] = "auto"
+    attention: Literal["auto", "flash4", "varlen", "cudnn", "sdpa", "eager"] = "auto"
     """Attention backend; `auto` picks the fastest that works on the device and logs which one runs.
-    """
+    `cudnn`: SDPA through cuDNN's fused kernels per document (CUDA, plain causal attention)."""
     init_std: float = Field(0.02, gt=0)
     """Standard deviation of the random initialisation used for catalog shapes."""
     quantize: Literal["nf4", "fp4"] | None = None

@@ -1,0 +1,190 @@
+"""`plan --fit GIB`: the memory and speed options a run can take, each combination's reserved
+memory and step time predicted, and the fastest that fit in GIB of reserved memory, with the
+overrides to paste. The options are the ones the benchmark's hand-tuned recipes turned:
+checkpointing (full, selective, with offloaded inputs), the compiled blocks' memory budget,
+blocks' activations and the embedding in host memory, the loss's chunk, an FP8 or 4-bit frozen
+base, and the micro-batch's tokens (the step's tokens kept by more accumulation)."""
+
+import itertools
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tuneforge.config import RunConfig, load_config
+from tuneforge.config.errors import ConfigError
+from tuneforge.data.length_policy import RecordLengths
+from tuneforge.hardware.gpus import GIB
+from tuneforge.plan.memory import predict_memory
+from tuneforge.plan.planner import (
+    mean_document_length,
+    plan_run,
+    planned_epoch,
+    run_model_args,
+    sampled_steps,
+    setup_of,
+)
+from tuneforge.plan.prediction import Hardware
+from tuneforge.plan.step_estimate import estimate_step
+from tuneforge.plan.step_time import mean_step
+
+SHOWN = 5
+SEARCH_STEPS = 4
+"""Sampled steps per candidate while searching; the shown ones are planned in full."""
+FP8_GPUS = ("H100", "H200", "B200", "MI300X", "MI355X")
+"""GPUs with FP8 tensor cores."""
+CHECKPOINTING = (
+    {"train.activation_checkpointing": "none"},
+    {"train.activation_checkpointing": "selective"},
+    {"train.activation_checkpointing": "full"},
+    {"train.activation_checkpointing": "full", "train.offload_checkpoints": True},
+)
+BUDGETS = (1.0, 0.9, 0.8)
+HOST_BLOCKS = (0, 4, 8, 12, 16, 20, 24)
+LOSS_CHUNKS = (512, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    overrides: list[str]
+    step_time_s: float
+    tokens_per_s: float
+    reserved_gib: float
+    allocated_gib: float
+    bound: str
+
+
+@dataclass(frozen=True)
+class Search:
+    recipes: list[Recipe]
+    searched: int
+    rates: str
+
+
+def _precisions(config: RunConfig, hardware: Hardware) -> list[dict]:
+    """The frozen base's formats a LoRA run may take: as configured, FP8, 4-bit NF4."""
+    choices: list[dict] = [{}]
+    if not config.lora.enabled:
+        return choices
+    if any(name in hardware.gpu for name in FP8_GPUS) and not config.model.quantize:
+        choices.append({"precision.fp8": "e4m3", "precision.fp8_base_weights": True})
+    if not config.model.quantize and not config.precision.fp8:
+        choices.append({"model.quantize": "nf4"})
+    return choices
+
+
+def _micro_batches(config: RunConfig) -> list[dict]:
+    """The configured micro-batch, and half of it with twice the accumulation where packing
+    still takes a whole document."""
+    train = config.train
+    choices: list[dict] = [{}]
+    half = train.tokens_per_micro_batch // 2
+    if half >= config.data.max_seq_len and half % 256 == 0:
+        choices.append(
+            {"train.tokens_per_micro_batch": half, "train.grad_accum_steps": 2 * train.grad_accum_steps}
+        )
+    return choices
+
+
+def candidates(config: RunConfig, hardware: Hardware) -> list[dict]:
+    """Every combination of the options that makes sense for this run."""
+    args = run_model_args(config)
+    lora, tied = config.lora.enabled, args.tie_embeddings
+    out = []
+    for precision, checkpointing, budget, host, embed, chunk, micro in itertools.product(
+        _precisions(config, hardware),
+        CHECKPOINTING,
+        BUDGETS,
+        [n for n in HOST_BLOCKS if n < args.num_layers],
+        (False, True) if lora and not tied else (False,),
+        LOSS_CHUNKS,
+        _micro_batches(config),
+    ):
+        if budget < 1.0 and checkpointing["train.activation_checkpointing"] != "none" and host == 0:
+            continue  # the budget acts on blocks that keep their activations
+        choice = {"train.compile": True, **precision, **checkpointing, **micro}
+        choice |= {
+            "train.compile_memory_budget": budget,
+            "train.offload_activations": host,
+            "train.offload_embedding": embed,
+            "train.loss_chunk_tokens": chunk,
+        }
+        out.append(choice)
+    return out
+
+
+def _configured(config: RunConfig, choice: dict) -> RunConfig:
+    """`config` with the dotted `choice` set (not validated: the shown ones are, by loading)."""
+    sections: dict[str, dict] = {}
+    for key, value in choice.items():
+        section, field = key.split(".")
+        sections.setdefault(section, {})[field] = value
+    return config.model_copy(
+        update={
+            name: getattr(config, name).model_copy(update=fields)
+            for name, fields in sections.items()
+        }
+    )
+
+
+def _overrides(config: RunConfig, choice: dict) -> list[str]:
+    """The settings of `choice` that differ from the configuration, as dotted overrides."""
+    out = []
+    for key, value in choice.items():
+        section, field = key.split(".")
+        if getattr(getattr(config, section), field) != value:
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            out.append(f"{key}={text}")
+    return out
+
+
+def search_recipes(
+    config_file: Path,
+    overrides: list[str],
+    hardware: Hardware,
+    records: RecordLengths | None,
+    fit_gib: float,
+) -> Search:
+    config = load_config(config_file, overrides)
+    args = run_model_args(config)
+    mean_doc = mean_document_length(config.data, records)
+    rates = hardware.step_rates
+    epochs: dict[int, list] = {}
+    scored = []
+    choices = candidates(config, hardware)
+    for choice in choices:
+        changed = _configured(config, choice)
+        setup = setup_of(changed, args, hardware, mean_doc)
+        memory = predict_memory(setup)
+        if memory.reserved / GIB > fit_gib:
+            continue
+        tokens = changed.train.tokens_per_micro_batch
+        if tokens not in epochs:
+            epochs[tokens] = sampled_steps(changed, planned_epoch(changed, records))
+        steps = epochs[tokens][:: max(1, len(epochs[tokens]) // SEARCH_STEPS)]
+        time = mean_step([estimate_step(changed, setup, step, rates) for step in steps])
+        step_tokens = sum(sum(sum(m) for m in step) for step in steps) / len(steps)
+        scored.append((time.total_s / step_tokens, choice))
+    scored.sort(key=lambda item: item[0])
+    recipes: list[Recipe] = []
+    for _, choice in scored:
+        pasted = _overrides(config, choice)
+        try:
+            changed = load_config(config_file, [*overrides, *pasted])
+        except ConfigError:
+            continue  # a combination the configuration's rules refuse
+        plan = plan_run(changed, replace(hardware, memory_gib=fit_gib), records)
+        if plan.memory.reserved / GIB > fit_gib:
+            continue
+        recipes.append(
+            Recipe(
+                pasted,
+                plan.step_time_s,
+                plan.tokens_per_step / plan.step_time_s if plan.step_time_s else 0.0,
+                plan.memory.reserved / GIB,
+                plan.memory.allocated / GIB,
+                plan.step_bound,
+            )
+        )
+        if len(recipes) == SHOWN:
+            break
+    recipes.sort(key=lambda r: -r.tokens_per_s)
+    return Search(recipes, len(choices), rates.name)

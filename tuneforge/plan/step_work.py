@@ -1,0 +1,166 @@
+"""The work of one optimizer step on one GPU, counted in the units that bound each part: FLOPs of
+GEMMs by the format they run in, attention FLOPs by kernel, bytes through memory, bytes over the
+host link and the GPUs' links, and the host's launches. `plan/step_time.py` prices it.
+
+Counted from the configuration, the model's shape and each micro-batch's document lengths, with
+the rules the trainer applies (`plan/policies.py`: which blocks are recomputed or offloaded)."""
+
+import math
+from dataclasses import dataclass, field
+
+from tuneforge.models.args import ModelArgs
+from tuneforge.models.cost import (
+    attention_flops_per_token,
+    expert_projection_shapes,
+    forward_matmul_flops_per_token,
+    lora_params,
+)
+from tuneforge.plan.base_weights import frozen_linears
+from tuneforge.plan.memory import Setup, kept_bytes_per_token
+from tuneforge.plan.policies import offloaded_blocks, recomputed_blocks
+
+ELEMENTWISE_PASSES = 3
+"""Each kept activation is written in forward, read in backward and its gradient written."""
+LOSS_BYTES_PER_LOGIT = 12
+"""Logits written, read for the softmax in fp32 and their gradient written."""
+DEQUANT_BYTES_PER_WEIGHT = 4.5
+"""A 4-bit weight read (half a byte) and written and read again in 16 bits for its product."""
+
+
+@dataclass(frozen=True)
+class StepWork:
+    gemm_flops: dict[str, float] = field(default_factory=dict)
+    """By format: `bf16` (the model's dtype), `fp8`, `experts` (grouped), `adapters` (LoRA)."""
+    attention_flops: float = 0.0
+    attention_kernel: str = "flash"
+    memory_bytes: float = 0.0
+    """Elementwise work, the loss's logits and the optimizer's reads and writes."""
+    dequant_bytes: float = 0.0
+    host_bytes: tuple[float, float] = (0.0, 0.0)
+    """(to host in forward, back in backward)."""
+    forward_share: float = 0.5
+    """The share of the GPU's compute in forward: what hides the transfers to host."""
+    collective_bytes: dict[str, float] = field(default_factory=dict)
+    """Data-parallel collectives (overlapped with compute) by name; `tp`/`ep` ones in line."""
+    blocks_launched: float = 0.0
+    """Block forward+backward launches on the host (compiled-block units)."""
+    loss_chunks: int = 0
+    compiled: bool = True
+    """Blocks compiled (fused kernels) rather than run eagerly."""
+    captured: bool = False
+    """The step replays a CUDA graph: the host launches nothing per block."""
+
+
+def _expert_forward_flops(args: ModelArgs) -> float:
+    """Forward FLOPs per token of the routed experts (top-k of each MoE layer)."""
+    if args.moe is None:
+        return 0.0
+    per_expert = sum(i * o for i, o in expert_projection_shapes(args).values())
+    sparse = sum(args.is_sparse_layer(layer) for layer in range(args.num_layers))
+    return 2.0 * sparse * args.moe.top_k * per_expert
+
+
+def micro_batch_work(
+    setup: Setup,
+    lengths: list[int],
+    fp8: str | None,
+    dora: bool,
+    frozen_forward_share: float,
+) -> dict[str, float]:
+    """One micro-batch's FLOPs and bytes (before the step's fixed work). `fp8`: the precision's
+    FP8 recipe (None: none); `frozen_forward_share`: a frozen model's forward (a preference
+    run's reference) over the trained model's own forward."""
+    args = setup.rank_args
+    tokens = sum(lengths)
+    layers = args.num_layers
+    recomputed = recomputed_blocks(
+        layers,
+        setup.checkpointing,
+        setup.checkpoint_every,
+        setup.offload_activations,
+        setup.keep_activations,
+    )
+    again = len(recomputed) / max(layers, 1)  # forwards run again in backward
+    lora = setup.lora
+    experts = _expert_forward_flops(args)
+    head = 2.0 * args.vocab_size * args.dim
+    blocks = forward_matmul_flops_per_token(args) - experts - head
+    passes = 2.0 if lora is not None else 3.0  # forward, input gradient (and weight gradient)
+    forward = 1.0 + frozen_forward_share
+    block_passes = passes + again + frozen_forward_share
+    work = {
+        "bf16": tokens * head * (passes - 1 + forward),
+        "fp8": 0.0,
+        "experts": tokens * experts * block_passes,
+        "adapters": 0.0,
+    }
+    dense = tokens * blocks * block_passes
+    work["fp8" if fp8 else "bf16"] += dense
+    if lora is not None:
+        active = lora_params(args, lora, active=True)
+        work["adapters"] = tokens * 2.0 * active * (3.0 + again + frozen_forward_share)
+    attention = sum(length * attention_flops_per_token(args, length) for length in lengths)
+    work["attention"] = attention * (3.0 + again + frozen_forward_share)
+    kept = sum(kept_bytes_per_token(setup, layer, "none") for layer in range(layers)) * tokens
+    budget_again = (1.0 - setup.compile_memory_budget) if setup.compiled else 0.0
+    work["memory"] = kept * (ELEMENTWISE_PASSES + again + budget_again + frozen_forward_share)
+    work["memory"] += tokens * args.vocab_size * LOSS_BYTES_PER_LOGIT * forward
+    if dora and lora is not None:  # each adapted weight's norm, W + BA made per pass
+        work["memory"] += frozen_linears(args)[0] * setup.param_bytes * 3 * (2 + again)
+    if setup.base_weights.format.startswith("bnb"):
+        work["dequant"] = frozen_linears(args)[0] * DEQUANT_BYTES_PER_WEIGHT * (2 + again)
+    on_host = offloaded_blocks(layers, setup.offload_activations)
+    moved = sum(kept_bytes_per_token(setup, layer, "none") for layer in on_host) * tokens
+    if setup.offload_checkpoints:
+        moved += sum(args.dim * setup.param_bytes for layer in recomputed) * tokens
+    if setup.offload_embedding:
+        moved += args.dim * setup.param_bytes * tokens
+    work["host"] = moved
+    work["forward"] = tokens * (blocks + experts + head) * forward + attention * forward
+    work["chunks"] = math.ceil(tokens / max(setup.loss_chunk_tokens, 1))
+    return work
+
+
+def optimizer_bytes(setup: Setup) -> float:
+    """What AdamW reads and writes per step: each trained parameter, its gradient and states."""
+    args = setup.args
+    if setup.lora is not None:
+        return lora_params(args, setup.lora) * 4 * 7.0  # fp32: p, g, m, v read; p, m, v written
+    b = setup.param_bytes
+    states = setup.trained.extra_bytes_per_param(b)
+    shards = setup.data_parallel if setup.zero_stage >= 1 else 1
+    return args.num_params() * (2 * (b + states) + 2 * b) / shards
+
+
+def step_work(
+    setup: Setup,
+    micro_batches: list[list[int]],
+    fp8: str | None = None,
+    dora: bool = False,
+    frozen_forward_share: float = 0.0,
+    collectives: dict[str, float] | None = None,
+    captured: bool = False,
+    attention_kernel: str = "flash",
+) -> StepWork:
+    """The step's work: its micro-batches' (each a list of document lengths) and the step's own."""
+    parts = [micro_batch_work(setup, m, fp8, dora, frozen_forward_share) for m in micro_batches]
+
+    def total(key: str) -> float:
+        return sum(part.get(key, 0.0) for part in parts)
+
+    gemms = {kind: total(kind) for kind in ("bf16", "fp8", "experts", "adapters")}
+    compute = sum(gemms.values()) + total("attention")
+    return StepWork(
+        gemm_flops={kind: value for kind, value in gemms.items() if value > 0},
+        attention_flops=total("attention"),
+        attention_kernel=attention_kernel,
+        memory_bytes=total("memory") + optimizer_bytes(setup),
+        dequant_bytes=total("dequant"),
+        host_bytes=(total("host"), total("host")),
+        forward_share=total("forward") / compute if compute else 0.5,
+        collective_bytes=dict(collectives or {}),
+        blocks_launched=setup.args.num_layers * len(micro_batches),
+        compiled=setup.compiled,
+        loss_chunks=int(total("chunks")),
+        captured=captured,
+    )
