@@ -302,12 +302,21 @@ def validate_time(file: Path) -> None:
     from tuneforge.hardware.step_rates import FITTED, H200
     from tuneforge.plan.calibration import fit_rates, sample_seconds
 
+    from tuneforge.bench.measured import measured_setup
+    from tuneforge.hardware.gpus import GIB
+    from tuneforge.plan.memory import predict_memory
+
     measured = read_bench_results(file)
     samples = [measured_sample(m) for m in measured]
+    memories = [predict_memory(measured_setup(m)) for m in measured]
     halves = {"fit": samples[0::2], "check": samples[1::2]}  # alternate rows of the sorted file
     rates = fit_rates(halves["fit"], H200, "fitted on the first half")
-    print("| configuration | half | measured ms | predicted ms | error | bound by |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| configuration | half | measured ms | predicted ms | error | bound by | allocated GiB "
+        "| predicted | error | reserved GiB | predicted | error |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    memory_errors: list[float] = []
     errors: dict[str, list[float]] = {"fit": [], "check": []}
     from tuneforge.plan.step_time import step_time
 
@@ -317,9 +326,19 @@ def validate_time(file: Path) -> None:
         error = predicted / sample.seconds - 1
         errors[half].append(error)
         bound = step_time(sample.works[0][0], rates, sample.link_gbps).bound
+        row = measured[index]
+        allocated, reserved = memories[index].allocated / GIB, memories[index].reserved / GIB
+        memory = [f"{row.allocated_gib:.2f}", f"{allocated:.2f}"]
+        memory.append(f"{allocated / row.allocated_gib - 1:+.1%}")
+        memory_errors.append(abs(allocated / row.allocated_gib - 1))
+        if row.reserved_gib and not row.cap_gib:  # a held run's pool is the hold's
+            memory += [f"{row.reserved_gib:.2f}", f"{reserved:.2f}"]
+            memory.append(f"{reserved / row.reserved_gib - 1:+.1%}")
+        else:
+            memory += ["", f"{reserved:.2f}", ""]
         print(
             f"| {sample.name} | {half} | {sample.seconds * 1000:.1f} | {predicted * 1000:.1f} | "
-            f"{error:+.1%} | {bound} |"
+            f"{error:+.1%} | {bound} | {' | '.join(memory)} |"
         )
     for half, values in errors.items():
         absolute = sorted(abs(v) for v in values)
@@ -328,6 +347,12 @@ def validate_time(file: Path) -> None:
             f"\n{half}: {len(values)} configurations, median |error| "
             f"{statistics.median(absolute):.1%}, largest {absolute[-1]:.1%}, {within} within 15%"
         )
+    memory_errors.sort()
+    print(
+        f"\nallocated memory: median |error| {statistics.median(memory_errors):.1%}, largest "
+        f"{memory_errors[-1]:.1%}, {sum(e <= 0.10 for e in memory_errors)} of "
+        f"{len(memory_errors)} within 10%"
+    )
     print("\nfitted on the first half:", {k: round(getattr(rates, k), 5) for k in FITTED})
     everything = fit_rates(samples, H200, "fitted on all")
     print("fitted on all:", {k: round(getattr(everything, k), 5) for k in FITTED})
@@ -337,6 +362,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "measure":
         measure(Path(sys.argv[2]), *sys.argv[3:])
     elif sys.argv[1] == "time":
-        validate_time(Path(sys.argv[2] if len(sys.argv) > 2 else REPO / "bench" / "measured_steps.json"))
+        validate_time(
+            Path(sys.argv[2] if len(sys.argv) > 2 else REPO / "bench" / "measured_steps.json")
+        )
     else:
         predict(Path(sys.argv[2]))

@@ -136,7 +136,8 @@ COMPILED_CASES = {
 @pytest.mark.parametrize("case", sorted(COMPILED_CASES))
 def test_compiled_block_activation_bytes_match_what_it_saves(case):
     """A bf16 block compiled as the trainer compiles it: the formula against the tensors its
-    compiled graph saves; with a memory budget of 0.8 the formula is an upper bound."""
+    compiled graph saves; with a memory budget of 0.8, within 5% of what the graph keeps (the
+    budget's curve was read off GPU runs of another shape)."""
     from tuneforge.models.cost import compiled_activation_bytes_per_token
 
     shape, targets = COMPILED_CASES[case]
@@ -150,9 +151,9 @@ def test_compiled_block_activation_bytes_match_what_it_saves(case):
     eager = activation_bytes_per_token(args, 0, "none", 2, lora_shape)
     assert measured < 0.95 * eager
     if case == "dense-all-linear":
-        bound = compiled_activation_bytes_per_token(args, 0, 2, lora_shape, memory_budget=0.8)
+        estimate = compiled_activation_bytes_per_token(args, 0, 2, lora_shape, memory_budget=0.8)
         within = saved_bytes_per_token(args, torch.bfloat16, lora=lora, compile_budget=0.8)
-        assert 0.8 * bound <= within <= bound
+        assert estimate == pytest.approx(within, rel=0.05)
 
 
 def test_lora_parameter_count_matches_the_module():

@@ -16,6 +16,7 @@ from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import link_gbps
 from tuneforge.parallel.distributed import Dist
 from tuneforge.plan.calibration import Sample
+from tuneforge.plan.memory import Setup
 from tuneforge.plan.planner import run_model_args, setup_of
 from tuneforge.plan.prediction import Hardware
 from tuneforge.plan.step_estimate import configured_work
@@ -92,7 +93,9 @@ def read_bench_results(file: Path) -> list[MeasuredStep]:
         if result.get("workload") not in WORKLOADS:
             continue
         gpus = int(result.get("gpus", 1))
-        config, cycle = bench_cycle(result["workload"], result["variant"], gpus)
+        # a curated row names the variant that runs its work today where the defaults moved
+        variant = result.get("variant_now", result["variant"])
+        config, cycle = bench_cycle(result["workload"], variant, gpus)
         cap = result.get("memory_cap_gib")
         held = f" held to {cap:g} GiB" if cap else ""
         steps.append(
@@ -112,12 +115,18 @@ def read_bench_results(file: Path) -> list[MeasuredStep]:
     return steps
 
 
-def measured_sample(measured: MeasuredStep, gpu: str = "H200") -> Sample:
-    """The work of each step of the measured cycle on each rank, for the step-time model."""
-    config, hardware = measured.config, measured.hardware(gpu)
-    args = run_model_args(config)
+def measured_setup(measured: MeasuredStep, gpu: str = "H200") -> Setup:
+    """The planner's setup of the measured run, its documents' mean length from the cycle."""
     tokens = sum(sum(sum(m) for m in rank) for step in measured.cycle for rank in step)
     documents = sum(sum(len(m) for m in rank) for step in measured.cycle for rank in step)
-    setup = setup_of(config, args, hardware, tokens / max(documents, 1))
+    config = measured.config
+    return setup_of(
+        config, run_model_args(config), measured.hardware(gpu), tokens / max(documents, 1)
+    )
+
+
+def measured_sample(measured: MeasuredStep, gpu: str = "H200") -> Sample:
+    """The work of each step of the measured cycle on each rank, for the step-time model."""
+    config, setup = measured.config, measured_setup(measured, gpu)
     works = [[configured_work(config, setup, rank) for rank in step] for step in measured.cycle]
     return Sample(measured.name, works, measured.seconds, link_gbps(gpu)[0])

@@ -77,7 +77,7 @@ class Setup:
     compiled: bool = False
     """Blocks (and the loss's softmax) compiled: they keep less than eager autograd."""
     compile_memory_budget: float = 1.0
-    """Below 1, compiled blocks keep at most that share of what they could (an upper bound)."""
+    """Below 1, compiled blocks keep less of what they could (`models.cost.budget_share`)."""
     base_weights: BaseWeights = field(default_factory=BaseWeights)
     """How the frozen base linears are held (FP8, FP4 or the model's dtype)."""
     frozen_copy: bool = False

@@ -79,7 +79,10 @@ def _micro_batches(config: RunConfig) -> list[dict]:
     half = train.tokens_per_micro_batch // 2
     if half >= config.data.max_seq_len and half % 256 == 0:
         choices.append(
-            {"train.tokens_per_micro_batch": half, "train.grad_accum_steps": 2 * train.grad_accum_steps}
+            {
+                "train.tokens_per_micro_batch": half,
+                "train.grad_accum_steps": 2 * train.grad_accum_steps,
+            }
         )
     return choices
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
     attention_flops_per_token,
+    budget_share,
     expert_projection_shapes,
     forward_matmul_flops_per_token,
     lora_params,
@@ -23,6 +24,9 @@ ELEMENTWISE_PASSES = 3
 """Each kept activation is written in forward, read in backward and its gradient written."""
 LOSS_BYTES_PER_LOGIT = 12
 """Logits written, read for the softmax in fp32 and their gradient written."""
+CHEAP_BUDGET = 0.8
+"""The lowest compiled-block budget that recomputes elementwise work only (bench/RESULTS.md:
+budgets 0.8 and 0.9 keep the same bytes; lower ones make products again)."""
 DEQUANT_BYTES_PER_WEIGHT = 4.5
 """A 4-bit weight read (half a byte) and written and read again in 16 bits for its product."""
 
@@ -60,6 +64,15 @@ def _expert_forward_flops(args: ModelArgs) -> float:
     return 2.0 * sparse * args.moe.top_k * per_expert
 
 
+def products_again(setup: Setup) -> float:
+    """The share of a compiled block's forward products made again in backward under a memory
+    budget below what dropping the cheap activations reaches (`models.cost.budget_share`)."""
+    if not setup.compiled or setup.compile_memory_budget >= CHEAP_BUDGET:
+        return 0.0
+    floor = budget_share(CHEAP_BUDGET)
+    return max(0.0, floor - budget_share(setup.compile_memory_budget)) / floor
+
+
 def micro_batch_work(
     setup: Setup,
     lengths: list[int],
@@ -81,6 +94,7 @@ def micro_batch_work(
         setup.keep_activations,
     )
     again = len(recomputed) / max(layers, 1)  # forwards run again in backward
+    again += (1.0 - again) * products_again(setup)
     lora = setup.lora
     experts = _expert_forward_flops(args)
     head = 2.0 * args.vocab_size * args.dim
