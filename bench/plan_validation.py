@@ -298,12 +298,10 @@ def predict(measured_file: Path) -> None:
 
 
 def validate_time(file: Path) -> None:
-    from tuneforge.bench.measured import measured_sample, read_bench_results
+    from tuneforge.bench.measured import measured_sample, measured_setup, read_bench_results
+    from tuneforge.hardware.gpus import GIB
     from tuneforge.hardware.step_rates import FITTED, H200
     from tuneforge.plan.calibration import fit_rates, sample_seconds
-
-    from tuneforge.bench.measured import measured_setup
-    from tuneforge.hardware.gpus import GIB
     from tuneforge.plan.memory import predict_memory
 
     measured = read_bench_results(file)

@@ -103,7 +103,8 @@ class StepRates:
         return [getattr(self, key) for key in FITTED]
 
     def with_fitted(self, values: list[float], name: str) -> "StepRates":
-        return replace(self, name=name, **dict(zip(FITTED, values, strict=True)))
+        fitted: dict = dict(zip(FITTED, values, strict=True))
+        return replace(self, name=name, **fitted)
 
     def save(self, file: Path) -> None:
         values = asdict(self)

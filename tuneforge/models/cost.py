@@ -301,10 +301,10 @@ def compiled_activation_bytes_per_token(
     return kept
 
 
-BUDGET_SHARES = ((0.5, 0.53), (0.8, 0.68), (0.9, 0.68), (0.95, 0.88), (1.0, 1.0))
+BUDGET_SHARES = ((0.3, 0.05), (0.5, 0.53), (0.8, 0.68), (0.9, 0.68), (0.95, 0.88), (1.0, 1.0))
 """(budget, share kept of what the block could keep beside its input), measured on Llama-3-8B
 LoRA blocks compiled on an H200 (bench/measured_steps.json: 33.7, 31.7, 28.2, 28.2 and 25.6 GiB
-at budgets 1, 0.95, 0.9, 0.8 and 0.5): the partitioner first drops what is cheap to make
+at budgets 1, 0.95, 0.9, 0.8 and 0.5; at 0.3 with an FP8 base, 10.1 GiB): the partitioner first drops what is cheap to make
 again, a step between 0.95 and 0.9, then recomputes products."""
 
 

@@ -14,6 +14,8 @@ from tuneforge.plan.step_work import StepWork
 
 PRIOR_WEIGHT = 0.05
 """How strongly each rate is held to its starting value, against one measurement's log error."""
+SPAN = 4.0
+"""A rate moves at most e^4 (55x) from its start."""
 BOUNDED = {"power_limit": 1.0, "light_power": 1.0}
 """Rates that are shares: at most this."""
 
@@ -38,28 +40,36 @@ def sample_seconds(sample: Sample, rates: StepRates) -> float:
 
 
 def log_errors(samples: list[Sample], rates: StepRates) -> np.ndarray:
-    return np.array([math.log(sample_seconds(s, rates) / s.seconds) for s in samples])
+    return np.array([math.log(max(sample_seconds(s, rates), 1e-12) / s.seconds) for s in samples])
 
 
 def _rates_at(start: StepRates, theta: np.ndarray, name: str) -> StepRates:
-    values = np.exp(theta)
+    """`start` with its positive fitted rates at exp(`theta`) (a zero rate stays zero)."""
+    values = start.fitted_values()
+    free = iter(np.exp(theta))
     for index, key in enumerate(FITTED):
-        if key in BOUNDED:
-            values[index] = min(values[index], BOUNDED[key])
-    return start.with_fitted([float(v) for v in values], name)
+        if values[index] > 0:
+            values[index] = float(next(free))
+            values[index] = min(values[index], BOUNDED.get(key, values[index]))
+    return start.with_fitted(values, name)
 
 
 def fit_rates(
-    samples: list[Sample], start: StepRates, name: str, iterations: int = 60
+    samples: list[Sample],
+    start: StepRates,
+    name: str,
+    iterations: int = 60,
+    prior_weight: float = PRIOR_WEIGHT,
 ) -> StepRates:
     """The rates nearest `samples`, from `start`."""
     if not samples:
         raise ValueError("no measured steps to fit")
-    theta0 = np.log(np.array(start.fitted_values()))
+    theta0 = np.log(np.array([v for v in start.fitted_values() if v > 0]))
     theta, damping = theta0.copy(), 1e-2
 
     def residuals(t: np.ndarray) -> np.ndarray:
-        prior = math.sqrt(PRIOR_WEIGHT) * (t - theta0)
+        t = np.clip(t, theta0 - SPAN, theta0 + SPAN)
+        prior = math.sqrt(prior_weight) * (t - theta0)
         return np.concatenate([log_errors(samples, _rates_at(start, t, name)), prior])
 
     current = residuals(theta)
@@ -79,7 +89,7 @@ def fit_rates(
                 break
             damping *= 4
             if damping > 1e8:
-                return _rates_at(start, theta, name)
+                return _rates_at(start, np.clip(theta, theta0 - SPAN, theta0 + SPAN), name)
         if float(np.abs(delta).max()) < 1e-5:
             break
-    return _rates_at(start, theta, name)
+    return _rates_at(start, np.clip(theta, theta0 - SPAN, theta0 + SPAN), name)

@@ -37,10 +37,10 @@ CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
 COLLECTIVE_BUFFERS_GIB = 0.5
 ALLOCATOR_ROUNDING = 0.05
 """Share of dynamic memory lost to block rounding in the caching allocator."""
-FP8_BASE_FRAGMENTATION = 0.15
-"""More of it held in cached blocks with an FP8 LoRA base (its quantised operands of many sizes):
-Llama-3-8B's FP8-base steps hold 1.3-2.4 GiB over their allocated peak where its bf16 steps
-hold 0.4-0.8 (bench/measured_steps.json)."""
+FP8_BASE_RESERVE_GIB = 1.0
+"""Cached blocks an FP8 LoRA base's products hold besides (its quantised operands of many
+sizes): Llama-3-8B's FP8-base steps hold 1.3-2.4 GiB over their allocated peak where its bf16
+steps hold 0.4-0.8 (bench/measured_steps.json)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,8 @@ class Setup:
     under FSDP2: `frozen_weight_bytes`)."""
     extra_weight_bytes: float = 0.0
     """Weights per GPU of another model held beside this one (a distillation teacher)."""
+    fp8_inputs: bool = False
+    """Trained linears in FP8 (a full fine-tune with `precision.fp8`): their inputs kept in FP8."""
     tensor: int = 1
     """Tensor-parallel ranks: each holds and computes its share of every layer's heads and MLP."""
     expert: int = 1
@@ -240,7 +242,19 @@ def kept_bytes_per_token(setup: Setup, layer: int, checkpointing: str) -> float:
         kept = activation_bytes_per_token(args, layer, checkpointing, b, setup.lora)
     if checkpointing == "none" and setup.attention == "eager":
         kept += args.num_heads * setup.mean_doc_len * (b + 4)  # scores and softmax per head
+    if checkpointing == "none" and setup.fp8_inputs:
+        kept -= fp8_input_savings(args, layer, b)
     return kept
+
+
+def fp8_input_savings(args: ModelArgs, layer: int, dtype_bytes: int) -> float:
+    """Trained linears computing in FP8 keep their inputs for the weight gradient in FP8: a
+    byte instead of `dtype_bytes` for the normed inputs of attention and the MLP, the attention
+    output and the MLP's product (a MoE layer's experts stay in the model's dtype)."""
+    widths = 2 * args.dim + args.num_heads * args.head_dim
+    if not args.is_sparse_layer(layer):
+        widths += args.ffn_dim
+    return widths * (dtype_bytes - 1)
 
 
 def _loss_bytes(setup: Setup) -> tuple[float, float, float]:
@@ -281,10 +295,9 @@ def context_bytes(setup: Setup) -> float:
 
 def other_bytes(setup: Setup, dynamic: float) -> float:
     collective = COLLECTIVE_BUFFERS_GIB * GIB if setup.data_parallel > 1 else 0.0
-    rounding = ALLOCATOR_ROUNDING
     if setup.lora is not None and setup.base_weights.format.startswith("fp8"):
-        rounding += FP8_BASE_FRAGMENTATION
-    return context_bytes(setup) + collective + rounding * dynamic
+        collective += FP8_BASE_RESERVE_GIB * GIB
+    return context_bytes(setup) + collective + ALLOCATOR_ROUNDING * dynamic
 
 
 def _layer_gradients(setup: Setup) -> list[float]:

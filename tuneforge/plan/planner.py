@@ -130,6 +130,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
             BaseWeights.of(config.precision, config.model) if lora is not None else BaseWeights()
         ),
         frozen_copy=holds_frozen_copy(config),
+        fp8_inputs=lora is None and bool(config.precision.fp8),
         extra_weight_bytes=sum(own_weight_bytes(f, sharded_ranks) for f in frozen_models(config)),
         tensor=tensor,
         expert=parallel.expert_parallel if mesh else 1,
