@@ -1,6 +1,7 @@
 """Durations, deadlines (time_limit and SLURM's end time), the stop margin, the projection at
 step 25, and the plot of several runs."""
 
+import json
 import logging
 
 import pytest
@@ -106,3 +107,52 @@ def test_a_short_job_keeps_a_margin_in_proportion():
     assert Deadline(None).margin(configured) == 60.0
     share = training_share(Deadline(120.0, "x", 0.0), now=108.0)
     assert share.startswith("training ran 00:01:48 of the 00:02:00 this job had") and "90%" in share
+
+
+def test_the_projection_states_the_planners_step_time_and_warns_when_much_slower():
+    """The planned step of the run's configuration (the planner's model, its rates named) beside
+    the measured pace: information within 25%, a warning with what to check beyond."""
+    from tuneforge.plan.pace_check import PaceCheck
+    from tuneforge.plan.planner import plan_run
+    from tuneforge.plan.prediction import Hardware
+
+    config = load_config(DEMO, ["train.max_steps=100"])
+    plan = plan_run(config, Hardware(gpu="H200"))
+
+    def planned(measured_s: float):
+        check = PaceCheck(measured_s, plan.step_time_s, plan.rates, plan.step_bound)
+        return check.slow, check.describe(), check.advice()
+
+    deadline = Deadline(None, "")
+    close = project(25, 100, 50.0, pace(plan.step_time_s * 1.1), deadline, 0.0, config,
+                    now=50.0, planned=planned)  # fmt: skip
+    ((level, line),) = [(lv, m) for lv, m in close if m.startswith("step time:")]
+    assert level == logging.INFO and "(+10%" in line and plan.rates in line
+    slow = project(25, 100, 50.0, pace(plan.step_time_s * 2), deadline, 0.0, config,
+                   now=50.0, planned=planned)  # fmt: skip
+    ((level, line),) = [(lv, m) for lv, m in slow if m.startswith("step time:")]
+    assert level == logging.WARNING and "(+100%" in line and "doctor env" in line
+
+
+def test_doctor_log_with_a_config_compares_the_logs_step_time_with_the_planners(tmp_path):
+    from typer.testing import CliRunner
+
+    from tuneforge.cli.main import app
+    from tuneforge.plan.planner import plan_run
+    from tuneforge.plan.prediction import Hardware
+
+    planned = plan_run(load_config(DEMO, []), Hardware(gpu="H200")).step_time_s
+    log_file = tmp_path / "train.log"
+    lines = [f"step {s}/600  loss 1.0  step_s: {planned * 3:.4f}" for s in range(1, 40)]
+    log_file.write_text("\n".join(lines) + "\n")
+    args = ["doctor", "log", str(log_file), "--config", DEMO, "--gpu", "H200", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["planned_step_s"] == pytest.approx(planned)
+    (finding,) = [f for f in report["findings"] if f["code"] == "slower_than_planned"]
+    assert "+200%" in finding["message"]
+    on_plan = [line.replace(f"{planned * 3:.4f}", f"{planned:.4f}") for line in lines]
+    log_file.write_text("\n".join(on_plan) + "\n")
+    quiet = json.loads(CliRunner().invoke(app, args).output)
+    assert not any(f["code"] == "slower_than_planned" for f in quiet["findings"])

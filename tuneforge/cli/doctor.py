@@ -91,9 +91,18 @@ def log(
     time_limit: Annotated[
         str | None, typer.Option(help="The job's time limit (90m, 4h, HH:MM:SS, D-HH:MM:SS).")
     ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="The run's configuration: compare its step time with the planner's."),
+    ] = None,
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs of the run (with --config).")] = 1,
+    gpu: Annotated[
+        str, typer.Option(help="The run's GPU model, as `tuneforge plan --gpu` takes it.")
+    ] = "H100",
     as_json: JsonOption = False,
 ) -> None:
-    """Allocator warnings, NaNs, restarts from step 0, ETA against the limit, collective errors."""
+    """Allocator warnings, NaNs, restarts from step 0, ETA against the limit, collective errors;
+    with --config, the step time against the planner's."""
     from tuneforge.config.durations import parse_duration
     from tuneforge.doctor.log_scan import scan_log
 
@@ -109,13 +118,29 @@ def log(
             raise TuneforgeError(f"{path}: no such file")
         with path.open(encoding="utf-8", errors="replace") as handle:  # streamed, line by line
             report = scan_log(handle, limit)
+    if config is not None:
+        from tuneforge.cli.data_lengths import record_lengths
+        from tuneforge.config import load_config
+        from tuneforge.doctor.log_expectation import compare_with_plan
+        from tuneforge.plan.planner import plan_run
+        from tuneforge.plan.prediction import Hardware
+
+        plan = plan_run(
+            load_config(config, []), Hardware(gpus=gpus, gpu=gpu), record_lengths(config, [])
+        )
+        compare_with_plan(report, plan)
     if as_json:
         _print(report.as_dict())
         return
     if report.step_time_s is not None:
         console.print(
             f"step {report.steps_seen}/{report.total_steps}, {report.step_time_s:.2f} s/step"
-            + (f", ETA {report.eta_s / 3600:.1f} h" if report.eta_s is not None else ""),
+            + (f", ETA {report.eta_s / 3600:.1f} h" if report.eta_s is not None else "")
+            + (
+                f" (planned {report.planned_step_s:.3f} s/step)"
+                if report.planned_step_s is not None
+                else ""
+            ),
             markup=False,
         )
     if not report.findings:

@@ -72,6 +72,9 @@ class LogReport:
     total_steps: int | None = None
     step_time_s: float | None = None
     eta_s: float | None = None
+    planned_step_s: float | None = None
+    """What the planner predicts for the run's configuration (`doctor log --config`)."""
+    planned_rates: str | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

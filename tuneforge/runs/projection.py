@@ -3,6 +3,7 @@ this job, how many jobs it needs, and whether periodic checkpoints will happen a
 
 import logging
 import math
+from collections.abc import Callable
 
 from tuneforge.config import RunConfig
 from tuneforge.config.durations import format_duration, parse_duration
@@ -21,8 +22,10 @@ def project(
     job_started: float,
     config: RunConfig,
     now: float | None = None,
+    planned: Callable[[float], tuple[bool, str, str]] | None = None,
 ) -> list[tuple[int, str]]:
-    """(log level, message) lines."""
+    """(log level, message) lines. `planned`: given the measured step time, whether it is
+    slower than the planner predicts, the comparison and the advice (`plan.pace_check`)."""
     step_s = pace.steady_step_s
     if step_s is None:
         return []
@@ -34,6 +37,10 @@ def project(
             f"({step_s:.2f} s/step), {format_duration(remaining_steps * step_s)} to go",
         )
     ]
+    if planned is not None:
+        slow, comparison, advice = planned(step_s)
+        level = logging.WARNING if slow else logging.INFO
+        lines.append((level, f"step time: {comparison}" + (f": {advice}" if slow else "")))
     margin = deadline.margin(config.checkpoint.exit_margin_s)
     left = deadline.remaining(now)
     save_steps = config.checkpoint.save_steps

@@ -45,6 +45,7 @@ from tuneforge.train.objectives.registry import component_of
 from tuneforge.train.objectives.seam import objective_of
 from tuneforge.train.optim import learning_rate
 from tuneforge.train.pending import PendingStep
+from tuneforge.train.planned_pace import planned_pace
 from tuneforge.train.prepare import prepare_model
 from tuneforge.train.progress import Progress
 from tuneforge.train.save_resume import (
@@ -128,6 +129,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(config)
         self.train_stats = self._load_data()
         self.dims = choose_dims(config, self.world, self.train_stats.records)
+        self.planned = planned_pace(config, self.world, self.train_stats.records)
         self.model, arrived = build_model(config.model, self.device, seed)
         if len(self.tokenizer) > self.model.args.vocab_size:
             raise TuneforgeError(
@@ -327,8 +329,9 @@ class Trainer:
     def _project(self, step_log: StepLog, deadline: Deadline) -> None:
         step, elapsed = self.progress.step, step_log.elapsed(self.progress)
         for level, line in project(
-            step, self.total_steps, elapsed, step_log.pace, deadline, step_log.started, self.config
-        ):
+            step, self.total_steps, elapsed, step_log.pace, deadline, step_log.started,
+            self.config, planned=self.planned,
+        ):  # fmt: skip
             log.log(level, line)
 
     def _save_checkpoint(self, elapsed: float) -> None:
