@@ -6,6 +6,7 @@ blocks' activations and the embedding in host memory, the loss's chunk, an FP8 o
 base, and the micro-batch's tokens (the step's tokens kept by more accumulation)."""
 
 import itertools
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from tuneforge.plan.step_estimate import estimate_step
 from tuneforge.plan.step_time import mean_step
 
 SHOWN = 5
+TIE = 0.005
+"""Predicted speeds this close are one: the simpler recipe comes first."""
 SEARCH_STEPS = 4
 """Sampled steps per candidate while searching; the shown ones are planned in full."""
 FP8_GPUS = ("H100", "H200", "B200", "MI300X", "MI355X")
@@ -165,10 +168,13 @@ def search_recipes(
         steps = epochs[tokens][:: max(1, len(epochs[tokens]) // SEARCH_STEPS)]
         time = mean_step([estimate_step(changed, setup, step, rates) for step in steps])
         step_tokens = sum(sum(sum(m) for m in step) for step in steps) / len(steps)
-        scored.append((time.total_s / step_tokens, choice))
-    scored.sort(key=lambda item: item[0])
+        changes = len(_overrides(config, choice))
+        scored.append((time.total_s / step_tokens, changes, memory.reserved, choice))
+    # within the model's resolution, the recipe that changes least first (each option has costs
+    # the model may not see: host memory, allocator pressure), then the one that holds less
+    scored.sort(key=lambda item: (math.floor(math.log(item[0]) / math.log(1 + TIE)), *item[1:3]))
     recipes: list[Recipe] = []
-    for _, choice in scored:
+    for *_, choice in scored:
         pasted = _overrides(config, choice)
         try:
             changed = load_config(config_file, [*overrides, *pasted])
@@ -189,5 +195,4 @@ def search_recipes(
         )
         if len(recipes) == SHOWN:
             break
-    recipes.sort(key=lambda r: -r.tokens_per_s)
     return Search(recipes, len(choices), rates.name)
