@@ -113,21 +113,21 @@ class StepRates:
 
 
 H200 = StepRates(
-    name="H200 rates fitted on 74 bench steps of 2026-12-01..03 (bench/measured_steps.json)",
-    bf16_tflops=724.6,
-    fp8_tflops=785.0,
-    expert_tflops=485.8,
-    attention_tflops=416.2,
-    memory_gbps=2227.0,
-    host_link_gbps=59.0,
-    dequant_gbps=2547.0,
+    name="H200 rates fitted on 80 bench steps of 2026-12-01..04 (bench/measured_steps.json)",
+    bf16_tflops=653.4,
+    fp8_tflops=693.6,
+    expert_tflops=580.4,
+    attention_tflops=641.3,
+    memory_gbps=1825.0,
+    host_link_gbps=51.9,
+    dequant_gbps=3735.0,
     host_s_per_block=0.0008,
-    step_s=0.00283,
-    chunk_s=0.00031,
-    replicated_collectives=0.532,
-    sharded_collectives=4.23,
-    power_limit=0.830,
-    light_power=0.492,
+    step_s=0.00263,
+    chunk_s=0.00033,
+    replicated_collectives=0.578,
+    sharded_collectives=6.21,
+    power_limit=0.892,
+    light_power=0.425,
 )
 """The fit's values (`bench/plan_validation.py`, docs/plan.md)."""
 

@@ -13,6 +13,7 @@ from tuneforge.data.length_policy import RecordLengths
 from tuneforge.hardware.gpus import link_gbps
 from tuneforge.mesh_rules import MeshSizes, mesh_problems
 from tuneforge.plan.prediction import Hardware, Plan
+from tuneforge.plan.traffic import collective_spans
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -53,18 +54,6 @@ class Layout:
         return self.plan.strategy
 
 
-def _spans(tensor: int, expert: int, world: int, replicate: int) -> dict[str, int]:
-    """Consecutive ranks each collective's group spans (the tensor dimension innermost)."""
-    shard = world // tensor // replicate
-    return {
-        "tp all-reduce": tensor,
-        "ep all-to-all": tensor * expert,
-        "fsdp all-gather": tensor * shard,
-        "fsdp reduce-scatter": tensor * shard,
-        "hsdp all-reduce": world,
-    }
-
-
 def candidate_sizes(config: RunConfig, hardware: Hardware) -> list[tuple[int, int, int]]:
     from tuneforge.plan.planner import run_model_args
 
@@ -98,7 +87,7 @@ def plan_layouts(
             }
         )
         plan = plan_run(config.model_copy(update={"parallel": parallel}), hardware, records)
-        spans = _spans(tensor, expert, hardware.data_parallel, replicate)
+        spans = collective_spans(tensor, expert, hardware.data_parallel, replicate)
         crossing = sum(
             gb for name, gb in plan.collectives_gb.items() if spans.get(name, 1) > hardware.gpus
         )

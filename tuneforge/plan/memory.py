@@ -341,7 +341,8 @@ def _step_moments(setup: Setup, gradients: float) -> tuple[float, list[float]]:
     persistent = setup.grad_accum_steps > 1 or (setup.data_parallel > 1 and setup.zero_stage < 2)
     layer_gradients = _layer_gradients(setup)
     largest_block = max(_block_params(args, layer) for layer in range(args.num_layers))
-    moments = [activations + (gradients if persistent else 0.0)]
+    # the loss, while the first offloaded block to come back is fetched into its slot
+    moments = [activations + (gradients if persistent else 0.0) + max(slots)]
     below, written = _adapter_casts(setup), sum(layer_gradients) + head_gradient
     for layer in range(args.num_layers):
         # this block's backward: the layers below keep theirs, this one is whole (rebuilt if

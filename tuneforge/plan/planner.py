@@ -39,7 +39,7 @@ from tuneforge.plan.rank_wait import rank_waits
 from tuneforge.plan.step_estimate import estimate_step
 from tuneforge.plan.step_time import StepTime, mean_step
 from tuneforge.plan.strategy import resolve_dims
-from tuneforge.plan.traffic import collective_bytes
+from tuneforge.plan.traffic import collective_bytes, collective_spans
 from tuneforge.plan.workload import (
     Workload,
     documents_of,
@@ -171,10 +171,14 @@ def sampled_steps(config: RunConfig, epoch: Workload | None) -> list[list[list[i
 def planned_step(
     config: RunConfig, setup: Setup, hardware: Hardware, epoch: Workload | None
 ) -> StepTime:
-    """The mean of the sampled steps' times at the hardware's rates."""
-    rates, link = hardware.step_rates, link_gbps(hardware.gpu)[0 if hardware.nodes == 1 else 1]
+    """The mean of the sampled steps' times at the hardware's rates, each collective over the
+    links its group spans (within a node, or across nodes)."""
+    within, between = link_gbps(hardware.gpu)
+    spans = collective_spans(setup.tensor, setup.expert, hardware.data_parallel, setup.replicate)
+    links = {name: between if span > hardware.gpus else within for name, span in spans.items()}
     steps = sampled_steps(config, epoch)
-    return mean_step([estimate_step(config, setup, step, rates, link) for step in steps])
+    rates = hardware.step_rates
+    return mean_step([estimate_step(config, setup, step, rates, links) for step in steps])
 
 
 def jobs_needed(eta_s: float, time_limit_s: float, margin_s: float) -> int:

@@ -28,6 +28,9 @@ from tuneforge.plan.step_estimate import estimate_step
 from tuneforge.plan.step_time import mean_step
 
 SHOWN = 5
+HEADROOM_GIB = 0.25
+"""Kept free under the hold: within it, fragmentation decides (an FP8-base step predicted at
+16.42 GiB ran out of memory under a 16.5 GiB hold with 1.4 GiB cached but unusable)."""
 TIE = 0.005
 """Predicted speeds this close are one: the simpler recipe comes first."""
 SEARCH_STEPS = 4
@@ -63,14 +66,15 @@ class Search:
 
 
 def _precisions(config: RunConfig, hardware: Hardware) -> list[dict]:
-    """The frozen base's formats a LoRA run may take: as configured, FP8, 4-bit NF4."""
+    """The frozen base's formats a LoRA run may take: as configured, or held in FP8 where the
+    GPU has FP8 tensor cores (the precision A/B: within bf16's own spread, docs/precision.md).
+    A 4-bit base changes the model the adapters train on: QLoRA recipes are searched when the
+    configuration sets `model.quantize` itself."""
     choices: list[dict] = [{}]
-    if not config.lora.enabled:
+    if not config.lora.enabled or config.model.quantize or config.precision.fp8:
         return choices
-    if any(name in hardware.gpu for name in FP8_GPUS) and not config.model.quantize:
+    if any(name in hardware.gpu for name in FP8_GPUS):
         choices.append({"precision.fp8": "e4m3", "precision.fp8_base_weights": True})
-    if not config.model.quantize and not config.precision.fp8:
-        choices.append({"model.quantize": "nf4"})
     return choices
 
 
@@ -160,7 +164,7 @@ def search_recipes(
         changed = _configured(config, choice)
         setup = setup_of(changed, args, hardware, mean_doc)
         memory = predict_memory(setup)
-        if memory.reserved / GIB > fit_gib:
+        if memory.reserved / GIB > fit_gib - HEADROOM_GIB:
             continue
         tokens = changed.train.tokens_per_micro_batch
         if tokens not in epochs:
@@ -181,7 +185,7 @@ def search_recipes(
         except ConfigError:
             continue  # a combination the configuration's rules refuse
         plan = plan_run(changed, replace(hardware, memory_gib=fit_gib), records)
-        if plan.memory.reserved / GIB > fit_gib:
+        if plan.memory.reserved / GIB > fit_gib - HEADROOM_GIB:
             continue
         recipes.append(
             Recipe(

@@ -31,7 +31,7 @@ def estimate_step(
     setup: Setup,
     micro_batches: list[list[int]],
     rates: StepRates,
-    link_gbps: float = 450.0,
+    link_gbps: float | dict[str, float] = 450.0,
 ) -> StepTime:
     """One rank's step over `micro_batches` (each a list of document lengths)."""
     return step_time(configured_work(config, setup, micro_batches), rates, link_gbps)

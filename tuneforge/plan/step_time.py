@@ -42,8 +42,11 @@ class StepTime:
         return max(self.parts, key=lambda k: self.parts[k]) if self.parts else "gpu"
 
 
-def step_time(work: StepWork, rates: StepRates, link_gbps: float = 450.0) -> StepTime:
-    """`link_gbps`: what one GPU sends per second in its collectives."""
+def step_time(
+    work: StepWork, rates: StepRates, link_gbps: float | dict[str, float] = 450.0
+) -> StepTime:
+    """`link_gbps`: what one GPU sends per second in its collectives, or that by collective
+    (those within a node and those across nodes differ)."""
     rate = {
         "bf16": rates.bf16_tflops,
         "fp8": rates.fp8_tflops,
@@ -64,7 +67,8 @@ def step_time(work: StepWork, rates: StepRates, link_gbps: float = 450.0) -> Ste
         0.0, from_host - compute * (1 - work.forward_share)
     )
     for name, sent in work.collective_bytes.items():
-        seconds = sent / (link_gbps * 1e9)
+        link = link_gbps if isinstance(link_gbps, float | int) else link_gbps[name]
+        seconds = sent / (link * 1e9)
         if name.startswith("fsdp"):
             seconds *= rates.sharded_collectives
         elif not name.startswith(IN_LINE):

@@ -74,3 +74,17 @@ def _data_parallel_bytes(setup: Setup, reduce_bytes: int) -> dict[str, float]:
 def step_traffic_bytes(setup: Setup, reduce_bytes: int) -> float:
     """All of a step's collectives' bytes from one GPU."""
     return sum(collective_bytes(setup, reduce_bytes).values())
+
+
+def collective_spans(tensor: int, expert: int, world: int, replicate: int) -> dict[str, int]:
+    """Consecutive ranks each collective's group spans (the tensor dimension innermost): a
+    group wider than a node's GPUs crosses nodes."""
+    shard = world // tensor // replicate
+    return {
+        "tp all-reduce": tensor,
+        "ep all-to-all": tensor * expert,
+        "fsdp all-gather": tensor * shard,
+        "fsdp reduce-scatter": tensor * shard,
+        "hsdp all-reduce": world,
+        "ddp all-reduce": world,
+    }

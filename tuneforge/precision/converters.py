@@ -85,7 +85,11 @@ class FrozenLowPrecision:
 
     def convert(self, model: Decoder) -> Swapped:
         done = Swapped()
-        for parent, attribute, leaf, linear in list(frozen_linears(model)):
+        # taken off the list one at a time, so that each 16-bit weight is freed once swapped:
+        # the conversion holds the model plus one weight, not both copies of the model
+        pending = list(frozen_linears(model))[::-1]
+        while pending:
+            parent, attribute, leaf, linear = pending.pop()
             if not self.fits(linear):
                 done.left[leaf] += 1
                 continue

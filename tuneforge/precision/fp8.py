@@ -71,6 +71,35 @@ def quantize(
     return quantized, multiplier.reciprocal()
 
 
+WEIGHT_CHUNK_ROWS = 1024
+"""Rows of a weight quantised at a time, once: its transient fp32 copy stays small (a base held
+only in FP8 is converted on a GPU that holds little more than the bf16 model)."""
+
+
+def quantize_weight(
+    weight: torch.Tensor, dtype: torch.dtype, rowwise: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize` of a weight, `WEIGHT_CHUNK_ROWS` rows at a time: the same values and scales."""
+    rows = weight.shape[0]
+    if rows <= WEIGHT_CHUNK_ROWS:
+        return quantize(weight, dtype, rowwise)
+    quantized = torch.empty_like(weight, dtype=dtype)
+    if rowwise:
+        scales = weight.new_empty((rows, 1), dtype=torch.float32)
+        for start in range(0, rows, WEIGHT_CHUNK_ROWS):
+            chunk = slice(start, start + WEIGHT_CHUNK_ROWS)
+            quantized[chunk], scales[chunk] = quantize(weight[chunk], dtype, True)
+        return quantized, scales
+    amax = torch.stack([weight[s : s + WEIGHT_CHUNK_ROWS].abs().amax()
+                        for s in range(0, rows, WEIGHT_CHUNK_ROWS)]).amax()  # fmt: skip
+    limit = largest(dtype)
+    multiplier = (limit / amax.double().clamp(min=AMAX_FLOOR)).float()
+    for start in range(0, rows, WEIGHT_CHUNK_ROWS):
+        chunk = slice(start, start + WEIGHT_CHUNK_ROWS)
+        quantized[chunk] = (weight[chunk].float() * multiplier).clamp(-limit, limit).to(dtype)
+    return quantized, multiplier.reciprocal()
+
+
 def dequantize(values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (values.float() * scale).to(dtype)
 

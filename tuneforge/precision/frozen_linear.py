@@ -11,7 +11,7 @@ from torch import nn
 from tuneforge.peft.lora import LowPrecisionBase
 from tuneforge.precision.fp4 import quantize_fp4
 from tuneforge.precision.fp4_product import Fp4LoRAProduct
-from tuneforge.precision.fp8 import Fp8Recipe, quantize
+from tuneforge.precision.fp8 import Fp8Recipe, quantize_weight
 from tuneforge.precision.fp8_product import Fp8LoRAProduct
 
 
@@ -46,7 +46,7 @@ class Fp8Linear(LowPrecisionBase):
         self.recipe = recipe
         rowwise = recipe.scaling == "rowwise"
         with torch.no_grad():
-            weight, scale = quantize(base.weight, recipe.forward, rowwise)
+            weight, scale = quantize_weight(base.weight, recipe.forward, rowwise)
         self.register_buffer("weight_fp8", weight, persistent=False)
         self.register_buffer(
             "weight_scale", scale.reshape(1, -1) if rowwise else scale, persistent=False
