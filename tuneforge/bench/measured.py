@@ -4,6 +4,7 @@ through, so that the planner's step-time model can be fitted to them and checked
 
 import json
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def _rank_lengths(workload_gpus: int, settings: Variant, tokens: int, rank: int,
             batch_lengths(tokens, settings.one_document, seed)
             for seed in batch_seeds(0, 1, world, same_data=False)
         ]
-        import random
-
         dealt = balanced_deal(range(len(pool)), [attention_cost(p) for p in pool], world,
                               random.Random(0))  # fmt: skip
         return [pool[index] for index in dealt[rank::world]]
