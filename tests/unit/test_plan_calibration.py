@@ -103,7 +103,9 @@ def test_the_recipe_search_picks_the_fastest_that_fits_and_its_overrides_load():
         "offload" in o or "checkpointing" in o or "quantize" in o or "fp8" in o
         for o in tight.recipes[0].overrides
     )
-    assert search_recipes(Path(DEMO), LLAMA3_8B_LORA, hardware, None, 2.0).recipes == []
+    none = search_recipes(Path(DEMO), LLAMA3_8B_LORA, hardware, None, 2.0)
+    assert none.recipes == [] and none.least_gib > 2.0
+    assert none.least_gib <= min(r.reserved_gib for r in tight.recipes)
 
 
 def test_plan_fit_prints_the_recipes_with_their_overrides():

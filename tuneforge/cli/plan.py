@@ -252,7 +252,7 @@ def _print_recipes(found, fit_gib: float, as_json: bool) -> None:
     if as_json:
         console.print(
             json.dumps({"fit_gib": fit_gib, "rates": found.rates, "recipes": rows,
-                        "searched": found.searched}, indent=2),
+                        "searched": found.searched, "least_gib": found.least_gib}, indent=2),
             markup=False, highlight=False, soft_wrap=True,
         )  # fmt: skip
         return
@@ -263,7 +263,11 @@ def _print_recipes(found, fit_gib: float, as_json: bool) -> None:
         highlight=False,
     )
     if not rows:
-        console.print(f"[red]none fits in {fit_gib:g} GiB[/red]")
+        console.print(
+            f"[red]none fits in {fit_gib:g} GiB (0.25 of it kept free): the least a recipe "
+            f"holds is {found.least_gib:.1f} GiB; more GPUs (--gpus) share the model, a "
+            "shorter data.max_seq_len shrinks the activations[/red]"
+        )
         return
     table = Table("#", "tokens/s", "step s", "reserved GiB", "allocated GiB", "bound by")
     for index, row in enumerate(rows, start=1):

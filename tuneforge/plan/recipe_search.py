@@ -63,6 +63,8 @@ class Search:
     recipes: list[Recipe]
     searched: int
     rates: str
+    least_gib: float = 0.0
+    """The least reserved memory any searched recipe holds."""
 
 
 def _precisions(config: RunConfig, hardware: Hardware) -> list[dict]:
@@ -160,10 +162,12 @@ def search_recipes(
     epochs: dict[int, list] = {}
     scored = []
     choices = candidates(config, hardware)
+    least = float("inf")
     for choice in choices:
         changed = _configured(config, choice)
         setup = setup_of(changed, args, hardware, mean_doc)
         memory = predict_memory(setup)
+        least = min(least, memory.reserved / GIB)
         if memory.reserved / GIB > fit_gib - HEADROOM_GIB:
             continue
         tokens = changed.train.tokens_per_micro_batch
@@ -199,4 +203,4 @@ def search_recipes(
         )
         if len(recipes) == SHOWN:
             break
-    return Search(recipes, len(choices), rates.name)
+    return Search(recipes, len(choices), rates.name, least)

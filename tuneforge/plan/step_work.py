@@ -126,7 +126,7 @@ def micro_batch_work(
     on_host = offloaded_blocks(layers, setup.offload_activations)
     moved = sum(kept_bytes_per_token(setup, layer, "none") for layer in on_host) * tokens
     if setup.offload_checkpoints:
-        moved += sum(args.dim * setup.param_bytes for layer in recomputed) * tokens
+        moved += len(recomputed) * args.dim * setup.param_bytes * tokens  # the blocks' inputs
     if setup.offload_embedding:
         moved += args.dim * setup.param_bytes * tokens
     work["host"] = moved
