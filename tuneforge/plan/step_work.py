@@ -73,18 +73,24 @@ def products_again(setup: Setup) -> float:
     return max(0.0, floor - budget_share(setup.compile_memory_budget)) / floor
 
 
-def micro_batch_work(
-    setup: Setup,
-    lengths: list[int],
-    fp8: str | None,
-    dora: bool,
-    frozen_forward_share: float,
-) -> dict[str, float]:
-    """One micro-batch's FLOPs and bytes (before the step's fixed work). `fp8`: the precision's
-    FP8 recipe (None: none); `frozen_forward_share`: a frozen model's forward (a preference
-    run's reference) over the trained model's own forward."""
+@dataclass(frozen=True)
+class TokenWork:
+    """What a micro-batch costs whatever its documents: per token, and per micro-batch (the
+    base's weights dequantised or normed once a pass); attention is counted by its lengths."""
+
+    per_token: dict[str, float]
+    per_micro_batch: dict[str, float]
+    attention_passes: float
+    """Attention's forwards and backwards, in forwards (3, and one more for a recomputed block
+    or a frozen model's pass)."""
+    forward: float
+    """Forwards of every token: 1, and a frozen model's."""
+
+
+def token_work(setup: Setup, fp8: str | None, dora: bool, frozen_forward_share: float) -> TokenWork:
+    """`fp8`: the precision's FP8 recipe (None: none); `frozen_forward_share`: a frozen model's
+    forward (a preference run's reference) over the trained model's own forward."""
     args = setup.rank_args
-    tokens = sum(lengths)
     layers = args.num_layers
     recomputed = recomputed_blocks(
         layers,
@@ -102,35 +108,48 @@ def micro_batch_work(
     passes = 2.0 if lora is not None else 3.0  # forward, input gradient (and weight gradient)
     forward = 1.0 + frozen_forward_share
     block_passes = passes + again + frozen_forward_share
-    work = {
-        "bf16": tokens * head * (passes - 1 + forward),
+    per_token = {
+        "bf16": head * (passes - 1 + forward),
         "fp8": 0.0,
-        "experts": tokens * experts * block_passes,
+        "experts": experts * block_passes,
         "adapters": 0.0,
     }
-    dense = tokens * blocks * block_passes
-    work["fp8" if fp8 else "bf16"] += dense
+    per_token["fp8" if fp8 else "bf16"] += blocks * block_passes
     if lora is not None:
         active = lora_params(args, lora, active=True)
-        work["adapters"] = tokens * 2.0 * active * (3.0 + again + frozen_forward_share)
-    attention = sum(length * attention_flops_per_token(args, length) for length in lengths)
-    work["attention"] = attention * (3.0 + again + frozen_forward_share)
-    kept = sum(kept_bytes_per_token(setup, layer, "none") for layer in range(layers)) * tokens
+        per_token["adapters"] = 2.0 * active * (3.0 + again + frozen_forward_share)
+    kept = sum(kept_bytes_per_token(setup, layer, "none") for layer in range(layers))
     budget_again = (1.0 - setup.compile_memory_budget) if setup.compiled else 0.0
-    work["memory"] = kept * (ELEMENTWISE_PASSES + again + budget_again + frozen_forward_share)
-    work["memory"] += tokens * args.vocab_size * LOSS_BYTES_PER_LOGIT * forward
-    if dora and lora is not None:  # each adapted weight's norm, W + BA made per pass
-        work["memory"] += frozen_linears(args)[0] * setup.param_bytes * 3 * (2 + again)
-    if setup.base_weights.format.startswith("bnb"):
-        work["dequant"] = frozen_linears(args)[0] * DEQUANT_BYTES_PER_WEIGHT * (2 + again)
+    per_token["memory"] = kept * (ELEMENTWISE_PASSES + again + budget_again + frozen_forward_share)
+    per_token["memory"] += args.vocab_size * LOSS_BYTES_PER_LOGIT * forward
     on_host = offloaded_blocks(layers, setup.offload_activations)
-    moved = sum(kept_bytes_per_token(setup, layer, "none") for layer in on_host) * tokens
+    moved = sum(kept_bytes_per_token(setup, layer, "none") for layer in on_host)
     if setup.offload_checkpoints:
-        moved += len(recomputed) * args.dim * setup.param_bytes * tokens  # the blocks' inputs
+        moved += len(recomputed) * args.dim * setup.param_bytes  # the blocks' inputs
     if setup.offload_embedding:
-        moved += args.dim * setup.param_bytes * tokens
-    work["host"] = moved
-    work["forward"] = tokens * (blocks + experts + head) * forward + attention * forward
+        moved += args.dim * setup.param_bytes
+    per_token["host"] = moved
+    per_token["forward"] = (blocks + experts + head) * forward
+    per_micro_batch = {}
+    if dora and lora is not None:  # each adapted weight's norm, W + BA made per pass
+        per_micro_batch["memory"] = frozen_linears(args)[0] * setup.param_bytes * 3 * (2 + again)
+    if setup.base_weights.format.startswith("bnb"):
+        per_micro_batch["dequant"] = (
+            frozen_linears(args)[0] * DEQUANT_BYTES_PER_WEIGHT * (2 + again)
+        )
+    return TokenWork(per_token, per_micro_batch, 3.0 + again + frozen_forward_share, forward)
+
+
+def micro_batch_work(setup: Setup, lengths: list[int], costs: TokenWork) -> dict[str, float]:
+    """One micro-batch's FLOPs and bytes (before the step's fixed work)."""
+    tokens = sum(lengths)
+    work = {key: value * tokens for key, value in costs.per_token.items()}
+    for key, value in costs.per_micro_batch.items():
+        work[key] = work.get(key, 0.0) + value
+    args = setup.rank_args
+    attention = sum(length * attention_flops_per_token(args, length) for length in lengths)
+    work["attention"] = attention * costs.attention_passes
+    work["forward"] += attention * costs.forward
     work["chunks"] = math.ceil(tokens / max(setup.loss_chunk_tokens, 1))
     return work
 
@@ -157,7 +176,8 @@ def step_work(
     attention_kernel: str = "flash",
 ) -> StepWork:
     """The step's work: its micro-batches' (each a list of document lengths) and the step's own."""
-    parts = [micro_batch_work(setup, m, fp8, dora, frozen_forward_share) for m in micro_batches]
+    costs = token_work(setup, fp8, dora, frozen_forward_share)
+    parts = [micro_batch_work(setup, m, costs) for m in micro_batches]
 
     def total(key: str) -> float:
         return sum(part.get(key, 0.0) for part in parts)

@@ -64,6 +64,13 @@ def quantize(
     Plain torch operations, so that torch.compile fuses them into the kernel that made `values`."""
     magnitude = values.abs()
     amax = magnitude.amax(dim=-1, keepdim=True) if rowwise else magnitude.amax()
+    return _scaled(values, dtype, amax)
+
+
+def _scaled(
+    values: torch.Tensor, dtype: torch.dtype, amax: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`values` scaled so that `amax` meets the format's largest value, in it, and the scale."""
     limit = largest(dtype)
     # in float64: compiled and eager fp32 divisions round differently (torchao does the same)
     multiplier = (limit / amax.double().clamp(min=AMAX_FLOOR)).float()
@@ -92,12 +99,10 @@ def quantize_weight(
         return quantized, scales
     amax = torch.stack([weight[s : s + WEIGHT_CHUNK_ROWS].abs().amax()
                         for s in range(0, rows, WEIGHT_CHUNK_ROWS)]).amax()  # fmt: skip
-    limit = largest(dtype)
-    multiplier = (limit / amax.double().clamp(min=AMAX_FLOOR)).float()
     for start in range(0, rows, WEIGHT_CHUNK_ROWS):
         chunk = slice(start, start + WEIGHT_CHUNK_ROWS)
-        quantized[chunk] = (weight[chunk].float() * multiplier).clamp(-limit, limit).to(dtype)
-    return quantized, multiplier.reciprocal()
+        quantized[chunk], scale = _scaled(weight[chunk], dtype, amax)
+    return quantized, scale
 
 
 def dequantize(values: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

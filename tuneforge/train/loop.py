@@ -129,7 +129,9 @@ class Trainer:
         self.tokenizer = load_tokenizer(config)
         self.train_stats = self._load_data()
         self.dims = choose_dims(config, self.world, self.train_stats.records)
-        self.planned = planned_pace(config, self.world, self.train_stats.records)
+        # only the first rank projects the run's time
+        main = self.world.is_main
+        self.planned = planned_pace(config, self.world, self.train_stats.records) if main else None
         self.model, arrived = build_model(config.model, self.device, seed)
         if len(self.tokenizer) > self.model.args.vocab_size:
             raise TuneforgeError(
