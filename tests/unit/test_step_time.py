@@ -94,6 +94,45 @@ def test_fp8_products_and_the_dequantised_base_are_priced_apart():
     assert time.parts["gemm fp8"] == pytest.approx(fp8.gemm_flops["fp8"] / 200e12)
 
 
+def test_an_fp8_implementation_runs_at_its_share_of_the_fp8_rate():
+    work = StepWork(gemm_flops={"fp8": 200e12}, compiled=True)
+    rates = hand_rates(fp8_kernels=(("torchao rowwise", 0.5),))
+    assert step_time(work, rates).parts["gemm fp8"] == pytest.approx(1.0)
+    torchao = replace(work, fp8_kernel="torchao rowwise")
+    assert step_time(torchao, rates).parts["gemm fp8"] == pytest.approx(2.0)
+
+
+def test_cudnn_attention_pays_for_each_block_restored_from_host_memory():
+    setup = Setup(DENSE, 2, 1024, lora=LoraShape(8), compiled=True, offload_activations=2)
+    work = step_work(setup, [[1024], [1024]], attention_kernel="cudnn")
+    assert work.restored_blocks == 2 * 2  # two blocks, two micro-batches
+    rates = hand_rates(cudnn_restored_block_s=0.01)
+    assert step_time(work, rates).parts["cudnn restores"] == pytest.approx(0.04)
+    flash = step_time(replace(work, attention_kernel="flash"), rates)
+    assert "cudnn restores" not in flash.parts
+
+
+def test_products_on_a_dequantised_four_bit_base_draw_less_power():
+    rates = hand_rates(power_limit=0.8, light_power=1.0, four_bit_gemm_power=0.9)
+    products = StepWork(gemm_flops={"bf16": 100e12}, compiled=True)
+    assert step_time(products, rates).clock == pytest.approx(0.8)
+    four_bit = step_time(replace(products, dequant_bytes=1.0), rates)
+    assert four_bit.clock == pytest.approx(0.8 / 0.9)
+
+
+def test_a_compiled_block_over_a_four_bit_base_keeps_two_widths_a_token():
+    from tuneforge.plan.base_weights import BaseWeights
+    from tuneforge.plan.memory import FOUR_BIT_COMPILED_WIDTHS
+
+    lora = LoraShape(8)
+    bf16 = Setup(DENSE, 2, 1024, lora=lora, compiled=True)
+    nf4 = replace(bf16, base_weights=BaseWeights("bnb-nf4"))
+    widths = FOUR_BIT_COMPILED_WIDTHS * DENSE.dim * 2 + DENSE.num_heads * 4
+    assert kept_bytes_per_token(nf4, 0, "none") == widths
+    assert kept_bytes_per_token(bf16, 0, "none") > widths
+    assert kept_bytes_per_token(nf4, 0, "full") == kept_bytes_per_token(bf16, 0, "full")
+
+
 def test_host_transfers_count_only_what_the_compute_does_not_hide():
     work = StepWork(
         gemm_flops={"bf16": 100e12 * 0.1}, host_bytes=(2e9, 0.5e9), forward_share=0.5,

@@ -26,6 +26,7 @@ FITTED = (
     "sharded_collectives",
     "power_limit",
     "light_power",
+    "four_bit_gemm_power",
 )
 """The rates `plan --calibrate` fits; the rest are ratios the measurements cannot separate."""
 
@@ -66,6 +67,10 @@ class StepRates:
     light_power: float
     """Power of memory-bound work (elementwise, loss, optimizer, dequantisation) at a given
     clock, as a share of GEMMs'."""
+    four_bit_gemm_power: float = 1.0
+    """Power of GEMMs against a dequantised 4-bit weight (sixteen values a block: fewer bits
+    toggle), as a share of GEMMs' on the model's weights: QLoRA steps hold 1,875-1,913 MHz
+    under the cap where bf16 ones hold 1,575-1,620 (bench/RESULTS.md)."""
     adapter_share: float = 0.25
     """LoRA's small products run at this share of the dense GEMM rate."""
     attention_kernels: tuple[tuple[str, float], ...] = (
@@ -75,6 +80,14 @@ class StepRates:
         ("eager", 0.25),
     )
     """Other attention kernels' speed relative to `flash` (bench/kernel_probe.py: cuDNN 1.7x)."""
+    fp8_kernels: tuple[tuple[str, float], ...] = (("torchao rowwise", 0.7),)
+    """Other FP8 implementations' GEMM speed relative to tuneforge's (rowwise or tensorwise):
+    torchao's rowwise training recipe runs the 1B full fine-tune at 86.4 ms a step where the
+    others run 70-75 (bench/measured_steps.json)."""
+    cudnn_restored_block_s: float = 0.0066
+    """What cuDNN attention adds to a block whose saved activations come back from host memory
+    (bench/measured_steps.json: +41 ms for 6 such blocks of Llama-3-8B with an FP8 base, +129
+    ms for 20 over a 4-bit base; flash attention adds nothing)."""
     eager_elementwise: float = 2.0
     """Blocks run without torch.compile move about twice the bytes (no fused kernels)."""
     eager_launch: float = 4.0
@@ -84,6 +97,10 @@ class StepRates:
         """TFLOP/s of attention through `kernel` (`flash` for names not listed)."""
         ratios = dict(self.attention_kernels)
         return self.attention_tflops * ratios.get(kernel, 1.0)
+
+    def fp8_rate(self, kernel: str) -> float:
+        """TFLOP/s of FP8 GEMMs through `kernel` (an implementation and its scaling)."""
+        return self.fp8_tflops * dict(self.fp8_kernels).get(kernel, 1.0)
 
     def scaled(self, name: str, compute: float, memory: float) -> "StepRates":
         """These rates on another GPU: compute rates times `compute`, bandwidths times
@@ -109,25 +126,27 @@ class StepRates:
     def save(self, file: Path) -> None:
         values = asdict(self)
         values["attention_kernels"] = dict(self.attention_kernels)
+        values["fp8_kernels"] = dict(self.fp8_kernels)
         file.write_text(json.dumps(values, indent=2) + "\n")
 
 
 H200 = StepRates(
-    name="H200 rates fitted on 80 bench steps of 2026-12-01..04 (bench/measured_steps.json)",
-    bf16_tflops=653.4,
-    fp8_tflops=693.6,
-    expert_tflops=580.4,
-    attention_tflops=641.3,
-    memory_gbps=1825.0,
-    host_link_gbps=51.9,
-    dequant_gbps=3735.0,
+    name="H200 rates fitted on 88 bench steps of 2026-12-01..04 (bench/measured_steps.json)",
+    bf16_tflops=664.0,
+    fp8_tflops=734.6,
+    expert_tflops=593.8,
+    attention_tflops=533.8,
+    memory_gbps=1812.8,
+    host_link_gbps=49.2,
+    dequant_gbps=3718.1,
     host_s_per_block=0.0008,
-    step_s=0.00263,
-    chunk_s=0.00033,
-    replicated_collectives=0.578,
-    sharded_collectives=6.21,
-    power_limit=0.892,
-    light_power=0.425,
+    step_s=0.00226,
+    chunk_s=0.00041,
+    replicated_collectives=0.764,
+    sharded_collectives=6.809,
+    power_limit=0.869,
+    light_power=0.422,
+    four_bit_gemm_power=0.873,
 )
 """The fit's values (`bench/plan_validation.py`, docs/plan.md)."""
 
@@ -170,8 +189,10 @@ def load_rates(file: Path) -> StepRates:
             f"{file}: not a calibration file written by `tuneforge plan --calibrate` "
             f"(it needs the keys {', '.join(FITTED)})"
         )
-    kernels = values.pop("attention_kernels", None)
+    attention, fp8 = values.pop("attention_kernels", None), values.pop("fp8_kernels", None)
     rates = replace(H200, **values)
-    if isinstance(kernels, dict):
-        rates = replace(rates, attention_kernels=tuple(kernels.items()))
+    if isinstance(attention, dict):
+        rates = replace(rates, attention_kernels=tuple(attention.items()))
+    if isinstance(fp8, dict):
+        rates = replace(rates, fp8_kernels=tuple(fp8.items()))
     return rates

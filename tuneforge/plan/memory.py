@@ -36,11 +36,19 @@ from tuneforge.precision.trained_weights import TrainedWeights
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
 COLLECTIVE_BUFFERS_GIB = 0.5
 ALLOCATOR_ROUNDING = 0.05
+FOUR_BIT_COMPILED_WIDTHS = 2
+"""A compiled block over a 4-bit base keeps two of the model's width per token, and the
+attention's statistics: 16.1 KiB at Llama-3-8B, against 92-136 KiB over a bf16 base, as its
+saved-tensor hooks see it (bench/saved_bytes_probe.py, H200, 2026-12-04); the QLoRA runs'
+measured peaks agree (docs/plan.md, Validation)."""
 """Share of dynamic memory lost to block rounding in the caching allocator."""
 FP8_BASE_RESERVE_GIB = 1.0
 """Cached blocks an FP8 LoRA base's products hold besides (its quantised operands of many
 sizes): Llama-3-8B's FP8-base steps hold 1.3-2.4 GiB over their allocated peak where its bf16
 steps hold 0.4-0.8 (bench/measured_steps.json)."""
+FOUR_BIT_BASE_RESERVE_GIB = 0.8
+"""The same for a 4-bit base (each weight dequantised for its products): Llama-3-8B's QLoRA
+steps hold 0.7-1.0 GiB over their allocated peak (bench/measured_steps.json)."""
 
 
 @dataclass(frozen=True)
@@ -234,7 +242,9 @@ def kept_bytes_per_token(setup: Setup, layer: int, checkpointing: str) -> float:
     args, b = setup.rank_args, setup.param_bytes
     if checkpointing == "full" and setup.offload_checkpoints:
         return 0.0
-    if checkpointing == "none" and setup.compiled:
+    if checkpointing == "none" and setup.compiled and setup.base_weights.format.startswith("bnb"):
+        kept: float = FOUR_BIT_COMPILED_WIDTHS * args.dim * b + args.num_heads * 4.0
+    elif checkpointing == "none" and setup.compiled:
         kept = compiled_activation_bytes_per_token(
             args, layer, b, setup.lora, setup.compile_memory_budget
         )
@@ -294,10 +304,12 @@ def context_bytes(setup: Setup) -> float:
 
 
 def other_bytes(setup: Setup, dynamic: float) -> float:
-    collective = COLLECTIVE_BUFFERS_GIB * GIB if setup.data_parallel > 1 else 0.0
+    held = COLLECTIVE_BUFFERS_GIB * GIB if setup.data_parallel > 1 else 0.0
     if setup.lora is not None and setup.base_weights.format.startswith("fp8"):
-        collective += FP8_BASE_RESERVE_GIB * GIB
-    return context_bytes(setup) + collective + ALLOCATOR_ROUNDING * dynamic
+        held += FP8_BASE_RESERVE_GIB * GIB
+    if setup.base_weights.format.startswith("bnb"):
+        held += FOUR_BIT_BASE_RESERVE_GIB * GIB
+    return context_bytes(setup) + held + ALLOCATOR_ROUNDING * dynamic
 
 
 def _layer_gradients(setup: Setup) -> list[float]:

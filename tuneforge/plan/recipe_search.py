@@ -44,7 +44,7 @@ CHECKPOINTING = (
     {"train.activation_checkpointing": "full", "train.offload_checkpoints": True},
 )
 BUDGETS = (1.0, 0.9, 0.8)
-HOST_BLOCKS = (0, 4, 8, 12, 16, 20, 24)
+HOST_BLOCKS = (0, 4, 8, 10, 12, 14, 16, 18, 20, 24)
 LOSS_CHUNKS = (512, 1024, 2048, 4096)
 
 

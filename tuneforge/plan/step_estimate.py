@@ -52,4 +52,5 @@ def configured_work(config: RunConfig, setup: Setup, micro_batches: list[list[in
         collectives=collective_bytes(setup, reduce_bytes),
         captured=config.train.cuda_graph,
         attention_kernel=attention_kernel(config.model.attention),
+        fp8_kernel=f"{config.precision.fp8_implementation} {config.precision.fp8_scaling}",
     )

@@ -49,7 +49,7 @@ def step_time(
     (those within a node and those across nodes differ)."""
     rate = {
         "bf16": rates.bf16_tflops,
-        "fp8": rates.fp8_tflops,
+        "fp8": rates.fp8_rate(work.fp8_kernel),
         "experts": rates.expert_tflops,
         "adapters": rates.bf16_tflops * rates.adapter_share,
     }
@@ -59,7 +59,9 @@ def step_time(
     parts["memory"] = work.memory_bytes * elementwise / (rates.memory_gbps * 1e9)
     parts["dequantise"] = work.dequant_bytes / (rates.dequant_gbps * 1e9)
     parts["loss chunks"] = work.loss_chunks * rates.chunk_s
-    clock = _held_clock(parts, rates)
+    if work.attention_kernel == "cudnn":
+        parts["cudnn restores"] = work.restored_blocks * rates.cudnn_restored_block_s
+    clock = _held_clock(parts, rates, four_bit=work.dequant_bytes > 0)
     parts = {name: seconds / clock for name, seconds in parts.items()}
     compute = sum(parts.values())
     to_host, from_host = (b / (rates.host_link_gbps * 1e9) for b in work.host_bytes)
@@ -80,14 +82,17 @@ def step_time(
     return StepTime({k: v for k, v in parts.items() if v > 0}, host, rates.name, clock)
 
 
-def _held_clock(parts: dict[str, float], rates: StepRates) -> float:
+def _held_clock(parts: dict[str, float], rates: StepRates, four_bit: bool = False) -> float:
     """The clock (share of its maximum) at which the step's mean power meets the cap: GEMMs
-    alone hold it at `power_limit`; lighter work lets it rise, up to the maximum."""
+    alone hold it at `power_limit`; lighter work lets it rise, up to the maximum. `four_bit`:
+    the dense GEMMs run on a dequantised 4-bit base (`StepRates.four_bit_gemm_power`)."""
     seconds = sum(parts.values())
     if seconds <= 0:
         return 1.0
     light = sum(v for k, v in parts.items() if k in LIGHT)
-    power = (seconds - light + rates.light_power * light) / seconds
+    dense = parts.get("gemm bf16", 0.0) if four_bit else 0.0
+    saved = (1 - rates.light_power) * light + (1 - rates.four_bit_gemm_power) * dense
+    power = (seconds - saved) / seconds
     return min(1.0, rates.power_limit / power)
 
 

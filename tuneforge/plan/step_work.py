@@ -37,9 +37,14 @@ class StepWork:
     """By format: `bf16` (the model's dtype), `fp8`, `experts` (grouped), `adapters` (LoRA)."""
     attention_flops: float = 0.0
     attention_kernel: str = "flash"
+    fp8_kernel: str = "tuneforge rowwise"
+    """The FP8 GEMMs' implementation and scaling."""
+    restored_blocks: float = 0.0
+    """Blocks whose saved activations come back from host memory in backward."""
     memory_bytes: float = 0.0
     """Elementwise work, the loss's logits and the optimizer's reads and writes."""
     dequant_bytes: float = 0.0
+    """A 4-bit base's weights read and dequantised (nonzero: its products run on them)."""
     host_bytes: tuple[float, float] = (0.0, 0.0)
     """(to host in forward, back in backward)."""
     forward_share: float = 0.5
@@ -174,6 +179,7 @@ def step_work(
     collectives: dict[str, float] | None = None,
     captured: bool = False,
     attention_kernel: str = "flash",
+    fp8_kernel: str = "tuneforge rowwise",
 ) -> StepWork:
     """The step's work: its micro-batches' (each a list of document lengths) and the step's own."""
     costs = token_work(setup, fp8, dora, frozen_forward_share)
@@ -188,6 +194,9 @@ def step_work(
         gemm_flops={kind: value for kind, value in gemms.items() if value > 0},
         attention_flops=total("attention"),
         attention_kernel=attention_kernel,
+        fp8_kernel=fp8_kernel,
+        restored_blocks=len(offloaded_blocks(setup.args.num_layers, setup.offload_activations))
+        * len(micro_batches),
         memory_bytes=total("memory") + optimizer_bytes(setup),
         dequant_bytes=total("dequant"),
         host_bytes=(total("host"), total("host")),
