@@ -36,12 +36,12 @@ from tuneforge.precision.trained_weights import TrainedWeights
 CONTEXT_GIB = {"cuda": 0.6, "rocm": 1.0}
 COLLECTIVE_BUFFERS_GIB = 0.5
 ALLOCATOR_ROUNDING = 0.05
+"""Share of dynamic memory lost to block rounding in the caching allocator."""
 FOUR_BIT_COMPILED_WIDTHS = 2
 """A compiled block over a 4-bit base keeps two of the model's width per token, and the
 attention's statistics: 16.1 KiB at Llama-3-8B, against 92-136 KiB over a bf16 base, as its
 saved-tensor hooks see it (bench/saved_bytes_probe.py, H200, 2026-12-04); the QLoRA runs'
 measured peaks agree (docs/plan.md, Validation)."""
-"""Share of dynamic memory lost to block rounding in the caching allocator."""
 FP8_BASE_RESERVE_GIB = 1.0
 """Cached blocks an FP8 LoRA base's products hold besides (its quantised operands of many
 sizes): Llama-3-8B's FP8-base steps hold 1.3-2.4 GiB over their allocated peak where its bf16
