@@ -69,8 +69,8 @@ class StepRates:
     clock, as a share of GEMMs'."""
     four_bit_gemm_power: float = 1.0
     """Power of GEMMs against a dequantised 4-bit weight (sixteen values a block: fewer bits
-    toggle), as a share of GEMMs' on the model's weights: QLoRA steps hold 1,875-1,913 MHz
-    under the cap where bf16 ones hold 1,575-1,620 (bench/RESULTS.md)."""
+    toggle), as a share of GEMMs' on the model's weights: QLoRA steps hold a higher clock
+    under the cap than bf16 ones (bench/RESULTS.md)."""
     adapter_share: float = 0.25
     """LoRA's small products run at this share of the dense GEMM rate."""
     attention_kernels: tuple[tuple[str, float], ...] = (
@@ -81,13 +81,12 @@ class StepRates:
     )
     """Other attention kernels' speed relative to `flash` (bench/kernel_probe.py: cuDNN 1.7x)."""
     fp8_kernels: tuple[tuple[str, float], ...] = (("torchao rowwise", 0.7),)
-    """Other FP8 implementations' GEMM speed relative to tuneforge's (rowwise or tensorwise):
-    torchao's rowwise training recipe runs the 1B full fine-tune at 86.4 ms a step where the
-    others run 70-75 (bench/measured_steps.json)."""
+    """Other FP8 implementations' GEMM speed relative to tuneforge's (rowwise or tensorwise),
+    read off the 1B full fine-tune's FP8 rows in bench/measured_steps.json."""
     cudnn_restored_block_s: float = 0.0066
     """What cuDNN attention adds to a block whose saved activations come back from host memory
-    (bench/measured_steps.json: +41 ms for 6 such blocks of Llama-3-8B with an FP8 base, +129
-    ms for 20 over a 4-bit base; flash attention adds nothing)."""
+    (flash attention adds nothing), read off one row of bench/measured_steps.json and checked
+    on another (docs/plan.md, Validation)."""
     eager_elementwise: float = 2.0
     """Blocks run without torch.compile move about twice the bytes (no fused kernels)."""
     eager_launch: float = 4.0

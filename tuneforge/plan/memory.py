@@ -39,16 +39,16 @@ ALLOCATOR_ROUNDING = 0.05
 """Share of dynamic memory lost to block rounding in the caching allocator."""
 FOUR_BIT_COMPILED_WIDTHS = 2
 """A compiled block over a 4-bit base keeps two of the model's width per token, and the
-attention's statistics: 16.1 KiB at Llama-3-8B, against 92-136 KiB over a bf16 base, as its
-saved-tensor hooks see it (bench/saved_bytes_probe.py, H200, 2026-12-04); the QLoRA runs'
+attention's statistics, as its saved-tensor hooks see it (bench/saved_bytes_probe.py; the
+figures in bench/RESULTS.md), a fraction of what it keeps over a bf16 base; the QLoRA runs'
 measured peaks agree (docs/plan.md, Validation)."""
 FP8_BASE_RESERVE_GIB = 1.0
 """Cached blocks an FP8 LoRA base's products hold besides (its quantised operands of many
 sizes): Llama-3-8B's FP8-base steps hold 1.3-2.4 GiB over their allocated peak where its bf16
 steps hold 0.4-0.8 (bench/measured_steps.json)."""
 FOUR_BIT_BASE_RESERVE_GIB = 0.8
-"""The same for a 4-bit base (each weight dequantised for its products): Llama-3-8B's QLoRA
-steps hold 0.7-1.0 GiB over their allocated peak (bench/measured_steps.json)."""
+"""The same for a 4-bit base (each weight dequantised for its products), read off the QLoRA
+steps in bench/measured_steps.json."""
 
 
 @dataclass(frozen=True)
