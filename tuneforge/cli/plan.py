@@ -292,7 +292,7 @@ def _target(gpu: str | None) -> tuple[str, str]:
     """The hardware to plan for and how it was chosen: as asked, else the GPU here (by its name
     in the tables), else this machine's CPU."""
     from tuneforge.hardware.cpu import cpu_cores
-    from tuneforge.hardware.gpus import GPU_MEMORY_GIB
+    from tuneforge.hardware.gpus import table_name_of
     from tuneforge.plan.prediction import CPU
 
     if gpu is not None:
@@ -302,9 +302,7 @@ def _target(gpu: str | None) -> tuple[str, str]:
 
     if torch.cuda.is_available():
         here = torch.cuda.get_device_name()
-        known = next(
-            (key for key in sorted(GPU_MEMORY_GIB, key=len, reverse=True) if key in here), None
-        )
+        known = table_name_of(here)
         if known is not None:
             return known, f"{known}, the GPU here ({here}); --gpu plans for another"
         return "H100", f"H100: the GPU here ({here}) is not in the tables; pass --gpu and --gpu-mem"

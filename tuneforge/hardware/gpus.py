@@ -59,6 +59,14 @@ def link_gbps(name: str) -> tuple[float, float]:
     return intra, inter
 
 
+def table_name_of(device_name: str) -> str | None:
+    """The GPU tables' name a device's name contains (the longest: `H100 PCIe` before `H100`),
+    or None where none is."""
+    return next(
+        (k for k in sorted(GPU_MEMORY_GIB, key=len, reverse=True) if k in device_name), None
+    )
+
+
 def peak_tflops_of(name: str) -> float | None:
     """The peak of the first table entry whose name `name` contains."""
     return next((value for key, value in PEAK_TFLOPS.items() if key in name), None)

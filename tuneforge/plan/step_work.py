@@ -81,7 +81,8 @@ def products_again(setup: Setup) -> float:
 @dataclass(frozen=True)
 class TokenWork:
     """What a micro-batch costs whatever its documents: per token, and per micro-batch (the
-    base's weights dequantised or normed once a pass); attention is counted by its lengths."""
+    base's weights dequantised or normed once a pass, the blocks brought back from host
+    memory); attention is counted by its lengths."""
 
     per_token: dict[str, float]
     per_micro_batch: dict[str, float]
@@ -135,7 +136,7 @@ def token_work(setup: Setup, fp8: str | None, dora: bool, frozen_forward_share: 
         moved += args.dim * setup.param_bytes
     per_token["host"] = moved
     per_token["forward"] = (blocks + experts + head) * forward
-    per_micro_batch = {}
+    per_micro_batch = {"restored": float(len(on_host))}  # blocks whose activations come back
     if dora and lora is not None:  # each adapted weight's norm, W + BA made per pass
         per_micro_batch["memory"] = frozen_linears(args)[0] * setup.param_bytes * 3 * (2 + again)
     if setup.base_weights.format.startswith("bnb"):
@@ -195,8 +196,7 @@ def step_work(
         attention_flops=total("attention"),
         attention_kernel=attention_kernel,
         fp8_kernel=fp8_kernel,
-        restored_blocks=len(offloaded_blocks(setup.args.num_layers, setup.offload_activations))
-        * len(micro_batches),
+        restored_blocks=total("restored"),
         memory_bytes=total("memory") + optimizer_bytes(setup),
         dequant_bytes=total("dequant"),
         host_bytes=(total("host"), total("host")),

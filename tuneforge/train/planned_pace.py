@@ -9,7 +9,7 @@ import torch
 from tuneforge.config import RunConfig
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.errors import TuneforgeError
-from tuneforge.hardware.gpus import GPU_MEMORY_GIB
+from tuneforge.hardware.gpus import table_name_of
 from tuneforge.parallel.distributed import Dist
 from tuneforge.plan.pace_check import PaceCheck
 from tuneforge.plan.planner import plan_run
@@ -23,8 +23,7 @@ def machine_gpu(device: torch.device) -> str | None:
     rates are only scaled from a GPU's: no expectation worth stating)."""
     if device.type != "cuda":
         return None
-    here = torch.cuda.get_device_name(device)
-    return next((k for k in sorted(GPU_MEMORY_GIB, key=len, reverse=True) if k in here), None)
+    return table_name_of(torch.cuda.get_device_name(device))
 
 
 def planned_pace(
