@@ -19,8 +19,9 @@ from tuneforge.hardware.gpus import GIB
 from tuneforge.hardware.step_rates import H200, load_rates
 from tuneforge.plan.calibration import sample_seconds
 from tuneforge.plan.measured_runs import run_seconds
+from tuneforge.plan.planner import run_model_args
 from tuneforge.plan.prediction import Hardware
-from tuneforge.plan.recipe_search import search_recipes
+from tuneforge.plan.recipe_search import candidates, search_recipes
 
 REPO = Path(__file__).resolve().parents[2]
 MEASURED = REPO / "bench" / "measured_steps.json"
@@ -106,6 +107,21 @@ def test_the_recipe_search_picks_the_fastest_that_fits_and_its_overrides_load():
     none = search_recipes(Path(DEMO), LLAMA3_8B_LORA, hardware, None, 2.0)
     assert none.recipes == [] and none.least_gib > 2.0
     assert none.least_gib <= min(r.reserved_gib for r in tight.recipes)
+
+
+def test_cudnn_attention_is_searched_where_it_runs_and_as_it_was_measured():
+    config = load_config(DEMO, LLAMA3_8B_LORA)
+    on_h200 = [c for c in candidates(config, Hardware(gpu="H200")) if "model.attention" in c]
+    assert on_h200 and all(c["model.attention"] == "cudnn" for c in on_h200)
+    for choice in on_h200:  # every activation kept, no budget: how it holds flash's memory
+        assert choice["train.activation_checkpointing"] == "none"
+        assert choice["train.compile_memory_budget"] == 1.0
+    assert not any("model.attention" in c for c in candidates(config, Hardware(gpu="MI300X")))
+    latent = load_config(DEMO, [*LLAMA3_8B_LORA, "model.name=deepseek-v2-lite"])
+    assert not run_model_args(latent).plain_attention
+    assert not any("model.attention" in c for c in candidates(latent, Hardware(gpu="H200")))
+    flash4 = load_config(DEMO, [*LLAMA3_8B_LORA, "model.attention=flash4"])
+    assert not any("model.attention" in c for c in candidates(flash4, Hardware(gpu="H200")))
 
 
 def test_plan_fit_prints_the_recipes_with_their_overrides():

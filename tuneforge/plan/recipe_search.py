@@ -37,6 +37,9 @@ SEARCH_STEPS = 4
 """Sampled steps per candidate while searching; the shown ones are planned in full."""
 FP8_GPUS = ("H100", "H200", "B200", "MI300X", "MI355X")
 """GPUs with FP8 tensor cores."""
+CUDNN_GPUS = ("H100", "H200", "B200")
+"""NVIDIA GPUs whose cuDNN fused attention the benchmark measured faster than flash (Hopper on;
+the kernel runs on CUDA only)."""
 CHECKPOINTING = (
     {"train.activation_checkpointing": "none"},
     {"train.activation_checkpointing": "selective"},
@@ -80,6 +83,16 @@ def _precisions(config: RunConfig, hardware: Hardware) -> list[dict]:
     return choices
 
 
+def _attention_kernels(config: RunConfig, hardware: Hardware) -> list[dict]:
+    """The configured attention, and cuDNN's fused kernels where the GPU has them and the model's
+    attention is plain causal attention (what that kernel runs here)."""
+    cudnn_runs = any(name in hardware.gpu for name in CUDNN_GPUS)
+    configurable = config.model.attention in ("auto", "varlen")
+    if cudnn_runs and configurable and run_model_args(config).plain_attention:
+        return [{}, {"model.attention": "cudnn"}]
+    return [{}]
+
+
 def _micro_batches(config: RunConfig) -> list[dict]:
     """The configured micro-batch, and half of it with twice the accumulation where packing
     still takes a whole document."""
@@ -101,8 +114,9 @@ def candidates(config: RunConfig, hardware: Hardware) -> list[dict]:
     args = run_model_args(config)
     lora, tied = config.lora.enabled, args.tie_embeddings
     out = []
-    for precision, checkpointing, budget, host, embed, chunk, micro in itertools.product(
+    for precision, attention, checkpointing, budget, host, embed, chunk, micro in itertools.product(
         _precisions(config, hardware),
+        _attention_kernels(config, hardware),
         CHECKPOINTING,
         BUDGETS,
         [n for n in HOST_BLOCKS if n < args.num_layers],
@@ -112,7 +126,11 @@ def candidates(config: RunConfig, hardware: Hardware) -> list[dict]:
     ):
         if budget < 1.0 and checkpointing["train.activation_checkpointing"] != "none" and host == 0:
             continue  # the budget acts on blocks that keep their activations
-        choice = {"train.compile": True, **precision, **checkpointing, **micro}
+        if attention and (
+            budget < 1.0 or checkpointing["train.activation_checkpointing"] != "none"
+        ):
+            continue  # measured with every activation kept: under a budget cuDNN keeps more
+        choice = {"train.compile": True, **precision, **attention, **checkpointing, **micro}
         choice |= {
             "train.compile_memory_budget": budget,
             "train.offload_activations": host,
