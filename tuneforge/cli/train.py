@@ -167,8 +167,10 @@ def _print_summary(summary, saved: Path | None) -> None:
         if first.loss is not None and last.loss is not None:
             table.add_row("loss", f"{first.loss.loss:.4f}", f"{last.loss.loss:.4f}")
             for metric in last.loss.shown:
-                before, after = first.loss.metrics[metric.name], last.loss.metrics[metric.name]
-                table.add_row(metric.label, metric.format(before), metric.format(after))
+                before = first.loss.metrics.get(metric.name)
+                after = last.loss.metrics[metric.name]
+                shown_before = "" if before is None else metric.format(before)
+                table.add_row(metric.label, shown_before, metric.format(after))
         if first.accuracy is not None and last.accuracy is not None:
             table.add_row(
                 f"exact match ({last.accuracy.num_total} prompts)",

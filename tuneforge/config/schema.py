@@ -5,6 +5,7 @@ from pydantic import model_validator
 
 from tuneforge.config.objectives.distill import DistillSection
 from tuneforge.config.objectives.dpo import DpoSection
+from tuneforge.config.objectives.grpo import GrpoSection
 from tuneforge.config.objectives.orpo import OrpoSection
 from tuneforge.config.sections.base import Section
 from tuneforge.config.sections.checkpoint import CheckpointSection
@@ -42,6 +43,8 @@ class RunConfig(Section):
     """Knowledge distillation (train.objective: distill)."""
     orpo: OrpoSection = OrpoSection()
     """Odds-ratio preference optimisation (train.objective: orpo)."""
+    grpo: GrpoSection = GrpoSection()
+    """Reinforcement learning from reward functions (train.objective: grpo)."""
     checkpoint: CheckpointSection = CheckpointSection()
     """Saving."""
     logging: LoggingSection = LoggingSection()

@@ -20,10 +20,11 @@ def generate(
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     top_p: float = 1.0,
     top_k: int = 0,
+    keep_stop: bool = False,
 ) -> list[list[int]]:
-    """New tokens for each prompt, ending at (and excluding) the first stop token; greedy at
-    temperature 0, else sampled (`sampling.next_token_probs`; a generator per prompt, or one
-    for all)."""
+    """New tokens for each prompt, ending at (and excluding, unless `keep_stop`) the first stop
+    token; greedy at temperature 0, else sampled (`sampling.next_token_probs`; a generator per
+    prompt, or one for all)."""
     device = model.lm_head.weight.device
     lengths = [len(prompt) for prompt in prompts]
     cache = model.new_cache(len(prompts), max(lengths) + max_new_tokens)
@@ -39,9 +40,8 @@ def generate(
         next_ids = next_tokens(logits, temperature, generator, top_p, top_k)
         for row, token in enumerate(next_ids.tolist()):
             if not done[row]:
-                if token in stop_ids:
-                    done[row] = True
-                else:
+                done[row] = token in stop_ids
+                if keep_stop or not done[row]:
                     replies[row].append(token)
         if all(done):
             break

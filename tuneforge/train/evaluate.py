@@ -10,7 +10,7 @@ from tuneforge.data.packing import PackedBatch
 from tuneforge.data.records import Conversation
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import generate
-from tuneforge.train.objectives.seam import Metric, objective_of
+from tuneforge.train.objectives.seam import Metric, metric_values, objective_of
 
 
 @dataclass
@@ -36,8 +36,8 @@ def evaluate_loss(
     FSDP every rank takes part)."""
     was_training = objective.training
     objective.eval()
-    shown = objective_of(objective).metrics
-    names = tuple(metric.name for metric in shown)
+    every = objective_of(objective).metrics
+    names = tuple(metric.name for metric in every)
     total, count = 0.0, 0
     sums = dict.fromkeys(names, 0.0)
     for batch in batches:
@@ -49,7 +49,13 @@ def evaluate_loss(
         count += objective_of(objective).units(batch)
     objective.train(was_training)
     units = max(count, 1)
-    averages = {name: value / units for name, value in sums.items()}
+    values = metric_values(every, sums, units)
+    averages = {
+        metric.name: value
+        for metric in every
+        if metric.held_out and (value := values[metric.name]) is not None
+    }
+    shown = tuple(metric for metric in every if metric.name in averages)
     return EvalResult(total / units, count, averages, shown)
 
 

@@ -145,7 +145,9 @@ class Trainer:
                 save_base(self.run_dir, self.model, self.tokenizer)
         passes = FrozenPassData(self.loader, self.eval_batches, self.run_dir, self.world, config)
         resumed = read_loop_state(checkpoint).objective if checkpoint is not None else None
-        setup = ObjectiveSetup(config, self.model, self.device, passes, resumed=resumed)
+        setup = ObjectiveSetup(
+            config, self.model, self.device, passes, resumed=resumed, tokenizer=self.tokenizer
+        )
         prepared = prepare_model(config, self.model, self.world, self.dims, setup, arrived)
         self.objective, self.optimizer = prepared.objective, prepared.optimizer
         self.data_group = prepared.data_group

@@ -19,7 +19,7 @@ from tuneforge.packed import to_device
 from tuneforge.parallel.distributed import gradient_sync
 from tuneforge.parallel.grad_norm import clip_grad_norm
 from tuneforge.train.host_values import HostValues, Mark, read_host_values, values_to_host
-from tuneforge.train.objectives.seam import objective_of
+from tuneforge.train.objectives.seam import Metric, metric_values, objective_of
 
 Units = Callable[[PackedBatch], int]
 
@@ -42,7 +42,8 @@ def optimizer_step(
     embedding = model.embed.weight.device  # the host with train.offload_embedding
     inner = objective_of(objective)
     micro_batches = [
-        inner.make_batch(next(batches).to(device, embedding)) for _ in range(train.grad_accum_steps)
+        inner.make_batch(next(batches).to(device, embedding) if inner.reads_batch() else None)
+        for _ in range(train.grad_accum_steps)
     ]
     # The sum stays on the device (no wait for the GPU before the forward is queued).
     unit_total = to_device(unit_count(micro_batches, inner.units), device)
@@ -52,7 +53,7 @@ def optimizer_step(
     values = queue_update(
         objective, model, optimizer, micro_batches, unit_total, train, counts, data_group
     )
-    return StepResult(values_to_host(values), lr, counts, inner.metric_names)
+    return StepResult(values_to_host(values), lr, counts, inner.metrics)
 
 
 def unit_count(micro_batches: list[PackedBatch], units: Units) -> torch.Tensor:
@@ -136,10 +137,10 @@ class StepResult:
         values: HostValues,
         lr: float,
         counts: list[float],
-        metric_names: tuple[str, ...] = (),
+        metrics: tuple[Metric, ...] = (),
     ) -> None:
         self._values = values
-        self._lr, self._counts, self._metric_names = lr, counts, metric_names
+        self._lr, self._counts, self._metrics = lr, counts, metrics
         self._resolved: dict[str, Any] | None = None
 
     @property
@@ -150,15 +151,14 @@ class StepResult:
     def get(self) -> dict[str, Any]:
         if self._resolved is None:
             values = read_host_values(self._values)
-            count = len(self._metric_names)
+            count = len(self._metrics)
             loss_sum, metric_sums = values[0], values[1 : 1 + count]
             *reduced, grad_norm, units = values[1 + count :]
             real, documents = reduced or self._counts
             loss = loss_sum / max(units, 1)
-            metrics = {
-                name: value / max(units, 1)
-                for name, value in zip(self._metric_names, metric_sums, strict=True)
-            }
+            names = (metric.name for metric in self._metrics)
+            sums = dict(zip(names, metric_sums, strict=True))
+            metrics = metric_values(self._metrics, sums, max(units, 1))
             self._resolved = {
                 "loss": loss,
                 "lr": self._lr,
@@ -188,7 +188,7 @@ class StepRunner:
         self.objective, self.model, self.optimizer = objective, model, optimizer
         self.train, self.device, self.data_group = train, device, data_group
         inner = objective_of(objective)
-        self.metric_names = inner.metric_names
+        self.metrics = inner.metrics
         self.captured: CapturedStep | None = None
         if train.cuda_graph:
             update = functools.partial(
@@ -213,7 +213,7 @@ class StepRunner:
         micro_batches = [next(batches) for _ in range(self.train.grad_accum_steps)]
         values = self.captured(micro_batches, lr)
         counts = step_counts(micro_batches)
-        return StepResult(values_to_host(values), lr, counts, self.metric_names)
+        return StepResult(values_to_host(values), lr, counts, self.metrics)
 
 
 def backward_micro_batches(

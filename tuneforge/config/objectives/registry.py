@@ -6,11 +6,12 @@ from typing import Any, Literal
 from tuneforge.config.objectives.declaration import ObjectiveDeclaration
 from tuneforge.config.objectives.distill import DISTILL
 from tuneforge.config.objectives.dpo import DPO
+from tuneforge.config.objectives.grpo import GRPO
 from tuneforge.config.objectives.orpo import ORPO
 from tuneforge.config.objectives.sft import SFT
 from tuneforge.config.rules import rule
 
-OBJECTIVES: dict[str, ObjectiveDeclaration] = {d.name: d for d in (SFT, DPO, DISTILL, ORPO)}
+OBJECTIVES: dict[str, ObjectiveDeclaration] = {d.name: d for d in (SFT, DPO, DISTILL, ORPO, GRPO)}
 
 ObjectiveName = Literal[tuple(OBJECTIVES)]  # type: ignore[valid-type]
 

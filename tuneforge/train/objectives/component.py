@@ -31,6 +31,8 @@ class ObjectiveSetup:
     """The trained model's layout: where it is sharded (FSDP2) a frozen model beside it is too."""
     resumed: dict[str, Any] | None = None
     """The objective's `resume_state()` from the checkpoint the run resumes; None when fresh."""
+    tokenizer: Any = None
+    """The run's tokenizer (an objective that reads what its model writes decodes with it)."""
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,12 @@ def pair_logps_of_hidden(
     return as_pairs(document_logps(hidden, model, batch, chunk_tokens), token_counts(batch))
 
 
+def model_token_logps(model: Decoder, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
+    """[tokens] fp32: each supervised token's log-probability under `model` (0 elsewhere)."""
+    hidden = model.hidden_states(batch.tokens, batch.packed)
+    return token_logps(hidden, model.lm_head.weight, batch.labels, chunk_tokens)
+
+
 def pair_logps(model: Decoder, batch: PackedBatch, chunk_tokens: int) -> PairLogps:
     hidden = model.hidden_states(batch.tokens, batch.packed)
     return pair_logps_of_hidden(hidden, model, batch, chunk_tokens)
@@ -103,6 +109,12 @@ class AdaptersOffReference(Reference):
         with adapters_disabled(self.model):
             return pair_logps(self.model, batch, chunk_tokens)
 
+    @torch.no_grad()
+    def token_logps(self, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
+        """[tokens]: each supervised token's log-probability (0 elsewhere)."""
+        with adapters_disabled(self.model):
+            return model_token_logps(self.model, batch, chunk_tokens)
+
 
 class FrozenCopyReference(Reference):
     """A frozen copy of the model as it is now (full fine-tuning, or an adapter that continues
@@ -116,3 +128,7 @@ class FrozenCopyReference(Reference):
     @torch.no_grad()
     def logps(self, batch: PackedBatch, chunk_tokens: int) -> PairLogps:
         return pair_logps(self.model, batch, chunk_tokens)
+
+    @torch.no_grad()
+    def token_logps(self, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
+        return model_token_logps(self.model, batch, chunk_tokens)

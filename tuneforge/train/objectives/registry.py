@@ -2,13 +2,19 @@
 training side (`config/objectives/registry.py` lists their declarations)."""
 
 from tuneforge.config.schema import RunConfig
-from tuneforge.train.objectives import distill, dpo, orpo, sft
+from tuneforge.train.objectives import distill, dpo, grpo, orpo, sft
 from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
 from tuneforge.train.objectives.seam import Objective
 
 COMPONENTS: dict[str, ObjectiveComponent] = {
     component.declaration.name: component
-    for component in (sft.COMPONENT, dpo.COMPONENT, distill.COMPONENT, orpo.COMPONENT)
+    for component in (
+        sft.COMPONENT,
+        dpo.COMPONENT,
+        distill.COMPONENT,
+        orpo.COMPONENT,
+        grpo.COMPONENT,
+    )
 }
 
 

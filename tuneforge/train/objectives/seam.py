@@ -37,6 +37,11 @@ class Metric:
     """Shown as a percentage (an accuracy); otherwise with four decimals."""
     headline: bool = False
     """Shown on each evaluation's line, beside the held-out loss."""
+    per: str | None = None
+    """What its sum is divided by: the objective's units (None), another metric's sum (its
+    name), or nothing (`step`: a count per step)."""
+    held_out: bool = True
+    """Reported for held-out batches too (False: it describes training steps only)."""
 
     def format(self, value: float) -> str:
         return f"{value:.1%}" if self.percent else f"{value:.4f}"
@@ -71,15 +76,37 @@ class Objective(nn.Module, ABC):
     @abstractmethod
     def forward(self, batch: PackedBatch) -> ObjectiveOutput: ...
 
-    def make_batch(self, read: PackedBatch) -> PackedBatch:
-        """The batch a step trains on, from the one read from the loader: the same, unless the
-        objective makes its own (sampled completions of the read prompts)."""
+    def reads_batch(self) -> bool:
+        """Whether the next micro-batch reads one from the loader (an objective that trains on
+        its own batches again, GRPO's `num_iterations`, reads none meanwhile)."""
+        return True
+
+    def make_batch(self, read: PackedBatch | None) -> PackedBatch:
+        """The batch a step trains on, from the one read from the loader (None where
+        `reads_batch` said no): the same, unless the objective makes its own (sampled
+        completions of the read prompts)."""
+        assert read is not None
         return read
 
     def resume_state(self) -> dict[str, Any]:
         """What a resume needs beyond the weights and the optimizer (JSON values), kept with
         each checkpoint's loop state and handed back to the objective's builder."""
         return {}
+
+
+def metric_values(
+    metrics: tuple[Metric, ...], sums: dict[str, float], units: float
+) -> dict[str, float | None]:
+    """Each metric's value from the sums over a step's (or a held-out pass's) batches: divided by
+    the units, by another metric's sum, or left a count; None where that divisor is 0."""
+    values: dict[str, float | None] = {}
+    for metric in metrics:
+        if metric.per == "step":
+            values[metric.name] = sums[metric.name]
+            continue
+        divisor = units if metric.per is None else sums[metric.per]
+        values[metric.name] = sums[metric.name] / divisor if divisor else None
+    return values
 
 
 def objective_of(module: nn.Module) -> Objective:

@@ -1,0 +1,147 @@
+"""`train.objective: grpo`: reinforcement learning with verifiable rewards (GRPO, Shao et al.
+2024; its Dr. GRPO and DAPO variants), as the configuration declares it: the `grpo:` section,
+its rules and the reference it holds when `beta` > 0. Each prompt of the training data is
+answered `num_generations` times by the policy, the completions are scored by the reward
+functions, and each completion's advantage is its reward against its group's."""
+
+from typing import Literal, get_args
+
+from pydantic import Field, field_validator
+
+from tuneforge.config.objectives.declaration import FrozenModel, ObjectiveDeclaration
+from tuneforge.config.rules import rule
+from tuneforge.config.sections.base import Section
+
+GrpoLossName = Literal["grpo", "dr_grpo", "dapo"]
+GRPO_LOSSES: tuple[str, ...] = get_args(GrpoLossName)
+BUILT_IN_REWARDS = ("exact_match", "regex", "length_penalty")
+
+
+class RewardSpec(Section):
+    function: str
+    """`exact_match` (the completion, stripped, equals the record's reference reply), `regex` (1
+    where `pattern` matches the completion), `length_penalty` (DAPO's soft overlong penalty: 0 up
+    to `max_tokens` - `buffer_tokens` tokens, falling to -1 at `max_tokens`), or a function of
+    yours as `module:function` (run as trusted code, like the configuration itself)."""
+    pattern: str | None = None
+    """`regex`: the pattern, searched in the completion (`re.search`, with `re.DOTALL`)."""
+    max_tokens: int | None = Field(None, ge=1)
+    """`length_penalty`: the length that takes the whole penalty (default: grpo.max_new_tokens)."""
+    buffer_tokens: int | None = Field(None, ge=1)
+    """`length_penalty`: the lengths below `max_tokens` over which the penalty grows (default: a
+    quarter of `max_tokens`)."""
+
+    @field_validator("function")
+    @classmethod
+    def _known_or_importable(cls, value: str) -> str:
+        if value in BUILT_IN_REWARDS:
+            return value
+        module, _, name = value.partition(":")
+        if not (module and name):
+            raise ValueError(
+                f"{value!r} is neither a built-in reward ({', '.join(BUILT_IN_REWARDS)}) nor "
+                "an import path `module:function`"
+            )
+        return value
+
+
+class GrpoSection(Section):
+    num_generations: int = Field(8, ge=2)
+    """Completions sampled per prompt (the group each completion's reward is compared within)."""
+    max_new_tokens: int = Field(256, ge=1)
+    """The longest completion; one that reaches it without the end of its turn is cut there."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the completions."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: only the likeliest tokens whose probabilities add up to it."""
+    top_k: int = Field(0, ge=0)
+    """Only the k likeliest tokens (0: all)."""
+    beta: float = Field(0.0, ge=0)
+    """Weight of the KL divergence to the reference (the model as training started); 0: no
+    reference is held or run."""
+    epsilon: float = Field(0.2, gt=0, lt=1)
+    """The importance ratio is clipped to [1 - epsilon, 1 + epsilon_high]."""
+    epsilon_high: float | None = Field(None, gt=0)
+    """The upper clip (DAPO's clip-higher when above epsilon); default: epsilon."""
+    loss_type: GrpoLossName = "grpo"
+    """How token losses are averaged: `grpo` (each completion's mean, then the mean over
+    completions), `dr_grpo` (the sum over tokens divided by completions × max_new_tokens: no
+    length bias), `dapo` (the mean over every completion token of the step)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantages are rewards minus their group's mean, divided by the group's standard
+    deviation (`group`), the step's (`batch`), or not divided (`none`, Dr. GRPO)."""
+    num_iterations: int = Field(1, ge=1)
+    """Optimizer steps on each batch of completions (μ): after the first, the ratio to the policy
+    that generated them is clipped."""
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(function="exact_match")])
+    """The reward functions: a name (`exact_match`, `module:function`) or a mapping with
+    `function` and its options; a completion's reward is their weighted sum."""
+    weights: list[float] | None = None
+    """One weight per reward function (default: 1 each)."""
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _names_are_specs(cls, value: object) -> object:
+        if isinstance(value, list):
+            return [{"function": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @property
+    def reward_weights(self) -> list[float]:
+        return list(self.weights) if self.weights is not None else [1.0] * len(self.rewards)
+
+    @property
+    def upper_clip(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+def grpo_reference(lora, grpo: GrpoSection) -> tuple[FrozenModel, ...]:
+    if grpo.beta == 0:
+        return ()
+    kind = "adapters_off" if lora.enabled and lora.init_adapter is None else "frozen_copy"
+    return (FrozenModel("reference", kind, holds_weights=kind == "frozen_copy"),)
+
+
+GRPO = ObjectiveDeclaration(
+    name="grpo",
+    summary="reinforcement learning from reward functions on sampled completions (GRPO, Dr. "
+    "GRPO, DAPO), as the `grpo` section says",
+    settings="grpo",
+    reads=("lora", "grpo"),
+    frozen=grpo_reference,
+    title=lambda grpo: f"grpo {grpo.loss_type}",
+    loss_label=lambda grpo: f"GRPO {grpo.loss_type} policy loss (held out: minus the mean reward)",
+    cross_entropy_metric=None,
+    refuses_captured_step="a GRPO step samples completions first, which is not captured",
+)
+
+
+@rule("train", "grpo")
+def grpo_settings(train, grpo: GrpoSection) -> list[tuple[str, str, str]]:
+    if train.objective != GRPO.name:
+        return []
+    problems = []
+    if grpo.weights is not None and len(grpo.weights) != len(grpo.rewards):
+        problems.append(
+            (
+                "grpo.weights",
+                f"{len(grpo.weights)} weights for {len(grpo.rewards)} reward functions",
+                "give one weight per entry of grpo.rewards (or drop grpo.weights: 1 each)",
+            )
+        )
+    if not grpo.rewards:
+        problems.append(("grpo.rewards", "no reward function", "list at least one"))
+    for index, spec in enumerate(grpo.rewards):
+        if spec.function == "regex" and not spec.pattern:
+            problems.append(
+                (f"grpo.rewards.{index}.pattern", "a regex reward needs its pattern", "set it")
+            )
+    if grpo.epsilon_high is not None and grpo.epsilon_high < grpo.epsilon:
+        problems.append(
+            (
+                "grpo.epsilon_high",
+                f"{grpo.epsilon_high} is below epsilon ({grpo.epsilon})",
+                "set it at or above epsilon (DAPO's clip-higher), or drop it",
+            )
+        )
+    return problems

@@ -1,0 +1,324 @@
+"""GRPO as an objective: each micro-batch read from the loader gives its prompts, the policy
+samples `num_generations` completions of each (`rollout.py`), the reward functions score them
+(`rewards.py`), and the batch the step trains on is the prompts with their completions, each
+completion's advantage carried with it (`grpo_advantages.py`); the loss is `grpo_loss.py`'s.
+With `num_iterations` μ > 1 the step's micro-batches are trained on μ times, against the
+log-probabilities of the policy that sampled them, and the loader is not read meanwhile.
+
+Held out, each prompt is answered once, greedily, and scored: the held-out loss is minus the
+mean reward."""
+
+import itertools
+import logging
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tuneforge.config.objectives.grpo import GRPO, GrpoSection
+from tuneforge.data.chat import stop_ids
+from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
+from tuneforge.models.decoder import Decoder
+from tuneforge.models.generate import generate
+from tuneforge.packed import PackedSequences
+from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
+from tuneforge.train.objectives.grpo_advantages import group_advantages
+from tuneforge.train.objectives.grpo_loss import GrpoLossSetting, completion_of_rows, grpo_loss
+from tuneforge.train.objectives.pairs import (
+    AdaptersOffReference,
+    FrozenCopyReference,
+    model_token_logps,
+)
+from tuneforge.train.objectives.rewards import (
+    RewardFunction,
+    reward_functions,
+    score,
+    weighted_rewards,
+)
+from tuneforge.train.objectives.rollout import prompts_of, sample, training_batch
+from tuneforge.train.objectives.seam import (
+    Metric,
+    Objective,
+    ObjectiveOutput,
+    hidden_states_and_aux,
+)
+from tuneforge.train.sequence_logps import token_logps
+
+log = logging.getLogger(__name__)
+
+GENERATOR_SEED_OFFSET = 7919
+"""The sampler's seed is the run's plus this plus the rank (each rank samples its own)."""
+
+
+def grpo_metrics(functions: list[RewardFunction], beta: float) -> tuple[Metric, ...]:
+    by_function = tuple(Metric(f"reward_{f.name}", per="completions") for f in functions)
+    kl = (Metric("kl", per="completion_tokens", held_out=False),) if beta else ()
+    return (
+        Metric("reward", per="completions", headline=True),
+        *by_function,
+        Metric("reward_std", per="groups", held_out=False),
+        Metric("frac_zero_std", per="groups", percent=True, held_out=False),
+        Metric("completion_length", per="completions"),
+        Metric("clip_ratio", per="completion_tokens", percent=True, held_out=False),
+        *kl,
+        Metric("generation_tokens_per_s", per="generation_s"),
+        Metric("completions", per="step", held_out=False),
+        Metric("groups", per="step", held_out=False),
+        Metric("completion_tokens", per="step", held_out=False),
+        Metric("generation_s", per="step"),
+    )
+
+
+class GrpoObjective(Objective):
+    def __init__(
+        self,
+        model: Decoder,
+        grpo: GrpoSection,
+        tokenizer,
+        functions: list[RewardFunction],
+        reference: AdaptersOffReference | FrozenCopyReference | None,
+        accumulation: int,
+        seed: int,
+        chunk_tokens: int = 1024,
+    ) -> None:
+        super().__init__(model)
+        self.grpo, self.tokenizer, self.functions = grpo, tokenizer, functions
+        self.reference, self.chunk_tokens = reference, chunk_tokens
+        self.metrics = grpo_metrics(functions, grpo.beta)
+        self.setting = GrpoLossSetting(
+            grpo.loss_type, grpo.epsilon, grpo.upper_clip, grpo.beta, grpo.max_new_tokens
+        )
+        self.stop = stop_ids(tokenizer)
+        self.accumulation = accumulation
+        self.calls = 0
+        """Micro-batches made so far: the first `accumulation` of each cycle of accumulation ×
+        num_iterations are sampled, the rest trained on again."""
+        self.kept: list[PackedBatch | None] = [None] * accumulation
+        self.generator = torch.Generator(device=model.lm_head.weight.device)
+        self.generator.manual_seed(seed)
+
+    # -- what the step trains on
+
+    def reads_batch(self) -> bool:
+        return self.calls % (self.accumulation * self.grpo.num_iterations) < self.accumulation
+
+    def make_batch(self, read: PackedBatch | None) -> PackedBatch:
+        slot = self.calls % (self.accumulation * self.grpo.num_iterations)
+        self.calls += 1
+        if slot >= self.accumulation:
+            kept = self.kept[slot % self.accumulation]
+            assert kept is not None
+            return again(kept)
+        assert read is not None
+        batch = self.rollout(read)
+        if self.grpo.num_iterations > 1:
+            self.kept[slot] = batch
+        return batch
+
+    def rollout(self, read: PackedBatch) -> PackedBatch:
+        grpo, decode = self.grpo, self._decode
+        prompts = prompts_of(read)
+        sampled = sample(
+            self.model, prompts.ids, grpo.num_generations, grpo.max_new_tokens, self.stop,
+            self.generator, grpo.temperature, grpo.top_p, grpo.top_k,
+        )  # fmt: skip
+        replies = [self._reply(c) for c in sampled.completions]
+        per_function = score(
+            self.functions,
+            [self.tokenizer.decode(p) for p in sampled.prompts],
+            [decode(r) for r in replies],
+            replies,
+            [decode(a) for a in prompts.answers for _ in range(grpo.num_generations)],
+        )
+        rewards = weighted_rewards(per_function, self.functions)
+        advantages = group_advantages(rewards, grpo.num_generations, grpo.scale_rewards)
+        device = self.model.lm_head.weight.device
+        batch = training_batch(sampled).to(device, read.tokens.device)
+        generated = sum(len(c) for c in sampled.completions)
+        extras = {
+            "advantages": advantages.values,
+            "rewards": rewards,
+            "reward_by_function": per_function,
+            "completion_length": torch.tensor([float(len(r)) for r in replies]),
+            "group_std": advantages.group_std,
+            "zero_std": advantages.zero_std.float(),
+            "generation_s": torch.tensor([sampled.seconds]),
+            "generated_tokens": torch.tensor([float(generated)]),
+        }
+        batch.extras = {name: value.to(device) for name, value in extras.items()}
+        if self.reference is not None:
+            batch.extras["ref_logps"] = self.reference.token_logps(batch, self.chunk_tokens)
+        if grpo.num_iterations > 1:  # the ratio's denominator: the policy that sampled them
+            with torch.no_grad():
+                batch.extras["old_logps"] = model_token_logps(self.model, batch, self.chunk_tokens)
+        return batch
+
+    def _reply(self, completion: list[int]) -> list[int]:
+        """A completion without its end-of-turn token."""
+        return completion[:-1] if completion and completion[-1] in self.stop else completion
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- the loss
+
+    def units(self, batch: PackedBatch) -> int:
+        if "advantages" not in batch.extras or self.grpo.loss_type != "dapo":
+            return batch.num_documents
+        return batch.num_loss_tokens
+
+    def forward(self, batch: PackedBatch) -> ObjectiveOutput:
+        extras = batch.extras
+        if "advantages" not in extras:
+            return self.held_out(batch)
+        hidden, aux = hidden_states_and_aux(self.model, batch)
+        logps = token_logps(hidden, self.model.lm_head.weight, batch.labels, self.chunk_tokens)
+        supervised = batch.labels != IGNORE_INDEX
+        completion = completion_of_rows(supervised, batch.packed.cu_seqlens)
+        advantages = extras["advantages"][completion.clamp(min=0)]
+        old = extras.get("old_logps", logps.detach())
+        out = grpo_loss(logps, old, extras.get("ref_logps"), advantages, completion, self.setting)
+        metrics = self._rollout_sums(extras, supervised)
+        metrics["clip_ratio"] = out.clipped
+        if self.grpo.beta:
+            metrics["kl"] = out.kl
+        return ObjectiveOutput(out.loss_sum, aux, metrics)
+
+    def _rollout_sums(
+        self, extras: dict[str, torch.Tensor], supervised: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        by_function = extras["reward_by_function"].nansum(dim=0)
+        sums = {
+            "reward": extras["rewards"].sum(),
+            "reward_std": extras["group_std"].sum(),
+            "frac_zero_std": extras["zero_std"].sum(),
+            "completion_length": extras["completion_length"].sum(),
+            "generation_tokens_per_s": extras["generated_tokens"].sum(),
+            "completions": extras["rewards"].new_tensor(float(extras["rewards"].numel())),
+            "groups": extras["group_std"].new_tensor(float(extras["group_std"].numel())),
+            "completion_tokens": supervised.float().sum(),
+            "generation_s": extras["generation_s"].sum(),
+        }
+        for index, function in enumerate(self.functions):
+            sums[f"reward_{function.name}"] = by_function[index]
+        return sums
+
+    @torch.no_grad()
+    def held_out(self, batch: PackedBatch) -> ObjectiveOutput:
+        """One greedy completion of each prompt, scored: minus the rewards' sum is the loss."""
+        prompts = prompts_of(batch)
+        started = time.perf_counter()
+        replies = generate(self.model, prompts.ids, self.grpo.max_new_tokens, self.stop)
+        seconds = time.perf_counter() - started
+        per_function = score(
+            self.functions,
+            [self.tokenizer.decode(p) for p in prompts.ids],
+            [self._decode(r) for r in replies],
+            replies,
+            [self._decode(a) for a in prompts.answers],
+        )
+        rewards = weighted_rewards(per_function, self.functions)
+        zero = torch.zeros((), device=batch.labels.device)
+        metrics = {metric.name: zero for metric in self.metrics}
+        by_function = per_function.nansum(dim=0)
+        metrics |= {
+            "reward": rewards.sum().to(zero.device),
+            "completions": zero.new_tensor(float(len(replies))),
+            "completion_length": zero.new_tensor(float(sum(len(r) for r in replies))),
+            "generation_tokens_per_s": zero.new_tensor(float(sum(len(r) for r in replies))),
+            "generation_s": zero.new_tensor(seconds),
+        }
+        for index, function in enumerate(self.functions):
+            metrics[f"reward_{function.name}"] = by_function[index].to(zero.device)
+        return ObjectiveOutput(-metrics["reward"], zero, metrics)
+
+    # -- resuming
+
+    def resume_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "generator": self.generator.get_state().tolist(),
+            "calls": self.calls,
+        }
+        if self.grpo.num_iterations > 1:
+            state["kept"] = [None if b is None else batch_state(b) for b in self.kept]
+        return state
+
+    def load_resume_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+        self.calls = int(state["calls"])
+        device = self.model.lm_head.weight.device
+        for slot, kept in enumerate(state.get("kept", [])):
+            self.kept[slot] = None if kept is None else batch_of_state(kept, device)
+
+
+def again(batch: PackedBatch) -> PackedBatch:
+    """A kept batch trained on again: nothing was sampled for it this time."""
+    extras = dict(batch.extras)
+    extras["generation_s"] = torch.zeros_like(extras["generation_s"])
+    extras["generated_tokens"] = torch.zeros_like(extras["generated_tokens"])
+    return PackedBatch(
+        batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens, batch.num_padding,
+        batch.real_tokens, extras,
+    )  # fmt: skip
+
+
+def batch_state(batch: PackedBatch) -> dict[str, Any]:
+    """A sampled batch as JSON values (floats written in full: a resume reads the same bits)."""
+    return {
+        "tokens": batch.tokens.tolist(),
+        "labels": batch.labels.tolist(),
+        "cu_seqlens": batch.packed.cu_seqlens.tolist(),
+        "num_loss_tokens": batch.num_loss_tokens,
+        "extras": {
+            name: {"shape": list(value.shape), "values": value.double().flatten().tolist()}
+            for name, value in batch.extras.items()
+        },
+    }
+
+
+def batch_of_state(state: dict[str, Any], device: torch.device) -> PackedBatch:
+    lengths = [b - a for a, b in itertools.pairwise(state["cu_seqlens"])]
+    extras = {
+        name: torch.tensor(value["values"], dtype=torch.float32, device=device).reshape(
+            value["shape"]
+        )
+        for name, value in state["extras"].items()
+    }
+    return PackedBatch(
+        torch.tensor(state["tokens"], dtype=torch.long, device=device),
+        torch.tensor(state["labels"], dtype=torch.long, device=device),
+        PackedSequences.from_lengths(lengths, device),
+        state["num_loss_tokens"],
+        extras=extras,
+    )
+
+
+def build(setup: ObjectiveSetup) -> GrpoObjective:
+    config = setup.config
+    grpo = config.grpo
+    if setup.tokenizer is None:
+        raise ValueError("GRPO decodes its completions: the setup needs the run's tokenizer")
+    reference: AdaptersOffReference | FrozenCopyReference | None = None
+    frozen = GRPO.frozen_models(config)
+    if frozen and frozen[0].kind == "adapters_off":
+        reference = AdaptersOffReference(setup.model)
+    elif frozen:
+        reference = FrozenCopyReference(setup.model, setup.dims.sharded)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    objective = GrpoObjective(
+        setup.model,
+        grpo,
+        setup.tokenizer,
+        reward_functions(grpo),
+        reference,
+        config.train.grad_accum_steps,
+        config.train.seed + GENERATOR_SEED_OFFSET + rank,
+        config.train.loss_chunk_tokens,
+    )
+    if setup.resumed:
+        objective.load_resume_state(setup.resumed)
+    return objective
+
+
+COMPONENT = ObjectiveComponent(GRPO, build)

@@ -1,0 +1,157 @@
+"""GRPO's reward functions: the built-in ones (`exact_match`, `regex`, `length_penalty`) and a
+user's own by import path (`module:function`), run as trusted code like the configuration. Each
+is called with keyword arguments — `prompts`, `completions` (decoded, special tokens left out),
+`completion_ids`, and the record's fields (`answer`: its reference reply) — and returns one
+float per completion (None where it does not apply: that function then adds nothing)."""
+
+import importlib
+import math
+import re
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Real
+
+import torch
+
+from tuneforge.config.objectives.grpo import GrpoSection, RewardSpec
+from tuneforge.errors import TuneforgeError
+
+RewardFn = Callable[..., Sequence[float | None]]
+
+
+class RewardError(TuneforgeError):
+    """A reward function that cannot be loaded, raised, or returned the wrong values."""
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    name: str
+    """Its metric's name: `reward_<name>`."""
+    function: RewardFn
+    weight: float
+    field: str
+    """Where the configuration names it (`grpo.rewards.0.function`)."""
+
+
+def exact_match(completions: list[str], answer: list[str], **_: object) -> list[float]:
+    return [float(c.strip() == a.strip()) for c, a in zip(completions, answer, strict=True)]
+
+
+def regex(pattern: str) -> RewardFn:
+    compiled = re.compile(pattern, re.DOTALL)
+
+    def matches(completions: list[str], **_: object) -> list[float]:
+        return [float(compiled.search(c) is not None) for c in completions]
+
+    return matches
+
+
+def length_penalty(max_tokens: int, buffer_tokens: int) -> RewardFn:
+    """DAPO's soft overlong punishment: 0 up to `max_tokens - buffer_tokens` tokens, then falling
+    linearly to -1 at `max_tokens` (and -1 beyond)."""
+    free = max_tokens - buffer_tokens
+
+    def penalty(completion_ids: list[list[int]], **_: object) -> list[float]:
+        return [max(-1.0, min(0.0, (free - len(ids)) / buffer_tokens)) for ids in completion_ids]
+
+    return penalty
+
+
+def _imported(path: str, field: str) -> RewardFn:
+    module_name, _, name = path.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except ImportError as error:
+        raise RewardError(
+            f"{field}: cannot import {module_name!r} ({error}); the module must be importable "
+            "from where the run starts (its directory on PYTHONPATH)"
+        ) from None
+    except AttributeError:
+        raise RewardError(f"{field}: module {module_name!r} has no {name!r}") from None
+    if not callable(function):
+        raise RewardError(f"{field}: {path} is not a function")
+    return function
+
+
+def _built(spec: RewardSpec, grpo: GrpoSection, field: str) -> RewardFn:
+    if spec.function == "exact_match":
+        return exact_match
+    if spec.function == "regex":
+        assert spec.pattern is not None  # the configuration's rules ask for it
+        return regex(spec.pattern)
+    if spec.function == "length_penalty":
+        most = spec.max_tokens or grpo.max_new_tokens
+        return length_penalty(most, spec.buffer_tokens or max(1, most // 4))
+    return _imported(spec.function, field)
+
+
+def reward_functions(grpo: GrpoSection) -> list[RewardFunction]:
+    functions = []
+    for index, (spec, weight) in enumerate(zip(grpo.rewards, grpo.reward_weights, strict=True)):
+        field = f"grpo.rewards.{index}.function"
+        name = spec.function.rpartition(":")[2]
+        functions.append(RewardFunction(name, _built(spec, grpo, field), weight, field))
+    names = [f.name for f in functions]
+    for index, function in enumerate(functions):  # two of one name: the metrics keep both
+        if names.count(function.name) > 1:
+            functions[index] = RewardFunction(
+                f"{function.name}_{index}", function.function, function.weight, function.field
+            )
+    return functions
+
+
+def _where(error: BaseException) -> str:
+    frames = traceback.extract_tb(error.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+def score(
+    functions: list[RewardFunction],
+    prompts: list[str],
+    completions: list[str],
+    completion_ids: list[list[int]],
+    answers: list[str],
+) -> torch.Tensor:
+    """float32 [completions, functions]: each function's reward of each completion (NaN where
+    it returned None)."""
+    columns = []
+    for function in functions:
+        try:
+            values = function.function(
+                prompts=prompts,
+                completions=completions,
+                completion_ids=completion_ids,
+                answer=answers,
+            )
+        except Exception as error:
+            raise RewardError(
+                f"reward function {function.name} ({function.field}) raised "
+                f"{type(error).__name__}: {error}{_where(error)}"
+            ) from error
+        values = list(values) if isinstance(values, Sequence | torch.Tensor) else values
+        if not isinstance(values, list) or len(values) != len(completions):
+            got = f"{len(values)} values" if isinstance(values, list) else type(values).__name__
+            raise RewardError(
+                f"reward function {function.name} ({function.field}) returned {got} for "
+                f"{len(completions)} completions: it must return one float per completion"
+            )
+        column = []
+        for value in values:
+            if value is None:
+                column.append(math.nan)
+            elif isinstance(value, Real | torch.Tensor) and not isinstance(value, bool):
+                column.append(float(value))
+            else:
+                raise RewardError(
+                    f"reward function {function.name} ({function.field}) returned "
+                    f"{type(value).__name__} {value!r}: each value must be a float (or None)"
+                )
+        columns.append(column)
+    return torch.tensor(columns, dtype=torch.float32).t().reshape(len(completions), -1)
+
+
+def weighted_rewards(per_function: torch.Tensor, functions: list[RewardFunction]) -> torch.Tensor:
+    """[completions]: the weighted sum over functions, a None (NaN) adding nothing."""
+    weights = torch.tensor([f.weight for f in functions], dtype=per_function.dtype)
+    return torch.nansum(per_function * weights, dim=1)
