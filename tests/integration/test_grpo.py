@@ -1,0 +1,99 @@
+"""GRPO end to end on the demo's tiny model: a run killed and resumed gives the losses of the run
+that was never interrupted (the sampler's state and the completions kept for a second iteration
+included); a reward function that raises or returns the wrong length stops the run with its
+name; the metrics of a step are what its completions say."""
+
+import json
+import signal
+import sys
+import textwrap
+
+import pytest
+
+from tests.cli_runs import cli, finish, losses, wait_for_step
+from tuneforge.config import load_config
+from tuneforge.runs.files import read_metrics
+from tuneforge.train.loop import Trainer
+from tuneforge.train.objectives.rewards import RewardError
+
+# a random model rarely ends its turn: a vowel in the completion is a reward that varies
+GRPO = [
+    "train.objective=grpo",
+    "lora.enabled=true",
+    "lora.rank=4",
+    "train.lr=1e-2",
+    "train.tokens_per_micro_batch=128",
+    "grpo.num_generations=4",
+    "grpo.max_new_tokens=6",
+    "grpo.num_iterations=2",
+    "grpo.beta=0.04",
+    "grpo.epsilon_high=0.28",
+    "grpo.rewards=[{function: regex, pattern: '[aeiou]'}]",
+    "checkpoint.save_steps=5",
+]
+
+
+def test_grpo_killed_and_resumed_gives_the_uninterrupted_losses(tmp_path):
+    straight = tmp_path / "straight" / "run"
+    finish(cli(straight, *GRPO))
+    expected = losses(straight)
+    assert len(expected) == 12 and any(loss != 0 for loss in expected)
+    records = [r for r in read_metrics(straight / "metrics.jsonl") if "loss" in r]
+    assert all(r["reward_std"] > 0 and r["frac_zero_std"] < 1 for r in records)  # signal
+    assert any(r["clip_ratio"] > 0 for r in records)  # the second iteration's ratios move
+    assert all(r["kl"] >= 0 for r in records)
+    generated = [r["generation_tokens_per_s"] for r in records]
+    # with two iterations every other step samples (accumulation 2: both micro-batches)
+    assert all(g is None for g in generated[1::2]) and all(g > 0 for g in generated[0::2])
+
+    run = tmp_path / "killed" / "run"
+    process = cli(run, *GRPO)
+    wait_for_step(run, 7, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    # step 5 sampled the completions step 6 trains on again: the resume needs them
+    assert json.loads((run / "checkpoints" / "latest").read_text())["step"] == 5
+    finish(cli(run, *GRPO, resume=True))
+    assert losses(run) == expected
+
+
+def _config(tmp_path, *extra: str):
+    from tests.cli_runs import DEMO, overrides
+
+    return load_config(DEMO, [*overrides(tmp_path / "run", *GRPO), "train.max_steps=2", *extra])
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("raise KeyError('solution')", "raised KeyError: 'solution' at"),
+        ("return [1.0]", "returned 1 values for"),
+        ("return ['yes'] * len(completions)", "returned str 'yes'"),
+    ],
+)
+def test_a_faulty_reward_function_stops_the_run_with_its_name(tmp_path, monkeypatch, body, said):
+    module = tmp_path / "my_rewards.py"
+    module.write_text(
+        textwrap.dedent(
+            f"""
+            def graded(prompts, completions, **fields):
+                {body}
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("my_rewards", None)
+    trainer = Trainer(_config(tmp_path, "grpo.rewards=[my_rewards:graded]"), overwrite=True)
+    trainer.setup()
+    with pytest.raises(RewardError) as caught:
+        trainer.train()
+    message = str(caught.value)
+    assert "reward function graded (grpo.rewards.0.function)" in message and said in message
+    trainer.close()
+
+
+def test_a_reward_function_that_cannot_be_imported_is_refused_before_training(tmp_path):
+    trainer = Trainer(_config(tmp_path, "grpo.rewards=[no_such_module_here:score]"))
+    with pytest.raises(RewardError, match="grpo.rewards.0.function: cannot import"):
+        trainer.setup()
+    trainer.close()
