@@ -94,6 +94,6 @@ def test_a_faulty_reward_function_stops_the_run_with_its_name(tmp_path, monkeypa
 
 def test_a_reward_function_that_cannot_be_imported_is_refused_before_training(tmp_path):
     trainer = Trainer(_config(tmp_path, "grpo.rewards=[no_such_module_here:score]"))
-    with pytest.raises(RewardError, match="grpo.rewards.0.function: cannot import"):
+    with pytest.raises(RewardError, match=r"grpo\.rewards\.0\.function: cannot import"):
         trainer.setup()
     trainer.close()

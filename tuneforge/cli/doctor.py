@@ -87,7 +87,12 @@ def oom(
 
 @doctor_app.command("log")
 def log(
-    source: Annotated[str, typer.Argument(help="Training log file, or - for stdin.")],
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="Training log file, a run's metrics.jsonl or directory, or - for stdin."
+        ),
+    ],
     time_limit: Annotated[
         str | None, typer.Option(help="The job's time limit (90m, 4h, HH:MM:SS, D-HH:MM:SS).")
     ] = None,
@@ -105,6 +110,7 @@ def log(
     with --config, the step time against the planner's."""
     from tuneforge.config.durations import parse_duration
     from tuneforge.doctor.log_scan import scan_log
+    from tuneforge.runs.files import METRICS_FILE
 
     try:
         limit = parse_duration(time_limit) if time_limit is not None else None
@@ -114,6 +120,8 @@ def log(
         report = scan_log(sys.stdin, limit)
     else:
         path = Path(source)
+        if path.is_dir() and (path / METRICS_FILE).is_file():
+            path = path / METRICS_FILE
         if not path.is_file():
             raise TuneforgeError(f"{path}: no such file")
         with path.open(encoding="utf-8", errors="replace") as handle:  # streamed, line by line
@@ -133,8 +141,9 @@ def log(
         _print(report.as_dict())
         return
     if report.step_time_s is not None:
+        steps = f"step {report.steps_seen}/{report.total_steps}, " if report.total_steps else ""
         console.print(
-            f"step {report.steps_seen}/{report.total_steps}, {report.step_time_s:.2f} s/step"
+            f"{steps}{report.step_time_s:.2f} s/step"
             + (f", ETA {report.eta_s / 3600:.1f} h" if report.eta_s is not None else "")
             + (
                 f" (planned {report.planned_step_s:.3f} s/step)"

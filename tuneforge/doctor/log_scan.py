@@ -2,7 +2,8 @@
 HF Trainer / tqdm, DeepSpeed, Megatron and torchrun): an allocator setting silently inactive,
 deprecated allocator variables, NaN or skipped iterations, a chain that restarted from step 0
 (shown by the step counter or stated by the framework), an ETA past the time limit, a GPU slowed
-by heat or a hardware slowdown, and collective (NCCL/RCCL) errors.
+by heat or a hardware slowdown, and collective (NCCL/RCCL) errors; in a metrics file
+(`metrics.jsonl`), a reinforcement-learning run's rewards and KL (`reward_scan.py`).
 
 The log is read line by line, once, keeping only counts and a few lines: a 50 MB log takes
 seconds. Step times are read with the unit each format prints (tqdm's `s/it` or `it/s`,
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from tuneforge.config.durations import format_duration
+from tuneforge.doctor.reward_scan import RewardTrack
 
 RANK = re.compile(r"\[(?:default)?rank\s*(\d+)\]|\brank[ =:]*(\d+)\b", re.IGNORECASE)
 STEP_PATTERNS = (
@@ -113,8 +115,10 @@ class LogScanner:
         self.restarts, self.restarted_after = 0, 0
         self.last_step: tuple[int, int] | None = None
         self.times: list[float] = []
+        self.rewards = RewardTrack()
 
     def feed(self, line: str) -> None:
+        self.rewards.feed(line)
         if "expandable_segments not supported" in line:
             self.inactive.add(line)
         for matches, pattern in (
@@ -149,6 +153,7 @@ class LogScanner:
     def report(self, time_limit_s: float | None = None) -> LogReport:
         report = LogReport()
         report.findings = [finding for finding in self._findings() if finding is not None]
+        report.findings += [Finding(*found) for found in self.rewards.findings()]
         if self.last_step is not None:
             report.steps_seen, report.total_steps = self.last_step
         if self.times:
