@@ -95,6 +95,9 @@ class Setup:
     """Weights per GPU of another model held beside this one (a distillation teacher)."""
     fp8_inputs: bool = False
     """Trained linears in FP8 (a full fine-tune with `precision.fp8`): their inputs kept in FP8."""
+    generation_cache_bytes: float = 0.0
+    """The key/value cache of completions sampled before the step (GRPO): the step's other
+    peak, freed before its forward."""
     tensor: int = 1
     """Tensor-parallel ranks: each holds and computes its share of every layer's heads and MLP."""
     expert: int = 1
@@ -401,10 +404,19 @@ def _staging_slots(coming_back: dict[int, float]) -> list[float]:
     return slots
 
 
+def generation_cache_bytes(
+    args: ModelArgs, sequences: float, tokens_each: float, param_bytes: int
+) -> float:
+    """Keys and values of every layer for `sequences` sequences of `tokens_each` tokens, as the
+    generator's cache holds them (`Decoder.new_cache`, in the model's dtype)."""
+    per_token = args.num_layers * args.num_kv_heads * (args.head_dim + args.value_dim) * param_bytes
+    return sequences * tokens_each * per_token
+
+
 def predict_memory(setup: Setup) -> Memory:
     weights, gradients, optimizer = static_bytes(setup)
     activations, moments = _step_moments(setup, gradients)
-    dynamic = max(moments)
+    dynamic = max(*moments, setup.generation_cache_bytes)
     allocated = weights + optimizer + dynamic
     return Memory(
         weights,

@@ -11,6 +11,7 @@ import numpy as np
 
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
+from tuneforge.config.objectives.registry import declaration_of
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.hardware.gpus import GIB, link_gbps
 from tuneforge.mesh_rules import MeshSizes, mesh_problems
@@ -31,7 +32,7 @@ from tuneforge.plan.frozen_models import (
     own_weight_bytes,
     section_model_args,
 )
-from tuneforge.plan.memory import Setup, predict_memory
+from tuneforge.plan.memory import Setup, generation_cache_bytes, predict_memory
 from tuneforge.plan.memory_options import memory_options
 from tuneforge.plan.policies import reshard_after_forward
 from tuneforge.plan.prediction import Hardware, Plan
@@ -105,10 +106,22 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         > 1
     )
     tensor = parallel.tensor_parallel if mesh else 1
+    objective = declaration_of(config)
+    settings = objective.settings_of(config)
+    samples, generated = (
+        objective.samples_per_record(settings),
+        objective.generated_tokens(settings),
+    )
+    read = config.train.tokens_per_micro_batch
+    param_bytes = 4 if config.model.dtype == "float32" else 2
+    sequences = samples * read / max(mean_doc_len, 1.0) if generated else 0.0
     return Setup(
         args=args,
-        param_bytes=4 if config.model.dtype == "float32" else 2,
-        tokens_per_micro_batch=config.train.tokens_per_micro_batch,
+        param_bytes=param_bytes,
+        tokens_per_micro_batch=read * samples,  # each record's prompt once per sample
+        generation_cache_bytes=generation_cache_bytes(
+            args, sequences, mean_doc_len + generated, param_bytes
+        ),
         lora=lora,
         checkpointing=config.train.activation_checkpointing,
         checkpoint_every=config.train.checkpoint_every,

@@ -1,3 +1,3 @@
 """What each objective asks of a run, one module each beside its settings (`sft`, `dpo`,
-`distill`, `orpo`): its section, the data format it reads, the frozen models it holds, its
+`distill`, `orpo`, `grpo`): its section, the data format it reads, the frozen models it holds, its
 rules. `registry.py` lists them; their computation is in `train/objectives/`."""

@@ -61,6 +61,11 @@ class ObjectiveDeclaration:
     (held out: `eval_` before it)."""
     refuses_captured_step: str | None = None
     """Why its step cannot be captured as one CUDA graph (train.cuda_graph); None: it can."""
+    samples_per_record: Callable[[Any], int] = lambda _: 1
+    """Documents a step trains on for each record read, from its settings (GRPO: the group)."""
+    generated_tokens: Callable[[Any], int] = lambda _: 0
+    """Tokens it samples after each prompt before training on them (their key/value cache is
+    the step's other peak), from its settings."""
 
     @property
     def per_token_loss(self) -> bool:

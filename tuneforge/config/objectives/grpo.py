@@ -113,6 +113,8 @@ GRPO = ObjectiveDeclaration(
     loss_label=lambda grpo: f"GRPO {grpo.loss_type} policy loss (held out: minus the mean reward)",
     cross_entropy_metric=None,
     refuses_captured_step="a GRPO step samples completions first, which is not captured",
+    samples_per_record=lambda grpo: grpo.num_generations,
+    generated_tokens=lambda grpo: grpo.max_new_tokens,
 )
 
 
