@@ -1,6 +1,8 @@
 """The benchmark's pieces that need no GPU: its batches, its plan of runs, its ratios."""
 
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,6 +149,41 @@ def test_rounds_compare_within_a_round_and_give_each_run_its_spread():
         "lowest": 200.0,
         "highest": 300.0,
     }
+
+
+def test_a_grpo_workload_samples_its_groups_and_trl_reads_the_same_prompts():
+    """Our side on a tiny shape: each step's prompts answered `generations` times with exactly
+    `completion_tokens` tokens, sampling timed apart from training; TRL's records tokenise to the
+    same prompts, token for token, in the order our side reads them."""
+    from tuneforge.bench.batches import prompt_token_ids, synthetic_prompts
+    from tuneforge.bench.ours import run_ours
+    from tuneforge.bench.peers_trl import word_tokenizer
+    from tuneforge.bench.peers_trl_grpo import prompt_records
+    from tuneforge.bench.workloads import ALL_LINEAR, Workload
+
+    grpo = WORKLOADS["llama3-8b-lora-grpo"]
+    assert {run.system for run in plan_runs([grpo], ["hf+peft", "unsloth", "trl"])} == {
+        "tuneforge",
+        "trl",
+    }
+    workload = Workload(
+        "tiny-grpo", "demo-tiny", ALL_LINEAR, tokens=12, objective="grpo", prompts=2,
+        generations=3, completion_tokens=5,
+    )  # fmt: skip
+    ours = run_ours(workload, "eager", warmup=1, steps=2)
+    assert ours["tokens_per_step"] == 2 * 3 * (12 + 5) and ours["documents_per_step"] == 6
+    assert 0 < ours["sampling_s"] < ours["ms_per_step"] / 1e3
+    assert ours["sampled_tokens_per_s"] == pytest.approx(2 * 3 * 5 / ours["sampling_s"])
+    tokenizer = word_tokenizer(512, str(Path(tempfile.mkdtemp())))
+    records = prompt_records(workload, 512, 8)
+    for step in range(8):
+        batch = synthetic_prompts(512, 2, 12, (step % 4) * 100)
+        for slot in range(2):
+            ids = tokenizer(records[2 * step + slot]["prompt"], add_special_tokens=False)
+            expected = prompt_token_ids(512, 12, (step % 4) * 100 + slot)
+            assert ids["input_ids"] == expected
+            cu = batch.packed.cu_seqlens.tolist()
+            assert batch.tokens[cu[slot] : cu[slot] + 12].tolist() == expected
 
 
 @pytest.mark.slow

@@ -83,3 +83,26 @@ def synthetic_pair(vocab_size: int, tokens: int, index: int) -> PackedBatch:
         PackedSequences.from_lengths(lengths),
         int((label_tensor != IGNORE_INDEX).sum()),
     )
+
+
+def prompt_token_ids(vocab_size: int, tokens: int, index: int) -> list[int]:
+    """Prompt `index` of `tokens` words from id 4 on (a peer's tokenizer keeps 0-3)."""
+    return np.random.default_rng(5000 + index).integers(4, vocab_size, tokens).tolist()
+
+
+def synthetic_prompts(vocab_size: int, prompts: int, tokens: int, first: int) -> PackedBatch:
+    """Prompts `first` .. `first + prompts - 1` as a GRPO objective reads them: each a document
+    of the prompt and one supervised answer token (`PAIR_EOS`), which the rollout cuts off."""
+    ids, labels, lengths = [], [], []
+    for index in range(first, first + prompts):
+        prompt = prompt_token_ids(vocab_size, tokens, index)
+        ids += [*prompt, PAIR_EOS]
+        labels += [IGNORE_INDEX] * (tokens - 1) + [PAIR_EOS, IGNORE_INDEX]
+        lengths.append(tokens + 1)
+    label_tensor = torch.tensor(labels)
+    return PackedBatch(
+        torch.tensor(ids),
+        label_tensor,
+        PackedSequences.from_lengths(lengths),
+        int((label_tensor != IGNORE_INDEX).sum()),
+    )

@@ -31,6 +31,10 @@ def main(spec: dict) -> dict:
         from tuneforge.bench.peers import run_unsloth
 
         return run_unsloth(workload, checkpointing, warmup, steps)
+    if system == "trl" and workload.objective == "grpo":
+        from tuneforge.bench.peers_trl_grpo import run_trl_grpo
+
+        return run_trl_grpo(workload, checkpointing, warmup, steps)
     if system == "trl":
         from tuneforge.bench.peers_trl import run_trl_dpo
 

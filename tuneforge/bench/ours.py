@@ -9,9 +9,10 @@ from pathlib import Path
 
 import torch
 
-from tuneforge.bench.batches import synthetic_batch, synthetic_pair
+from tuneforge.bench.batches import synthetic_batch, synthetic_pair, synthetic_prompts
 from tuneforge.bench.timing import time_steps
 from tuneforge.bench.workloads import Variant, Workload
+from tuneforge.config.objectives.grpo import GrpoSection, RewardSpec
 from tuneforge.config.objectives.registry import declaration_of
 from tuneforge.config.schema import RunConfig
 from tuneforge.config.sections.data import DataSection, DataSource
@@ -29,8 +30,13 @@ from tuneforge.parallel.distributed import Dist, configured_dims, init_distribut
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.frozen_models import frozen_forward_flops_per_token
 from tuneforge.train.build import build_model
+from tuneforge.train.objectives.component import ObjectiveSetup
+from tuneforge.train.objectives.grpo import GrpoObjective
+from tuneforge.train.objectives.seam import objective_of
 from tuneforge.train.prepare import prepare_model
 from tuneforge.train.step import StepResult, StepRunner
+
+GRPO_REWARD = "tuneforge.bench.grpo_reward:even_share"
 
 DISTINCT_BATCHES = 4
 """Packed batches each rank cycles through; their costs differ (attention grows with each
@@ -100,6 +106,8 @@ def workload_config(workload: Workload, settings: Variant, world: Dist) -> RunCo
     """The run configuration of a workload's variant: what `tuneforge train` would be given for
     the same work. Its batches are synthetic (`bench/batches.py`): the data section is not read."""
     tokens = settings.tokens or workload.tokens
+    if workload.objective == "grpo":  # the read micro-batch: its prompts, an answer token each
+        tokens = workload.prompts * (workload.tokens + 1)
     return RunConfig(
         model=ModelSection(
             name=workload.shape,
@@ -124,6 +132,11 @@ def workload_config(workload: Workload, settings: Variant, world: Dist) -> RunCo
             loss_chunk_tokens=settings.loss_chunk_tokens,
         ),
         precision=settings.precision(),
+        grpo=GrpoSection(
+            num_generations=workload.generations,
+            max_new_tokens=workload.completion_tokens,
+            rewards=[RewardSpec(function=GRPO_REWARD)],
+        ),
         parallel=ParallelSection(
             strategy=strategy_for(settings, world),
             zero_stage=2 if settings.zero2 else None,
@@ -164,9 +177,20 @@ def run_ours(
     model, arrived = build_model(config.model, world.device, config.train.seed)
     wrapping = replace(BlockWrapping.of(config.train), autotune=settings.autotune)
     dims = configured_dims(config.parallel, world)
-    prepared = prepare_model(config, model, world, dims, arrived=arrived, wrapping=wrapping)
+    sampled = workload.objective == "grpo"
+    tokenizer = bench_tokenizer(model.args) if sampled else None
+    setup = ObjectiveSetup(config, model, world.device, tokenizer=tokenizer)
+    prepared = prepare_model(config, model, world, dims, setup, arrived, wrapping)
     objective, optimizer = prepared.objective, prepared.optimizer
-    if declaration_of(config).data_format == "pairs":
+    if sampled:  # every completion runs to its length, as the peer's (identical work)
+        inner = objective_of(objective)
+        assert isinstance(inner, GrpoObjective)
+        inner.stop = set()
+        batches = [
+            synthetic_prompts(model.args.vocab_size, workload.prompts, workload.tokens, i * 100)
+            for i in range(DISTINCT_BATCHES)
+        ]
+    elif declaration_of(config).data_format == "pairs":
         vocab = model.args.vocab_size
         batches = [synthetic_pair(vocab, tokens, index) for index in range(DISTINCT_BATCHES)]
     else:  # the tensor-parallel ranks of a group read the same data
@@ -175,6 +199,7 @@ def run_ours(
     steps = whole_cycles(steps, len(batches), accum)
     counter = iter(range(10**9))
     queued: list[StepResult] = []
+    sampling_s: list[float] = []
     queue_step = StepRunner(
         objective, model, optimizer, config.train, world.device, prepared.data_group
     )
@@ -184,10 +209,13 @@ def run_ours(
         step_batches = [batches[next(counter) % len(batches)] for _ in range(accum)]
         result = queue_step(iter(step_batches), 1e-4)
         if queued:
-            queued.pop().get()
+            sampling_s.append(queued.pop().get()["metrics"].get("generation_s") or 0.0)
         queued.append(result)
 
     result = time_steps(step, warmup, steps, host_profiler) | {"steps": steps}
+    if sampled:
+        sampling_s.append(queued.pop().get()["metrics"]["generation_s"])
+        result |= phases(workload, sampling_s[-steps:], result["ms_per_step"] / 1e3, tokens)
     if queue_step.captured is not None:  # replays allocate nothing: the captured step's peak
         peak = queue_step.captured.peak_allocated / GIB
         result["peak_alloc_gib"] = max(result["peak_alloc_gib"], peak)
@@ -199,6 +227,10 @@ def run_ours(
             timelines: list = [None] * world.world_size
             torch.distributed.all_gather_object(timelines, result["profile"]["timeline"])
             result["profile"]["timeline_by_rank"] = timelines
+    if sampled:
+        return result | grpo_step_fields(workload, config, model.args, world) | {
+            "variant": variant, "attention": model.attention_backend, "is_main": world.is_main,
+        }  # fmt: skip
     flops = sum(step_flops(config, model.args, batch) for batch in batches) / len(batches)
     documents = sum(b.packed.cu_seqlens.numel() - 1 for b in batches) / len(batches)
     return result | {
@@ -212,4 +244,50 @@ def run_ours(
         "attention": model.attention_backend,
         "precision": prepared.precision.lines,
         "is_main": world.is_main,
+    }
+
+
+def bench_tokenizer(args: ModelArgs):
+    """A word tokenizer over the model's vocabulary (`peers_trl.word_tokenizer`): what a GRPO
+    objective decodes its completions with; the other objectives need none."""
+    import tempfile
+
+    from tuneforge.bench.peers_trl import word_tokenizer
+
+    return word_tokenizer(args.vocab_size, tempfile.mkdtemp())
+
+
+def trained_tokens(workload: Workload) -> int:
+    """A GRPO step's tokens: each prompt with each of its completions."""
+    return workload.prompts * workload.generations * (workload.tokens + workload.completion_tokens)
+
+
+def phases(workload: Workload, sampling_s: list[float], step_s: float, _tokens: int) -> dict:
+    """A GRPO step's two phases: sampling (its completion tokens a second) and training (the
+    rest of the step: the trained tokens a second)."""
+    sampling = sum(sampling_s) / max(len(sampling_s), 1)
+    completions = workload.prompts * workload.generations * workload.completion_tokens
+    training = max(step_s - sampling, 1e-9)
+    return {
+        "sampling_s": sampling,
+        "training_s": training,
+        "sampled_tokens_per_s": completions / sampling if sampling else None,
+        "trained_tokens_per_s": trained_tokens(workload) / training,
+        "steps_per_s": 1.0 / step_s,
+    }
+
+
+def grpo_step_fields(workload: Workload, config: RunConfig, args: ModelArgs, world: Dist) -> dict:
+    """The result fields of a GRPO step: its trained tokens and their training FLOPs (the
+    sampling's forwards are not counted in MFU)."""
+    lora = lora_shape(config.lora, args)
+    length = workload.tokens + workload.completion_tokens
+    tokens = trained_tokens(workload)
+    return {
+        "system": "tuneforge",
+        "tokens_per_step": tokens,
+        "flops_per_step": tokens * training_flops_per_token(args, length, lora),
+        "gpus": world.world_size,
+        "documents_per_step": workload.prompts * workload.generations,
+        "padding_share": 0.0,
     }

@@ -19,8 +19,14 @@ PEER_MODULES = {
     "unsloth": "unsloth",
     "trl": "trl",
 }
-PEER_OBJECTIVES = {"hf+peft": "sft", "hf+peft+liger": "sft", "unsloth": "sft", "trl": "dpo"}
-"""The objective each peer trains: TRL is measured on preference training (its DPOTrainer)."""
+PEER_OBJECTIVES = {
+    "hf+peft": ("sft",),
+    "hf+peft+liger": ("sft",),
+    "unsloth": ("sft",),
+    "trl": ("dpo", "grpo"),
+}
+"""The objectives each peer trains: TRL is measured on preference training (its DPOTrainer)
+and on GRPO (its GRPOTrainer)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ def plan_runs(workloads: list[Workload], peers: list[str]) -> list[Run]:
         if workload.gpus > 1:
             continue
         for peer in peers:
-            if PEER_OBJECTIVES[peer] != workload.objective:
+            if workload.objective not in PEER_OBJECTIVES[peer]:
                 continue
             if (
                 peer == "unsloth"

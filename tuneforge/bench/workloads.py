@@ -31,7 +31,13 @@ class Workload:
     """DoRA adapters (`lora.use_dora`; PEFT's `use_dora`) for every system (not Unsloth)."""
     objective: str = "sft"
     """`sft`, or `dpo`: each step one preference pair of `tokens` (`batches.synthetic_pair`),
-    the reference being the base with its adapters off; its peer is TRL's DPOTrainer."""
+    the reference being the base with its adapters off; its peer is TRL's DPOTrainer; or
+    `grpo`: each step `prompts` prompts of `tokens` tokens (`batches.synthetic_prompts`), each
+    answered `generations` times with exactly `completion_tokens` tokens (no stop token ends one
+    early, for any system), rewarded by `bench/grpo_reward.py`; its peer is TRL's GRPOTrainer."""
+    prompts: int = 4
+    generations: int = 8
+    completion_tokens: int = 256
     peer_checkpointing: tuple[bool, ...] = (False, True)
     """Peer runs: without and with their gradient checkpointing."""
     variants: tuple[str, ...] = field(default=("eager", "compiled"))
@@ -79,6 +85,14 @@ WORKLOADS = {
             ALL_LINEAR,
             objective="dpo",
             variants=("compiled", "compiled+budget0.8+chunk2048"),
+        ),
+        Workload(
+            "llama3-8b-lora-grpo",
+            "llama-3-8b",
+            ALL_LINEAR,
+            tokens=128,
+            objective="grpo",
+            variants=("eager", "compiled"),
         ),
         Workload(
             "llama3-8b-qlora",
