@@ -4,13 +4,15 @@ included); a reward function that raises or returns the wrong length stops the r
 name; the metrics of a step are what its completions say."""
 
 import json
+import math
 import signal
+import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.cli_runs import cli, finish, losses, wait_for_step
+from tests.cli_runs import DEMO, cli, finish, losses, overrides, wait_for_step
 from tuneforge.config import load_config
 from tuneforge.runs.files import read_metrics
 from tuneforge.train.loop import Trainer
@@ -58,8 +60,6 @@ def test_grpo_killed_and_resumed_gives_the_uninterrupted_losses(tmp_path):
 
 
 def _config(tmp_path, *extra: str):
-    from tests.cli_runs import DEMO, overrides
-
     return load_config(DEMO, [*overrides(tmp_path / "run", *GRPO), "train.max_steps=2", *extra])
 
 
@@ -97,3 +97,20 @@ def test_a_reward_function_that_cannot_be_imported_is_refused_before_training(tm
     with pytest.raises(RewardError, match=r"grpo\.rewards\.0\.function: cannot import"):
         trainer.setup()
     trainer.close()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_each_of_two_ranks_samples_for_its_own_prompts(tmp_path, strategy):
+    """DDP and FSDP2 (whose root unit's embedding and output layer are gathered for sampling):
+    each rank answers its own prompts, and the step's counts are both ranks' together."""
+    run = tmp_path / "run"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    args = ["-m", "tuneforge", "train", str(DEMO), *overrides(run, *GRPO), "train.max_steps=4",
+            "train.grad_accum_steps=1", f"parallel.strategy={strategy}", "--overwrite"]  # fmt: skip
+    done = subprocess.run([*launcher, *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert len(records) == 4 and all(math.isfinite(r["loss"]) for r in records)
+    for record in records:
+        assert record["completions"] == 4 * record["groups"] > 4  # both ranks' prompts
+    assert any(r["kl"] > 0 for r in records)

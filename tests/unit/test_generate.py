@@ -59,3 +59,20 @@ def test_sampling_is_seeded(tmp_path):
         model, PROMPTS, 10, set(), 1.0, torch.Generator().manual_seed(1), top_p=1.0, top_k=1
     )
     assert top_1 == greedy
+
+
+def test_a_shared_prompt_cache_samples_what_repeated_prompts_sample(tmp_path):
+    """`copies`: each prompt prefilled once, its cache repeated for its replies; the replies are
+    those of the prompts written out that many times, draw for draw, stop tokens included."""
+    save_tiny_model(tmp_path, "llama")
+    model = tuneforge.load_model(tmp_path, dtype="float32", attention="sdpa")
+    repeated = [prompt for prompt in PROMPTS for _ in range(4)]
+    written_out = generate(
+        model, repeated, 10, {7}, 1.0, torch.Generator().manual_seed(3), keep_stop=True
+    )
+    shared = generate(
+        model, PROMPTS, 10, {7}, 1.0, torch.Generator().manual_seed(3), keep_stop=True, copies=4
+    )
+    assert shared == written_out
+    assert len({tuple(reply) for reply in shared[:4]}) > 1  # a group's replies differ
+    assert any(reply and reply[-1] == 7 for reply in shared)  # the stop token kept

@@ -21,10 +21,12 @@ def generate(
     top_p: float = 1.0,
     top_k: int = 0,
     keep_stop: bool = False,
+    copies: int = 1,
 ) -> list[list[int]]:
     """New tokens for each prompt, ending at (and excluding, unless `keep_stop`) the first stop
     token; greedy at temperature 0, else sampled (`sampling.next_token_probs`; a generator per
-    prompt, or one for all)."""
+    reply, or one for all). With `copies`, each prompt is answered that many times (its replies
+    one after another), the prompt prefilled once and its cache shared by its replies."""
     device = model.lm_head.weight.device
     lengths = [len(prompt) for prompt in prompts]
     cache = model.new_cache(len(prompts), max(lengths) + max_new_tokens)
@@ -32,9 +34,13 @@ def generate(
     packed = PackedSequences.from_lengths(lengths, device)
     hidden = model.hidden_states(tokens, packed, cache)
     last_hidden = hidden.index_select(0, packed.cu_seqlens[1:].long() - 1)
-    replies: list[list[int]] = [[] for _ in prompts]
-    done = [False] * len(prompts)
-    step_cu = torch.arange(len(prompts) + 1, dtype=torch.int32, device=device)
+    if copies > 1:
+        cache = cache.repeat_rows(copies)
+        last_hidden = last_hidden.repeat_interleave(copies, dim=0)
+    rows = len(prompts) * copies
+    replies: list[list[int]] = [[] for _ in range(rows)]
+    done = [False] * rows
+    step_cu = torch.arange(rows + 1, dtype=torch.int32, device=device)
     for _ in range(max_new_tokens):
         logits = model.lm_head(last_hidden).float()
         next_ids = next_tokens(logits, temperature, generator, top_p, top_k)

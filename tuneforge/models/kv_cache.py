@@ -106,6 +106,21 @@ class KVCache:
             for _ in range(num_layers)
         ]
 
+    def repeat_rows(self, copies: int) -> "KVCache":
+        """A cache whose rows are each of these rows `copies` times, one after another (a
+        prompt's cache shared by the completions sampled from it)."""
+        repeated = KVCache.__new__(KVCache)
+        repeated.lengths = self.lengths.repeat_interleave(copies)
+        repeated.layers = [
+            LayerCache(
+                layer.keys.repeat_interleave(copies, dim=0),
+                layer.values.repeat_interleave(copies, dim=0),
+                repeated.lengths,
+            )
+            for layer in self.layers
+        ]
+        return repeated
+
     def advance(self, packed: PackedSequences) -> None:
         """After a forward: every sequence holds its new tokens too."""
         self.lengths += packed.cu_seqlens[1:].long() - packed.cu_seqlens[:-1].long()

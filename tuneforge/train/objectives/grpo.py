@@ -11,7 +11,8 @@ mean reward."""
 import itertools
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -46,6 +47,7 @@ from tuneforge.train.objectives.seam import (
 from tuneforge.train.sequence_logps import token_logps
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 GENERATOR_SEED_OFFSET = 7919
 """The sampler's seed is the run's plus this plus the rank (each rank samples its own)."""
@@ -119,9 +121,11 @@ class GrpoObjective(Objective):
     def rollout(self, read: PackedBatch) -> PackedBatch:
         grpo, decode = self.grpo, self._decode
         prompts = prompts_of(read)
-        sampled = sample(
-            self.model, prompts.ids, grpo.num_generations, grpo.max_new_tokens, self.stop,
-            self.generator, grpo.temperature, grpo.top_p, grpo.top_k,
+        sampled = self.within_forward(
+            lambda: sample(
+                self.model, prompts.ids, grpo.num_generations, grpo.max_new_tokens, self.stop,
+                self.generator, grpo.temperature, grpo.top_p, grpo.top_k,
+            )
         )  # fmt: skip
         replies = [self._reply(c) for c in sampled.completions]
         per_function = score(
@@ -148,10 +152,14 @@ class GrpoObjective(Objective):
         }
         batch.extras = {name: value.to(device) for name, value in extras.items()}
         if self.reference is not None:
-            batch.extras["ref_logps"] = self.reference.token_logps(batch, self.chunk_tokens)
+            reference = self.reference
+            batch.extras["ref_logps"] = self.within_forward(
+                lambda: reference.token_logps(batch, self.chunk_tokens)
+            )
         if grpo.num_iterations > 1:  # the ratio's denominator: the policy that sampled them
-            with torch.no_grad():
-                batch.extras["old_logps"] = model_token_logps(self.model, batch, self.chunk_tokens)
+            batch.extras["old_logps"] = self.within_forward(
+                lambda: model_token_logps(self.model, batch, self.chunk_tokens)
+            )
         return batch
 
     def _reply(self, completion: list[int]) -> list[int]:
@@ -168,7 +176,16 @@ class GrpoObjective(Objective):
             return batch.num_documents
         return batch.num_loss_tokens
 
-    def forward(self, batch: PackedBatch) -> ObjectiveOutput:
+    @torch.no_grad()
+    def within_forward(self, work: Callable[[], T]) -> T:
+        """`work` run inside this module's forward, without gradients: under FSDP2 the root
+        unit's parameters (embedding, output layer) are then gathered as for any forward."""
+        return self(None, work)
+
+    def forward(self, batch: PackedBatch | None, work: Callable[[], Any] | None = None) -> Any:
+        if work is not None:
+            return work()
+        assert batch is not None
         extras = batch.extras
         if "advantages" not in extras:
             return self.held_out(batch)

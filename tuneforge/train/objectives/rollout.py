@@ -61,7 +61,8 @@ def sample(
     top_p: float,
     top_k: int,
 ) -> Rollout:
-    """`group` completions of each prompt, the model in evaluation mode (no dropout)."""
+    """`group` completions of each prompt, the model in evaluation mode (no dropout); each
+    prompt is prefilled once."""
     repeated = [prompt for prompt in prompts for _ in range(group)]
     was_training = model.training
     model.eval()
@@ -71,7 +72,7 @@ def sample(
     started = time.perf_counter()
     try:
         completions = generate(
-            model, repeated, max_new_tokens, stop, temperature, generator, top_p, top_k, True
+            model, prompts, max_new_tokens, stop, temperature, generator, top_p, top_k, True, group
         )
     finally:
         model.train(was_training)
