@@ -35,3 +35,39 @@ def test_a_grpo_step_trains_on_its_groups_and_peaks_at_the_larger_of_cache_and_s
     huge = replace(sampled, generation_cache_bytes=step_only.allocated * 10)
     assert predict_memory(sampled).allocated == step_only.allocated  # the cache is smaller here
     assert predict_memory(huge).allocated > step_only.allocated * 9
+
+
+def test_sampling_time_is_the_prefill_then_one_decode_step_per_new_token():
+    from tuneforge.hardware.step_rates import H200
+    from tuneforge.models.cost import forward_flops_per_token, forward_matmul_flops_per_token
+    from tuneforge.plan.sampling_time import FORWARD_LAUNCHES, sampling_seconds
+
+    args = run_model_args(load_config(DEMO, ["model.name=llama-3-8b"]))
+    prompts, samples, new = [300, 500], 8, 128
+    prefill = 300 * forward_flops_per_token(args, 300) + 500 * forward_flops_per_token(args, 500)
+    cache = generation_cache_bytes(args, 16, 400 + 64, 2)
+    memory = (args.num_params() * 2 + cache) / (H200.memory_gbps * 1e9)
+    compute = 16 * forward_matmul_flops_per_token(args) / (H200.bf16_tflops * 1e12)
+    host = 32 * H200.host_s_per_block * H200.eager_launch * FORWARD_LAUNCHES
+    expected = prefill / (H200.bf16_tflops * 1e12) + new * max(memory + compute, host)
+    assert sampling_seconds(args, prompts, samples, new, 2, H200) == expected
+    assert sampling_seconds(args, prompts, samples, 0, 2, H200) == 0.0
+
+
+def test_a_grpo_step_trains_on_every_sample_after_sampling_them():
+    from tuneforge.hardware.step_rates import H200
+    from tuneforge.plan.step_estimate import estimate_step
+
+    sft = load_config(DEMO, ["model.name=llama-3-8b", "lora.enabled=true"])
+    grpo = load_config(
+        DEMO, ["model.name=llama-3-8b", "lora.enabled=true", "train.objective=grpo",
+               "grpo.num_generations=4", "grpo.max_new_tokens=64"],
+    )  # fmt: skip
+    args = run_model_args(sft)
+    read = [[40, 60, 50]]
+    plain = estimate_step(sft, setup_of(sft, args, Hardware(gpu="H200"), 50.0), read * 1, H200)
+    four = estimate_step(sft, setup_of(sft, args, Hardware(gpu="H200"), 50.0), [read[0] * 4], H200)
+    sampled = estimate_step(grpo, setup_of(grpo, args, Hardware(gpu="H200"), 50.0), read, H200)
+    assert "sampling" not in plain.parts and sampled.parts["sampling"] > 0
+    for part, seconds in four.parts.items():  # the training: each document four times
+        assert sampled.parts[part] == seconds

@@ -2,11 +2,15 @@
 at a GPU's rates (`step_time`). The planner, the recipe search, the calibration and the
 validation against measured steps all go through `estimate_step`."""
 
+from dataclasses import replace
+
 from tuneforge.config import RunConfig
+from tuneforge.config.objectives.registry import declaration_of
 from tuneforge.hardware.step_rates import StepRates
 from tuneforge.models.cost import forward_flops_per_token
 from tuneforge.plan.frozen_models import frozen_forward_flops_per_token
 from tuneforge.plan.memory import Setup
+from tuneforge.plan.sampling_time import sampling_seconds
 from tuneforge.plan.step_time import StepTime, step_time
 from tuneforge.plan.step_work import StepWork, step_work
 from tuneforge.plan.traffic import collective_bytes
@@ -33,8 +37,23 @@ def estimate_step(
     rates: StepRates,
     link_gbps: float | dict[str, float] = 450.0,
 ) -> StepTime:
-    """One rank's step over `micro_batches` (each a list of document lengths)."""
-    return step_time(configured_work(config, setup, micro_batches), rates, link_gbps)
+    """One rank's step over `micro_batches` (each a list of document lengths read); an objective
+    that samples first trains on each document once per sample, after sampling them."""
+    objective = declaration_of(config)
+    settings = objective.settings_of(config)
+    samples, generated = (
+        objective.samples_per_record(settings),
+        objective.generated_tokens(settings),
+    )
+    trained = [documents * samples for documents in micro_batches]
+    time = step_time(configured_work(config, setup, trained), rates, link_gbps)
+    if not generated:
+        return time
+    sampling = sum(
+        sampling_seconds(setup.args, m, samples, generated, setup.param_bytes, rates)
+        for m in micro_batches
+    )
+    return replace(time, parts=time.parts | {"sampling": sampling})
 
 
 def configured_work(config: RunConfig, setup: Setup, micro_batches: list[list[int]]) -> StepWork:
