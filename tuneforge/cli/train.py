@@ -60,6 +60,7 @@ def train(
 
 def _train(trainer, run_config) -> int:
     from tuneforge.runs.time_budget import EXIT_RESUME
+    from tuneforge.train.objectives.seam import objective_of
 
     trainer.setup()
     main = trainer.world.is_main
@@ -75,6 +76,7 @@ def _train(trainer, run_config) -> int:
         MofNCompleteColumn(),
         TextColumn(
             "loss {task.fields[loss]:.4f}  lr {task.fields[lr]:.2e}  {task.fields[tps]:,.0f} tok/s"
+            "{task.fields[headline]}"
         ),
         TimeRemainingColumn(),
         console=console,
@@ -90,17 +92,24 @@ def _train(trainer, run_config) -> int:
             loss=float("nan"),
             lr=0.0,
             tps=0.0,
+            headline="",
         )
+        headlines = [m for m in objective_of(trainer.objective).metrics if m.headline]
 
         def on_step(record: dict) -> None:
+            shown = _headline(record, headlines)
             progress.update(
-                task, advance=1, loss=record["loss"], lr=record["lr"], tps=record["tokens_per_s"]
+                task,
+                advance=1,
+                loss=record["loss"],
+                lr=record["lr"],
+                tps=record["tokens_per_s"],
+                headline=f"  {shown}" if shown else "",
             )
             step = record["step"]
             if plain_lines and (step % log_steps == 0 or step == trainer.total_steps):
-                console.print(
-                    _plain_line(record, trainer.total_steps), markup=False, highlight=False
-                )
+                line = _plain_line(record, trainer.total_steps)
+                console.print(f"{line}  {shown}" if shown else line, markup=False, highlight=False)
 
         def on_eval(evaluation) -> None:
             if not main:
@@ -135,6 +144,12 @@ def _train(trainer, run_config) -> int:
     if main:
         _print_summary(summary, saved)
     return 0
+
+
+def _headline(record: dict, metrics: list) -> str:
+    """The objective's headline metrics of a step (GRPO's reward), as they are shown."""
+    values = [(m, record.get(m.name)) for m in metrics]
+    return "  ".join(f"{m.label} {m.format(v)}" for m, v in values if v is not None)
 
 
 def _plain_line(record: dict, total_steps: int) -> str:
