@@ -137,3 +137,30 @@ def test_group_advantages_follow_their_definition():
     torch.testing.assert_close(batch.values, (rewards - means) / (rewards.std() + 1e-4))
     plain = group_advantages(rewards, 4, "none")
     torch.testing.assert_close(plain.values, rewards - means)
+
+
+def _spread_on_rank(rank: int, port: int, halves: list, out) -> None:
+    import torch.distributed as dist
+
+    from tuneforge.train.objectives.grpo_advantages import spread_across_ranks
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        out[rank] = float(spread_across_ranks(torch.tensor(halves[rank]), torch.device("cpu")))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_batch_spread_spans_every_ranks_rewards():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    halves = [[1.0, 0.0, 0.5, 1.0], [0.25, 0.0, 0.0, 1.0, 0.75, 0.5]]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = mp.get_context("spawn").Manager().dict()
+    mp.spawn(_spread_on_rank, args=(port, halves, out), nprocs=2)
+    expected = torch.tensor(halves[0] + halves[1]).std()
+    assert out[0] == out[1] == pytest.approx(float(expected), rel=1e-6)

@@ -118,11 +118,21 @@ GRPO = ObjectiveDeclaration(
 )
 
 
-@rule("train", "grpo")
-def grpo_settings(train, grpo: GrpoSection) -> list[tuple[str, str, str]]:
+@rule("train", "grpo", "parallel")
+def grpo_settings(train, grpo: GrpoSection, parallel) -> list[tuple[str, str, str]]:
     if train.objective != GRPO.name:
         return []
     problems = []
+    for field in ("tensor_parallel", "expert_parallel"):
+        if getattr(parallel, field) > 1:
+            problems.append(
+                (
+                    f"parallel.{field}",
+                    "GRPO samples on each rank's own prompts through the whole model: tensor "
+                    "and expert parallelism are not supported for it yet",
+                    f"drop parallel.{field} (FSDP2 shards the model across the ranks)",
+                )
+            )
     if grpo.weights is not None and len(grpo.weights) != len(grpo.rewards):
         problems.append(
             (

@@ -24,7 +24,7 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import generate
 from tuneforge.packed import PackedSequences
 from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
-from tuneforge.train.objectives.grpo_advantages import group_advantages
+from tuneforge.train.objectives.grpo_advantages import group_advantages, spread_across_ranks
 from tuneforge.train.objectives.grpo_loss import GrpoLossSetting, completion_of_rows, grpo_loss
 from tuneforge.train.objectives.pairs import (
     AdaptersOffReference,
@@ -136,8 +136,11 @@ class GrpoObjective(Objective):
             [decode(a) for a in prompts.answers for _ in range(grpo.num_generations)],
         )
         rewards = weighted_rewards(per_function, self.functions)
-        advantages = group_advantages(rewards, grpo.num_generations, grpo.scale_rewards)
         device = self.model.lm_head.weight.device
+        spread = None
+        if grpo.scale_rewards == "batch" and dist.is_initialized():
+            spread = spread_across_ranks(rewards, device)
+        advantages = group_advantages(rewards, grpo.num_generations, grpo.scale_rewards, spread)
         batch = training_batch(sampled).to(device, read.tokens.device)
         generated = sum(len(c) for c in sampled.completions)
         extras = {

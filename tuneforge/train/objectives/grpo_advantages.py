@@ -18,8 +18,12 @@ class Advantages(NamedTuple):
     """[groups] bool: the group's completions were rewarded alike (nothing to learn from it)."""
 
 
-def group_advantages(rewards: torch.Tensor, group: int, scale: str) -> Advantages:
-    """`rewards` [completions], a group's `group` completions one after another."""
+def group_advantages(
+    rewards: torch.Tensor, group: int, scale: str, batch_spread: torch.Tensor | None = None
+) -> Advantages:
+    """`rewards` [completions], a group's `group` completions one after another;
+    `batch_spread`: the step's standard deviation of rewards where it spans more than these
+    (every rank's), for `scale` batch."""
     grouped = rewards.view(-1, group)
     mean = grouped.mean(dim=1)
     std = grouped.std(dim=1) if group > 1 else torch.zeros_like(mean)
@@ -27,7 +31,20 @@ def group_advantages(rewards: torch.Tensor, group: int, scale: str) -> Advantage
     if scale == "group":
         values = values / (std.repeat_interleave(group) + STD_FLOOR)
     elif scale == "batch":
-        spread = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+        spread = batch_spread if batch_spread is not None else rewards.std()
         values = values / (spread + STD_FLOOR)
     zero = torch.isclose(std, torch.zeros_like(std))
     return Advantages(values, std, zero)
+
+
+def spread_across_ranks(rewards: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The standard deviation (Bessel-corrected) of every rank's rewards together."""
+    stats = torch.tensor(
+        [float(rewards.sum()), float((rewards.double() ** 2).sum()), float(rewards.numel())],
+        dtype=torch.float64,
+        device=device,
+    )
+    torch.distributed.all_reduce(stats)
+    total, squares, count = stats.tolist()
+    variance = (squares - total * total / count) / max(count - 1, 1)
+    return torch.tensor(max(variance, 0.0) ** 0.5, dtype=rewards.dtype)
