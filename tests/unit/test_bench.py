@@ -157,8 +157,8 @@ def test_a_grpo_workload_samples_its_groups_and_trl_reads_the_same_prompts():
     same prompts, token for token, in the order our side reads them."""
     from tuneforge.bench.batches import prompt_token_ids, synthetic_prompts
     from tuneforge.bench.ours import run_ours
-    from tuneforge.bench.peers_trl import word_tokenizer
     from tuneforge.bench.peers_trl_grpo import prompt_records
+    from tuneforge.bench.word_tokenizer import word_tokenizer
     from tuneforge.bench.workloads import ALL_LINEAR, Workload
 
     grpo = WORKLOADS["llama3-8b-lora-grpo"]

@@ -75,7 +75,10 @@ def synthetic_pair(vocab_size: int, tokens: int, index: int) -> PackedBatch:
         targets = [IGNORE_INDEX] * (len(prompt) - 1) + reply + [IGNORE_INDEX]
         ids += document
         labels += targets
-    lengths = [len(prompt) + len(chosen), len(prompt) + len(rejected)]
+    return packed_batch(ids, labels, [len(prompt) + len(chosen), len(prompt) + len(rejected)])
+
+
+def packed_batch(ids: list[int], labels: list[int], lengths: list[int]) -> PackedBatch:
     label_tensor = torch.tensor(labels)
     return PackedBatch(
         torch.tensor(ids),
@@ -99,10 +102,4 @@ def synthetic_prompts(vocab_size: int, prompts: int, tokens: int, first: int) ->
         ids += [*prompt, PAIR_EOS]
         labels += [IGNORE_INDEX] * (tokens - 1) + [PAIR_EOS, IGNORE_INDEX]
         lengths.append(tokens + 1)
-    label_tensor = torch.tensor(labels)
-    return PackedBatch(
-        torch.tensor(ids),
-        label_tensor,
-        PackedSequences.from_lengths(lengths),
-        int((label_tensor != IGNORE_INDEX).sum()),
-    )
+    return packed_batch(ids, labels, lengths)

@@ -4,6 +4,7 @@ catalog shape with random weights, the model prepared by the trainer's own pipel
 
 import math
 import random
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 
 from tuneforge.bench.batches import synthetic_batch, synthetic_pair, synthetic_prompts
 from tuneforge.bench.timing import time_steps
+from tuneforge.bench.word_tokenizer import word_tokenizer
 from tuneforge.bench.workloads import Variant, Workload
 from tuneforge.config.objectives.grpo import GrpoSection, RewardSpec
 from tuneforge.config.objectives.registry import declaration_of
@@ -248,12 +250,8 @@ def run_ours(
 
 
 def bench_tokenizer(args: ModelArgs):
-    """A word tokenizer over the model's vocabulary (`peers_trl.word_tokenizer`): what a GRPO
+    """A word tokenizer over the model's vocabulary (`bench/word_tokenizer.py`): what a GRPO
     objective decodes its completions with; the other objectives need none."""
-    import tempfile
-
-    from tuneforge.bench.peers_trl import word_tokenizer
-
     return word_tokenizer(args.vocab_size, tempfile.mkdtemp())
 
 

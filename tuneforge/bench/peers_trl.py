@@ -13,32 +13,10 @@ from tuneforge.bench.batches import pair_token_ids, synthetic_pair
 from tuneforge.bench.ours import DISTINCT_BATCHES, step_flops, workload_config
 from tuneforge.bench.peers import _device, _hf_config, _peft_targets, peer_result
 from tuneforge.bench.timing import step_statistics
+from tuneforge.bench.word_tokenizer import word_tokenizer
 from tuneforge.bench.workloads import Variant, Workload
 from tuneforge.models.catalog import catalog_shape
 from tuneforge.parallel.distributed import Dist
-
-SPECIAL = ("<unk>", "<pad>", "<s>", "</s>")
-
-
-def word_tokenizer(vocab_size: int, directory: str):
-    """Word `t{i}` is token i (4 ≤ i < vocab_size), ids 0-3 the special tokens: text made of
-    those words tokenises to exactly the ids it was written from."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: index for index, token in enumerate(SPECIAL)}
-    vocab |= {f"t{index}": index for index in range(len(SPECIAL), vocab_size)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        unk_token="<unk>",
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-    )
-    fast.save_pretrained(directory)
-    return fast
 
 
 def pair_records(vocab_size: int, tokens: int, count: int) -> list[dict]:
@@ -69,18 +47,13 @@ def run_trl_dpo(workload: Workload, checkpointing: bool, warmup: int, steps: int
 def trl_trainer(workload: Workload, checkpointing: bool, steps: int):
     """TRL's DPOTrainer for `steps` steps of one pair each, LoRA r16 α32 through PEFT, the
     reference being the base with the adapter off (TRL's choice for a PEFT model)."""
-    import transformers
     from datasets import Dataset
     from peft import LoraConfig
     from trl import DPOConfig, DPOTrainer
 
-    torch.manual_seed(0)
-    config = _hf_config(workload)
-    with torch.device(_device()):
-        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    directory = tempfile.mkdtemp()
-    tokenizer = word_tokenizer(config.vocab_size, directory)
-    dataset = Dataset.from_list(pair_records(config.vocab_size, workload.tokens, steps))
+    model, tokenizer, directory = peer_model(workload)
+    vocab_size = model.config.vocab_size
+    dataset = Dataset.from_list(pair_records(vocab_size, workload.tokens, steps))
     arguments = DPOConfig(
         output_dir=directory,
         per_device_train_batch_size=1,
@@ -107,6 +80,19 @@ def trl_trainer(workload: Workload, checkpointing: bool, steps: int):
         processing_class=tokenizer,
         peft_config=lora,
     )
+
+
+def peer_model(workload: Workload):
+    """The workload's shape in transformers with random bf16 weights, on the GPU, and the word
+    tokenizer over its vocabulary (saved in a new directory, also the trainer's output)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = _hf_config(workload)
+    with torch.device(_device()):
+        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    directory = tempfile.mkdtemp()
+    return model, word_tokenizer(config.vocab_size, directory), directory
 
 
 def check_same_pairs(dataset, vocab_size: int, tokens: int) -> None:

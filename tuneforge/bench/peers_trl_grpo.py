@@ -6,7 +6,6 @@ tuneforge's side runs without a stop token), rewarded by the same function
 (`bench/grpo_reward.py`), trained through `trainer.train()`. The sampling is timed apart by
 wrapping the model's `generate`."""
 
-import tempfile
 import time
 
 import torch
@@ -14,8 +13,8 @@ import torch
 from tuneforge.bench.batches import prompt_token_ids
 from tuneforge.bench.grpo_reward import even_share
 from tuneforge.bench.ours import DISTINCT_BATCHES, phases, trained_tokens, workload_lora
-from tuneforge.bench.peers import _device, _hf_config, _peft_targets, peer_result
-from tuneforge.bench.peers_trl import time_trainer_steps, word_tokenizer
+from tuneforge.bench.peers import _peft_targets, peer_result
+from tuneforge.bench.peers_trl import peer_model, time_trainer_steps
 from tuneforge.bench.workloads import Workload
 from tuneforge.models.catalog import catalog_shape
 from tuneforge.models.cost import training_flops_per_token
@@ -71,18 +70,12 @@ def run_trl_grpo(workload: Workload, checkpointing: bool, warmup: int, steps: in
 
 
 def trl_grpo_trainer(workload: Workload, checkpointing: bool, steps: int):
-    import transformers
     from datasets import Dataset
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
-    torch.manual_seed(0)
-    config = _hf_config(workload)
-    with torch.device(_device()):
-        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    directory = tempfile.mkdtemp()
-    tokenizer = word_tokenizer(config.vocab_size, directory)
-    dataset = Dataset.from_list(prompt_records(workload, config.vocab_size, steps))
+    model, tokenizer, directory = peer_model(workload)
+    dataset = Dataset.from_list(prompt_records(workload, model.config.vocab_size, steps))
     completions = workload.completion_tokens
     arguments = GRPOConfig(
         output_dir=directory,
