@@ -35,6 +35,9 @@ def test_a_grpo_step_trains_on_its_groups_and_peaks_at_the_larger_of_cache_and_s
     huge = replace(sampled, generation_cache_bytes=step_only.allocated * 10)
     assert predict_memory(sampled).allocated == step_only.allocated  # the cache is smaller here
     assert predict_memory(huge).allocated > step_only.allocated * 9
+    shown = predict_memory(sampled).gib()
+    assert shown["generation_cache"] * (1 << 30) == expected
+    assert "generation_cache" not in predict_memory(plain).gib()
 
 
 def test_sampling_time_is_the_prefill_then_one_decode_step_per_new_token():

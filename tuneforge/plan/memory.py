@@ -142,6 +142,9 @@ class Memory:
     of gradients plus activations (not their sum: they peak at different times)."""
     context: float = 0.0
     """The CUDA or HIP context, part of `other` and outside the allocator's pool."""
+    generation_cache: float = 0.0
+    """The key/value cache of the completions an objective samples before the step (GRPO):
+    the step's other peak, not held with the activations."""
 
     @property
     def static(self) -> float:
@@ -163,6 +166,7 @@ class Memory:
             "gradients": self.gradients,
             "optimizer": self.optimizer,
             "activations": self.activations,
+            **({"generation_cache": self.generation_cache} if self.generation_cache else {}),
             "other": self.other,
             "static": self.static,
             "allocated": self.allocated,
@@ -426,4 +430,5 @@ def predict_memory(setup: Setup) -> Memory:
         other_bytes(setup, dynamic),
         allocated,
         context_bytes(setup),
+        setup.generation_cache_bytes,
     )
