@@ -8,8 +8,6 @@ log-probabilities of the policy that sampled them, and the loader is not read me
 Held out, each prompt is answered once, greedily, and scored: the held-out loss is minus the
 mean reward."""
 
-import itertools
-import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -22,10 +20,10 @@ from tuneforge.data.chat import stop_ids
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import generate
-from tuneforge.packed import PackedSequences
 from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
 from tuneforge.train.objectives.grpo_advantages import group_advantages, spread_across_ranks
 from tuneforge.train.objectives.grpo_loss import GrpoLossSetting, completion_of_rows, grpo_loss
+from tuneforge.train.objectives.kept_batches import again, batch_of_state, batch_state
 from tuneforge.train.objectives.pairs import (
     AdaptersOffReference,
     FrozenCopyReference,
@@ -46,7 +44,6 @@ from tuneforge.train.objectives.seam import (
 )
 from tuneforge.train.sequence_logps import token_logps
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GENERATOR_SEED_OFFSET = 7919
@@ -99,8 +96,6 @@ class GrpoObjective(Objective):
         self.kept: list[PackedBatch | None] = [None] * accumulation
         self.generator = torch.Generator(device=model.lm_head.weight.device)
         self.generator.manual_seed(seed)
-
-    # -- what the step trains on
 
     def reads_batch(self) -> bool:
         return self.calls % (self.accumulation * self.grpo.num_iterations) < self.accumulation
@@ -171,8 +166,6 @@ class GrpoObjective(Objective):
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    # -- the loss
 
     def units(self, batch: PackedBatch) -> int:
         if "advantages" not in batch.extras or self.grpo.loss_type != "dapo":
@@ -253,8 +246,6 @@ class GrpoObjective(Objective):
             metrics[f"reward_{function.name}"] = by_function[index].to(zero.device)
         return ObjectiveOutput(-metrics["reward"], zero, metrics)
 
-    # -- resuming
-
     def resume_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
             "generator": self.generator.get_state().tolist(),
@@ -270,48 +261,6 @@ class GrpoObjective(Objective):
         device = self.model.lm_head.weight.device
         for slot, kept in enumerate(state.get("kept", [])):
             self.kept[slot] = None if kept is None else batch_of_state(kept, device)
-
-
-def again(batch: PackedBatch) -> PackedBatch:
-    """A kept batch trained on again: nothing was sampled for it this time."""
-    extras = dict(batch.extras)
-    extras["generation_s"] = torch.zeros_like(extras["generation_s"])
-    extras["generated_tokens"] = torch.zeros_like(extras["generated_tokens"])
-    return PackedBatch(
-        batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens, batch.num_padding,
-        batch.real_tokens, extras,
-    )  # fmt: skip
-
-
-def batch_state(batch: PackedBatch) -> dict[str, Any]:
-    """A sampled batch as JSON values (floats written in full: a resume reads the same bits)."""
-    return {
-        "tokens": batch.tokens.tolist(),
-        "labels": batch.labels.tolist(),
-        "cu_seqlens": batch.packed.cu_seqlens.tolist(),
-        "num_loss_tokens": batch.num_loss_tokens,
-        "extras": {
-            name: {"shape": list(value.shape), "values": value.double().flatten().tolist()}
-            for name, value in batch.extras.items()
-        },
-    }
-
-
-def batch_of_state(state: dict[str, Any], device: torch.device) -> PackedBatch:
-    lengths = [b - a for a, b in itertools.pairwise(state["cu_seqlens"])]
-    extras = {
-        name: torch.tensor(value["values"], dtype=torch.float32, device=device).reshape(
-            value["shape"]
-        )
-        for name, value in state["extras"].items()
-    }
-    return PackedBatch(
-        torch.tensor(state["tokens"], dtype=torch.long, device=device),
-        torch.tensor(state["labels"], dtype=torch.long, device=device),
-        PackedSequences.from_lengths(lengths, device),
-        state["num_loss_tokens"],
-        extras=extras,
-    )
 
 
 def build(setup: ObjectiveSetup) -> GrpoObjective:
