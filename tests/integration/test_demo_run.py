@@ -107,6 +107,22 @@ def test_full_fine_tuning_learns_and_leaves_a_complete_run_directory(tmp_path):
     assert first_step["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert dpo_summary.evaluations[0].loss.metrics["reward_accuracy"] == 0.0
 
+    # the GRPO demo's configuration too: its prompts load, it samples, and it scores held out
+    grpo_config = load_config(
+        REPO / "examples" / "demo-grpo.yaml",
+        [f"model.path={run / 'final'}", f"run.output_dir={tmp_path / 'grpo'}",
+         f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=2", "eval.every_steps=2",
+         "eval.num_samples=8", "logging.log_steps=1"],
+    )  # fmt: skip
+    grpo = Trainer(grpo_config)
+    grpo.setup()
+    grpo_summary = grpo.train()
+    steps = [m for m in read_metrics(tmp_path / "grpo" / "metrics.jsonl") if "loss" in m]
+    assert len(steps) == 2 and all(0 <= m["reward"] <= 1 for m in steps)
+    assert all(m["completions"] == 8 * m["groups"] for m in steps)
+    held_out = grpo_summary.evaluations[0].loss
+    assert held_out.loss == pytest.approx(-held_out.metrics["reward"])
+
 
 def test_lora_run_trains_only_adapters_and_saves_a_peft_adapter(tmp_path):
     trainer = Trainer(
