@@ -36,7 +36,7 @@ class Metric:
     percent: bool = False
     """Shown as a percentage (an accuracy); otherwise with four decimals."""
     headline: bool = False
-    """Shown on each evaluation's line, beside the held-out loss."""
+    """Shown on each evaluation's line, beside the held-out loss, and on each step's."""
     per: str | None = None
     """What its sum is divided by: the objective's units (None), another metric's sum (its
     name), or nothing (`step`: a count per step)."""
