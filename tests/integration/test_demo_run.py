@@ -36,6 +36,19 @@ def short_demo(run_dir: Path, *overrides: str):
     )
 
 
+def two_steps_after_sft(example: str, sft_run: Path, run_dir: Path, *extra: str):
+    """Two steps of `examples/EXAMPLE.yaml` on the SFT run's model, evaluated at both ends."""
+    config = load_config(
+        REPO / "examples" / f"{example}.yaml",
+        [f"model.path={sft_run / 'final'}", f"run.output_dir={run_dir}",
+         f"data.cache_dir={run_dir.parent / 'cache'}", "train.max_steps=2", "eval.every_steps=2",
+         "logging.log_steps=1", *extra],
+    )  # fmt: skip
+    trainer = Trainer(config)
+    trainer.setup()
+    return trainer.train()
+
+
 def test_full_fine_tuning_learns_and_leaves_a_complete_run_directory(tmp_path):
     trainer = Trainer(short_demo(tmp_path / "run"))
     trainer.setup()
@@ -94,29 +107,13 @@ def test_full_fine_tuning_learns_and_leaves_a_complete_run_directory(tmp_path):
     assert result.stdout.strip()
 
     # the DPO demo's configuration on this model: its bundled pairs load, and DPO starts at ln 2
-    dpo_config = load_config(
-        REPO / "examples" / "demo-dpo.yaml",
-        [f"model.path={run / 'final'}", f"run.output_dir={tmp_path / 'dpo'}",
-         f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=2", "eval.every_steps=2",
-         "eval.num_samples=0", "logging.log_steps=1"],
-    )  # fmt: skip
-    dpo = Trainer(dpo_config)
-    dpo.setup()
-    dpo_summary = dpo.train()
+    dpo_summary = two_steps_after_sft("demo-dpo", run, tmp_path / "dpo", "eval.num_samples=0")
     first_step = next(m for m in read_metrics(tmp_path / "dpo" / "metrics.jsonl") if "loss" in m)
     assert first_step["loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert dpo_summary.evaluations[0].loss.metrics["reward_accuracy"] == 0.0
 
     # the GRPO demo's configuration too: its prompts load, it samples, and it scores held out
-    grpo_config = load_config(
-        REPO / "examples" / "demo-grpo.yaml",
-        [f"model.path={run / 'final'}", f"run.output_dir={tmp_path / 'grpo'}",
-         f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=2", "eval.every_steps=2",
-         "eval.num_samples=8", "logging.log_steps=1"],
-    )  # fmt: skip
-    grpo = Trainer(grpo_config)
-    grpo.setup()
-    grpo_summary = grpo.train()
+    grpo_summary = two_steps_after_sft("demo-grpo", run, tmp_path / "grpo", "eval.num_samples=8")
     steps = [m for m in read_metrics(tmp_path / "grpo" / "metrics.jsonl") if "loss" in m]
     assert len(steps) == 2 and all(0 <= m["reward"] <= 1 for m in steps)
     assert all(m["completions"] == 8 * m["groups"] for m in steps)

@@ -217,7 +217,7 @@ def run_ours(
     result = time_steps(step, warmup, steps, host_profiler) | {"steps": steps}
     if sampled:
         sampling_s.append(queued.pop().get()["metrics"]["generation_s"])
-        result |= phases(workload, sampling_s[-steps:], result["ms_per_step"] / 1e3, tokens)
+        result |= phases(workload, sampling_s[-steps:], result["ms_per_step"] / 1e3)
     if queue_step.captured is not None:  # replays allocate nothing: the captured step's peak
         peak = queue_step.captured.peak_allocated / GIB
         result["peak_alloc_gib"] = max(result["peak_alloc_gib"], peak)
@@ -230,8 +230,9 @@ def run_ours(
             torch.distributed.all_gather_object(timelines, result["profile"]["timeline"])
             result["profile"]["timeline_by_rank"] = timelines
     if sampled:
-        return result | grpo_step_fields(workload, config, model.args, world) | {
-            "variant": variant, "attention": model.attention_backend, "is_main": world.is_main,
+        return result | grpo_step_work(workload, model.args) | {
+            "system": "tuneforge", "variant": variant, "gpus": world.world_size,
+            "padding_share": 0.0, "attention": model.attention_backend, "is_main": world.is_main,
         }  # fmt: skip
     flops = sum(step_flops(config, model.args, batch) for batch in batches) / len(batches)
     documents = sum(b.packed.cu_seqlens.numel() - 1 for b in batches) / len(batches)
@@ -260,7 +261,7 @@ def trained_tokens(workload: Workload) -> int:
     return workload.prompts * workload.generations * (workload.tokens + workload.completion_tokens)
 
 
-def phases(workload: Workload, sampling_s: list[float], step_s: float, _tokens: int) -> dict:
+def phases(workload: Workload, sampling_s: list[float], step_s: float) -> dict:
     """A GRPO step's two phases: sampling (its completion tokens a second) and training (the
     rest of the step: the trained tokens a second)."""
     sampling = sum(sampling_s) / max(len(sampling_s), 1)
@@ -275,17 +276,14 @@ def phases(workload: Workload, sampling_s: list[float], step_s: float, _tokens: 
     }
 
 
-def grpo_step_fields(workload: Workload, config: RunConfig, args: ModelArgs, world: Dist) -> dict:
-    """The result fields of a GRPO step: its trained tokens and their training FLOPs (the
-    sampling's forwards are not counted in MFU)."""
-    lora = lora_shape(config.lora, args)
+def grpo_step_work(workload: Workload, args: ModelArgs) -> dict:
+    """A GRPO step's work, the same for every system: its trained tokens and their training
+    FLOPs (the sampling's forwards are not counted in MFU), its documents."""
+    lora = lora_shape(workload_lora(workload), args)
     length = workload.tokens + workload.completion_tokens
     tokens = trained_tokens(workload)
     return {
-        "system": "tuneforge",
         "tokens_per_step": tokens,
         "flops_per_step": tokens * training_flops_per_token(args, length, lora),
-        "gpus": world.world_size,
         "documents_per_step": workload.prompts * workload.generations,
-        "padding_share": 0.0,
     }

@@ -12,13 +12,11 @@ import torch
 
 from tuneforge.bench.batches import prompt_token_ids
 from tuneforge.bench.grpo_reward import even_share
-from tuneforge.bench.ours import DISTINCT_BATCHES, phases, trained_tokens, workload_lora
+from tuneforge.bench.ours import DISTINCT_BATCHES, grpo_step_work, phases
 from tuneforge.bench.peers import _peft_targets, peer_result
 from tuneforge.bench.peers_trl import peer_model, time_trainer_steps
 from tuneforge.bench.workloads import Workload
 from tuneforge.models.catalog import catalog_shape
-from tuneforge.models.cost import training_flops_per_token
-from tuneforge.peft.selection import lora_shape
 
 
 def prompt_records(workload: Workload, vocab_size: int, steps: int) -> list[dict]:
@@ -57,16 +55,9 @@ def run_trl_grpo(workload: Workload, checkpointing: bool, warmup: int, steps: in
     trainer.model.generate = timed
     timing = time_trainer_steps(trainer, warmup, steps)
     result = peer_result(workload, "trl", checkpointing, timing)
-    step_s = result["ms_per_step"] / 1e3
     args = catalog_shape(workload.shape).with_layers(workload.layers)
-    lora = lora_shape(workload_lora(workload), args)
-    length = workload.tokens + workload.completion_tokens
-    tokens = trained_tokens(workload)
-    return result | phases(workload, timed.seconds[-steps:], step_s, tokens) | {
-        "tokens_per_step": tokens,
-        "flops_per_step": tokens * training_flops_per_token(args, length, lora),
-        "documents_per_step": workload.prompts * workload.generations,
-    }  # fmt: skip
+    sampling = phases(workload, timed.seconds[-steps:], result["ms_per_step"] / 1e3)
+    return result | sampling | grpo_step_work(workload, args)
 
 
 def trl_grpo_trainer(workload: Workload, checkpointing: bool, steps: int):

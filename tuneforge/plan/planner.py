@@ -106,12 +106,7 @@ def setup_of(config: RunConfig, args: ModelArgs, hardware: Hardware, mean_doc_le
         > 1
     )
     tensor = parallel.tensor_parallel if mesh else 1
-    objective = declaration_of(config)
-    settings = objective.settings_of(config)
-    samples, generated = (
-        objective.samples_per_record(settings),
-        objective.generated_tokens(settings),
-    )
+    samples, generated = declaration_of(config).sampling(config)
     read = config.train.tokens_per_micro_batch
     param_bytes = 4 if config.model.dtype == "float32" else 2
     sequences = samples * read / max(mean_doc_len, 1.0) if generated else 0.0

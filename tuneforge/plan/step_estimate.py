@@ -39,12 +39,7 @@ def estimate_step(
 ) -> StepTime:
     """One rank's step over `micro_batches` (each a list of document lengths read); an objective
     that samples first trains on each document once per sample, after sampling them."""
-    objective = declaration_of(config)
-    settings = objective.settings_of(config)
-    samples, generated = (
-        objective.samples_per_record(settings),
-        objective.generated_tokens(settings),
-    )
+    samples, generated = declaration_of(config).sampling(config)
     trained = [documents * samples for documents in micro_batches]
     time = step_time(configured_work(config, setup, trained), rates, link_gbps)
     if not generated:

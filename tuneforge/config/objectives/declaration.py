@@ -36,6 +36,13 @@ class FrozenModel:
     """What else it costs, for `tuneforge plan` (e.g. a cache's bytes per token)."""
 
 
+def starting_model_kind(lora: Any) -> str:
+    """How a run holds its model as training started (a reference): the base with its adapters
+    disabled for LoRA on a fresh adapter (no second copy), else a frozen copy (full fine-tuning,
+    or an adapter continued from `lora.init_adapter`)."""
+    return "adapters_off" if lora.enabled and lora.init_adapter is None else "frozen_copy"
+
+
 def no_frozen_models(*_: Any) -> tuple[FrozenModel, ...]:
     return ()
 
@@ -79,6 +86,12 @@ class ObjectiveDeclaration:
     def settings_of(self, config: Any) -> Any:
         """Its own section of `config` (None without one)."""
         return getattr(config, self.settings) if self.settings else None
+
+    def sampling(self, config: Any) -> tuple[int, int]:
+        """(documents trained per record read, tokens sampled after each prompt) of `config`
+        (a RunConfig): (1, 0) for an objective that samples nothing."""
+        settings = self.settings_of(config)
+        return self.samples_per_record(settings), self.generated_tokens(settings)
 
     def short_name(self, settings: Any) -> str:
         return self.name if self.title is None else self.title(settings)

@@ -5,7 +5,11 @@ from typing import Literal, get_args
 
 from pydantic import Field
 
-from tuneforge.config.objectives.declaration import FrozenModel, ObjectiveDeclaration
+from tuneforge.config.objectives.declaration import (
+    FrozenModel,
+    ObjectiveDeclaration,
+    starting_model_kind,
+)
 from tuneforge.config.rules import rule
 from tuneforge.config.sections.base import Section
 
@@ -44,7 +48,7 @@ def reference_kind(lora, dpo: DpoSection) -> str | None:
         return None
     if dpo.reference != "auto":
         return dpo.reference
-    return "adapters_off" if lora.enabled and lora.init_adapter is None else "frozen_copy"
+    return starting_model_kind(lora)
 
 
 def frozen_reference(lora, dpo: DpoSection) -> tuple[FrozenModel, ...]:

@@ -8,7 +8,11 @@ from typing import Literal, get_args
 
 from pydantic import Field, field_validator
 
-from tuneforge.config.objectives.declaration import FrozenModel, ObjectiveDeclaration
+from tuneforge.config.objectives.declaration import (
+    FrozenModel,
+    ObjectiveDeclaration,
+    starting_model_kind,
+)
 from tuneforge.config.rules import rule
 from tuneforge.config.sections.base import Section
 
@@ -98,7 +102,7 @@ class GrpoSection(Section):
 def grpo_reference(lora, grpo: GrpoSection) -> tuple[FrozenModel, ...]:
     if grpo.beta == 0:
         return ()
-    kind = "adapters_off" if lora.enabled and lora.init_adapter is None else "frozen_copy"
+    kind = starting_model_kind(lora)
     return (FrozenModel("reference", kind, holds_weights=kind == "frozen_copy"),)
 
 

@@ -7,7 +7,6 @@ The reference is the model as it was when preference training started (`config/o
 dpo.py` says which is held): for a fresh adapter the base with the adapters disabled (no second
 copy of the model), otherwise a frozen copy, or its values computed in one pass before training."""
 
-import logging
 from typing import Any
 
 from tuneforge.config.objectives.dpo import DPO, reference_kind
@@ -17,16 +16,13 @@ from tuneforge.train.frozen.precomputed_reference import precomputed_reference
 from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
 from tuneforge.train.objectives.pairs import (
     REWARD_METRICS,
-    AdaptersOffReference,
-    FrozenCopyReference,
     Reference,
     pair_logps_of_hidden,
     reward_sums,
+    starting_model,
 )
 from tuneforge.train.objectives.preference_loss import PreferenceLoss, preference_losses
 from tuneforge.train.objectives.seam import Objective, ObjectiveOutput, hidden_states_and_aux
-
-log = logging.getLogger(__name__)
 
 
 class PreferenceObjective(Objective):
@@ -74,11 +70,7 @@ def reference_of(setup: ObjectiveSetup) -> Reference | None:
         return precomputed_reference(
             setup.model, setup.passes, config.train.loss_chunk_tokens, setup.resumed
         )
-    if kind == "adapters_off":
-        return AdaptersOffReference(setup.model)
-    if setup.dims.sharded:
-        log.info("reference: the frozen copy's blocks sharded across the ranks")
-    return FrozenCopyReference(setup.model, setup.dims.sharded)
+    return starting_model(setup.model, kind, setup.dims.sharded)
 
 
 def build(setup: ObjectiveSetup) -> PreferenceObjective:

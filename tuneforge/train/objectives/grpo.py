@@ -28,6 +28,7 @@ from tuneforge.train.objectives.pairs import (
     AdaptersOffReference,
     FrozenCopyReference,
     model_token_logps,
+    starting_model,
 )
 from tuneforge.train.objectives.rewards import (
     RewardFunction,
@@ -35,7 +36,7 @@ from tuneforge.train.objectives.rewards import (
     score,
     weighted_rewards,
 )
-from tuneforge.train.objectives.rollout import prompts_of, sample, training_batch
+from tuneforge.train.objectives.rollout import Prompts, prompts_of, sample, training_batch
 from tuneforge.train.objectives.seam import (
     Metric,
     Objective,
@@ -114,7 +115,7 @@ class GrpoObjective(Objective):
         return batch
 
     def rollout(self, read: PackedBatch) -> PackedBatch:
-        grpo, decode = self.grpo, self._decode
+        grpo = self.grpo
         prompts = prompts_of(read)
         sampled = self.within_forward(
             lambda: sample(
@@ -123,13 +124,7 @@ class GrpoObjective(Objective):
             )
         )  # fmt: skip
         replies = [self._reply(c) for c in sampled.completions]
-        per_function = score(
-            self.functions,
-            [self.tokenizer.decode(p) for p in sampled.prompts],
-            [decode(r) for r in replies],
-            replies,
-            [decode(a) for a in prompts.answers for _ in range(grpo.num_generations)],
-        )
+        per_function = self._scored(prompts, replies, grpo.num_generations)
         rewards = weighted_rewards(per_function, self.functions)
         device = self.model.lm_head.weight.device
         spread = None
@@ -159,6 +154,21 @@ class GrpoObjective(Objective):
                 lambda: model_token_logps(self.model, batch, self.chunk_tokens)
             )
         return batch
+
+    def _scored(self, prompts: Prompts, replies: list[list[int]], group: int) -> torch.Tensor:
+        """[replies, functions]: each reward function's score of each reply, `group` replies
+        to each prompt one after another (prompts and answers decoded once each)."""
+
+        def each(texts: list[str]) -> list[str]:
+            return [text for text in texts for _ in range(group)]
+
+        return score(
+            self.functions,
+            each([self.tokenizer.decode(p) for p in prompts.ids]),
+            [self._decode(r) for r in replies],
+            replies,
+            each([self._decode(a) for a in prompts.answers]),
+        )
 
     def _reply(self, completion: list[int]) -> list[int]:
         """A completion without its end-of-turn token."""
@@ -224,13 +234,7 @@ class GrpoObjective(Objective):
         started = time.perf_counter()
         replies = generate(self.model, prompts.ids, self.grpo.max_new_tokens, self.stop)
         seconds = time.perf_counter() - started
-        per_function = score(
-            self.functions,
-            [self.tokenizer.decode(p) for p in prompts.ids],
-            [self._decode(r) for r in replies],
-            replies,
-            [self._decode(a) for a in prompts.answers],
-        )
+        per_function = self._scored(prompts, replies, 1)
         rewards = weighted_rewards(per_function, self.functions)
         zero = torch.zeros((), device=batch.labels.device)
         metrics = {metric.name: zero for metric in self.metrics}
@@ -268,12 +272,8 @@ def build(setup: ObjectiveSetup) -> GrpoObjective:
     grpo = config.grpo
     if setup.tokenizer is None:
         raise ValueError("GRPO decodes its completions: the setup needs the run's tokenizer")
-    reference: AdaptersOffReference | FrozenCopyReference | None = None
     frozen = GRPO.frozen_models(config)
-    if frozen and frozen[0].kind == "adapters_off":
-        reference = AdaptersOffReference(setup.model)
-    elif frozen:
-        reference = FrozenCopyReference(setup.model, setup.dims.sharded)
+    reference = starting_model(setup.model, frozen[0].kind, setup.dims.sharded) if frozen else None
     rank = dist.get_rank() if dist.is_initialized() else 0
     objective = GrpoObjective(
         setup.model,

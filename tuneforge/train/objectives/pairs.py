@@ -3,6 +3,7 @@ one): each reply's log-probability summed over its supervised tokens, with its t
 the reference a preference objective compares against."""
 
 import copy
+import logging
 from abc import ABC, abstractmethod
 from typing import Any, NamedTuple
 
@@ -14,6 +15,8 @@ from tuneforge.parallel.distributed import shard_frozen
 from tuneforge.peft.apply import adapters_disabled
 from tuneforge.train.objectives.seam import Metric
 from tuneforge.train.sequence_logps import document_sums, token_logps
+
+log = logging.getLogger(__name__)
 
 REWARD_METRICS = (
     Metric("rewards_chosen"),
@@ -132,3 +135,15 @@ class FrozenCopyReference(Reference):
     @torch.no_grad()
     def token_logps(self, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
         return model_token_logps(self.model, batch, chunk_tokens)
+
+
+def starting_model(
+    model: Decoder, kind: str, sharded: bool
+) -> AdaptersOffReference | FrozenCopyReference:
+    """The model as training started, held as `kind` says (`config/objectives/declaration.py`:
+    `adapters_off` or `frozen_copy`)."""
+    if kind == "adapters_off":
+        return AdaptersOffReference(model)
+    if sharded:
+        log.info("reference: the frozen copy's blocks sharded across the ranks")
+    return FrozenCopyReference(model, sharded)
