@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from tests.cli_runs import DEMO, cli, finish, losses, overrides, wait_for_step
+from tests.cli_runs import DEMO, REPO, cli, finish, losses, overrides, wait_for_step
 from tuneforge.config import load_config
 from tuneforge.runs.files import read_metrics
 from tuneforge.train.loop import Trainer
@@ -90,6 +90,31 @@ def test_a_faulty_reward_function_stops_the_run_with_its_name(tmp_path, monkeypa
     message = str(caught.value)
     assert "reward function graded (grpo.rewards.0.function)" in message and said in message
     trainer.close()
+
+
+def test_each_completion_is_scored_with_its_own_records_fields(tmp_path, monkeypatch):
+    """The records' other fields reach the reward functions through the cache and the packed
+    batches, each beside its own prompt: a field holding the record's question is found in the
+    prompt of every completion."""
+    data = tmp_path / "fielded.jsonl"
+    lines = (REPO / "tuneforge/assets/demo_data/train.jsonl").read_text().splitlines()[:400]
+    records = [json.loads(line) for line in lines]
+    data.write_text(
+        "".join(json.dumps(r | {"question": r["messages"][0]["content"]}) + "\n" for r in records)
+    )
+    (tmp_path / "fielded_rewards.py").write_text(
+        "def aligned(prompts, question, **_):\n"
+        "    return [float(q in p) for p, q in zip(prompts, question, strict=True)]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    extra = [f"data.train=[{{path: {data}}}]", "grpo.rewards=[fielded_rewards:aligned]"]
+    for _ in range(2):  # tokenised, then from the cache
+        trainer = Trainer(_config(tmp_path, *extra), overwrite=True)
+        trainer.setup()
+        trainer.train()
+        trainer.close()
+        steps = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+        assert len(steps) == 2 and all(r["reward_aligned"] == 1.0 for r in steps)
 
 
 def test_a_reward_function_that_cannot_be_imported_is_refused_before_training(tmp_path):

@@ -10,6 +10,7 @@ from tuneforge.config.sections.data import DataSource
 from tuneforge.data.cache import cached_examples
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import build_examples
+from tuneforge.data.packing import PackedLoader
 from tuneforge.data.reading import read_conversations
 from tuneforge.data.token_store import TokenStore
 
@@ -56,6 +57,36 @@ def test_second_load_is_a_hit_with_identical_examples(setup):
     assert calls == [1]
     assert [second[i] for i in range(len(second))] == [first[i] for i in range(len(first))]
     assert again == stats and second.lengths == first.lengths
+
+
+def test_record_fields_kept_by_the_examples_come_back_from_the_cache(setup):
+    """Each document keeps its record's other fields where asked (GRPO's rewards read them):
+    written beside the arrays, read back on a hit, carried by every batch of the documents."""
+    data, tokenizer, cache = setup
+    lines = data.read_text().splitlines()
+    data.write_text(
+        "".join(json.dumps(json.loads(line) | {"n": i}) + "\n" for i, line in enumerate(lines))
+    )
+    conversations, _ = read_conversations(data, "openai")
+    options = OPTIONS | {"record_fields": True}
+
+    def build():
+        return build_examples(conversations, tokenizer, 64, "drop", Rendering(), keep_fields=True)
+
+    first, _ = cached_examples([DataSource(path=data)], tokenizer, options, cache, build)
+    second, _ = cached_examples([DataSource(path=data)], tokenizer, options, cache, lambda: 1 / 0)
+    assert first.fields == second.fields == [{"n": i} for i in range(len(lines))]
+    loader = PackedLoader(second, 64, seed=0)
+    for batch in loader.fixed_batches():
+        assert batch.record_fields is not None
+        assert len(batch.record_fields) == batch.num_documents
+        for fields, start in zip(
+            batch.record_fields, batch.packed.cu_seqlens[:-1].tolist(), strict=True
+        ):
+            prompt = tokenizer.decode(batch.tokens[start : start + 12].tolist())
+            assert f"sort: {fields['n'] + 2} 1" in prompt  # the record's own document
+    plain, _ = load(data, tokenizer, cache)
+    assert plain.fields is None
 
 
 def test_token_store_round_trips_examples(setup):

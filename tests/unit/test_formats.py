@@ -77,6 +77,22 @@ def test_text_and_field_map(tmp_path):
     assert conversation.text == "plain text" and conversation.messages == []
 
 
+def test_a_records_other_fields_are_kept_beside_it(tmp_path):
+    """What the format does not read (under its mapped name too) stays with the record, for
+    reward functions; a record without others keeps none."""
+    records = [
+        {"messages": USER_ASSISTANT, "solution": "a", "tests": [1, 2]},
+        {"messages": USER_ASSISTANT},
+    ]
+    found, _ = read_conversations(write_jsonl(tmp_path / "m.jsonl", records), "openai")
+    assert [c.fields for c in found] == [{"solution": "a", "tests": [1, 2]}, None]
+    alpaca = {"q": "question", "output": "a", "level": 3}
+    ((conversation,), _) = read_conversations(
+        write_jsonl(tmp_path / "a.jsonl", [alpaca]), "alpaca", {"instruction": "q"}
+    )
+    assert conversation.fields == {"level": 3}
+
+
 def test_tool_turns_follow_the_assistant(tmp_path):
     messages = [
         {"role": "user", "content": "weather?"},

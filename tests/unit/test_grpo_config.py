@@ -7,6 +7,7 @@ from tuneforge.config import load_config
 from tuneforge.config.errors import ConfigError
 from tuneforge.config.objectives.grpo import GrpoSection
 from tuneforge.train.objectives.rewards import (
+    RewardError,
     exact_match,
     length_penalty,
     regex,
@@ -76,3 +77,19 @@ def test_rewards_are_weighted_and_a_none_adds_nothing(tmp_path, monkeypatch):
     table = score(functions, ["p", "p"], ["7", "x"], [[1], [2]], ["7", "7"])
     assert table[0].tolist() == [1.0, 0.5] and table[1, 0] == 0.0 and table[1, 1].isnan()
     assert weighted_rewards(table, functions).tolist() == [2.5, 0.0]
+
+
+def test_a_users_reward_reads_the_records_fields(tmp_path, monkeypatch):
+    """Each record field reaches the functions as a keyword, a value per completion (None where
+    the record lacks it); a field under one of the functions' own names is refused."""
+    (tmp_path / "fielded.py").write_text(
+        "def solved(completions, solution, **_):\n"
+        "    return [None if s is None else float(c == s) for c, s in zip(completions, solution)]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    functions = reward_functions(GrpoSection(rewards=["fielded:solved"]))
+    records = [{"solution": "7"}, {"solution": "8"}, {}]
+    table = score(functions, ["p"] * 3, ["7", "7", "7"], [[1]] * 3, ["", "", ""], records)
+    assert table[:2, 0].tolist() == [1.0, 0.0] and table[2, 0].isnan()
+    with pytest.raises(RewardError, match=r"field named 'answer'.*rename it"):
+        score(functions, ["p"], ["7"], [[1]], ["7"], [{"answer": "7"}])

@@ -4,6 +4,7 @@ The key hashes the contents of every source file (not only its name), the format
 tokenizer's files and chat template, the length policy and `CACHE_VERSION`. An entry is a
 directory of `input_ids.npy`, `loss_mask.npy`, `offsets.npy` and `meta.json`, written to a
 temporary directory and renamed into place when complete; a failed build writes nothing.
+Where the documents keep their records' other fields, `fields.jsonl` holds them, a line each.
 """
 
 import dataclasses
@@ -28,6 +29,7 @@ from tuneforge.file_modes import follow_umask
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 3
+FIELDS_FILE = "fields.jsonl"
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -66,10 +68,15 @@ def load_cached(directory: Path) -> tuple[TokenStore, DatasetStats] | None:
     if not (directory / "meta.json").is_file():
         return None
     meta = json.loads((directory / "meta.json").read_text())
+    fields_file = directory / FIELDS_FILE
+    fields = None
+    if fields_file.is_file():
+        fields = [json.loads(line) for line in fields_file.read_text().splitlines()]
     store = TokenStore(
         np.load(directory / "input_ids.npy", mmap_mode="r"),
         np.load(directory / "loss_mask.npy", mmap_mode="r"),
         np.load(directory / "offsets.npy"),
+        fields,
     )
     return store, DatasetStats.from_dict(meta["stats"])
 
@@ -97,6 +104,9 @@ def save_cached(directory: Path, store: TokenStore, stats: DatasetStats) -> None
         np.save(partial / "input_ids.npy", np.asarray(store.input_ids))
         np.save(partial / "loss_mask.npy", np.asarray(store.loss_mask))
         np.save(partial / "offsets.npy", np.asarray(store.offsets))
+        if store.fields is not None:  # values JSON cannot hold (a date) are kept as text
+            lines = (json.dumps(fields, default=str) + "\n" for fields in store.fields)
+            (partial / FIELDS_FILE).write_text("".join(lines))
         meta = {"version": CACHE_VERSION, "stats": dataclasses.asdict(stats)}
         (partial / "meta.json").write_text(json.dumps(meta))
 

@@ -1,7 +1,7 @@
 """From configured sources to training examples, with counts of what was kept and dropped."""
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuneforge.config.sections.data import DataSection
@@ -74,7 +74,7 @@ def piece_of(whole: Example, piece: Span, truncated: bool) -> Example:
     labels = whole.labels[start:end]
     if truncated:
         labels = [*labels[:-1], IGNORE_INDEX]
-    return Example(whole.input_ids[start:end], labels)
+    return Example(whole.input_ids[start:end], labels, whole.fields)
 
 
 def build_examples(
@@ -87,10 +87,12 @@ def build_examples(
     split_long: bool = False,
     workers: int | None = 0,
     on_bad_record: str = "error",
+    keep_fields: bool = False,
 ) -> tuple[list[Example], DatasetStats]:
     """Tokenise (on `workers` processes, see `parallel.worker_count`), apply the length policy
     and drop records without supervised tokens, counting each. A record the chat template cannot
-    render stops it, or is counted and left out with `on_bad_record="skip"`."""
+    render stops it, or is counted and left out with `on_bad_record="skip"`. With `keep_fields`
+    each example carries its record's other fields."""
     lengths: list[int] = []
     record_spans: list[tuple[int, ...]] = []
     stats = DatasetStats(records=RecordLengths(lengths, record_spans))
@@ -134,6 +136,8 @@ def build_examples(
                 stats.dropped_examples.append(conversation.origin)
             continue
         whole = make_example(ids, mask)
+        if keep_fields:
+            whole = replace(whole, fields=conversation.fields or {})
         for piece in kept:
             examples.append(whole if piece == (0, len(ids)) else piece_of(whole, piece, truncated))
             stats.num_tokens += piece[1] - piece[0]
@@ -185,7 +189,11 @@ def report_left_out(stats: DatasetStats, max_seq_len: int) -> None:
 
 
 def examples_for(
-    conversations: list[Conversation], tokenizer, data: DataSection, rendering: Rendering
+    conversations: list[Conversation],
+    tokenizer,
+    data: DataSection,
+    rendering: Rendering,
+    keep_fields: bool = False,
 ):
     """`build_examples` with the length, bad-record and worker settings of a data section."""
     return build_examples(
@@ -197,4 +205,5 @@ def examples_for(
         split_long=data.split_long,
         workers=data.tokenize_workers,
         on_bad_record=data.on_bad_record,
+        keep_fields=keep_fields,
     )

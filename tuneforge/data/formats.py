@@ -3,6 +3,7 @@ sharegpt, text and preference (prompt, chosen, rejected: supervised training use
 reply; the rejected one is kept for preference training). `field_map` renames fields
 (our name -> the name in the file)."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -191,6 +192,17 @@ def _text_format(record: dict, field_map: dict[str, str], origin: str) -> Conver
     return Conversation([], origin, text=_text(record, "text", field_map))
 
 
+FORMAT_FIELDS = {
+    "openai": ("messages",),
+    "messages": ("messages",),
+    "alpaca": ("instruction", "input", "output", "system"),
+    "squad": ("context", "question", "answers"),
+    "sharegpt": ("conversations",),
+    "text": ("text",),
+    "preference": ("prompt", "chosen", "rejected"),
+}
+"""The fields each format reads (our names): the record's others are kept beside it."""
+
 FORMATS: dict[str, Callable[[dict, dict[str, str], str], Conversation]] = {
     "openai": _openai,
     "messages": _openai,
@@ -210,4 +222,7 @@ def to_conversation(
         raise record
     if not isinstance(record, dict):
         raise RecordError(f"expected a JSON object, got {type(record).__name__}")
-    return FORMATS[format_name](record, field_map, origin)
+    conversation = FORMATS[format_name](record, field_map, origin)
+    read = {field_map.get(name, name) for name in FORMAT_FIELDS[format_name]}
+    others = {key: value for key, value in record.items() if key not in read}
+    return dataclasses.replace(conversation, fields=others) if others else conversation

@@ -44,6 +44,8 @@ class PackedBatch:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     """What a frozen model computed for these documents before training (`data/side_data.py`):
     a precomputed reference's log-probabilities, a cached teacher's top-k logits."""
+    record_fields: list[dict[str, object]] | None = None
+    """Each document's record fields, in order, where the store keeps them (for rewards)."""
 
     @property
     def num_real_tokens(self) -> int:
@@ -65,6 +67,7 @@ class PackedBatch:
             self.num_padding,
             None if self.real_tokens is None else to_device(self.real_tokens, device),
             {name: to_device(value, device) for name, value in self.extras.items()},
+            self.record_fields,
         )
 
 
@@ -188,6 +191,8 @@ class PackedLoader:
         batch = collate_from(self.store, indexes, self.padded)
         if self.side_data is not None:
             batch.extras = self.side_data.gather(indexes)
+        if self.store.fields is not None:
+            batch.record_fields = [self.store.fields[i] for i in indexes]
         return batch
 
     def __iter__(self) -> Iterator[PackedBatch]:

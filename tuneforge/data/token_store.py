@@ -17,6 +17,8 @@ class Example:
     input_ids: list[int]
     labels: list[int]
     """Next-token targets, IGNORE_INDEX where no loss is taken (always at the last token)."""
+    fields: dict[str, object] | None = None
+    """Its record's other fields, where the objective scores against them (`Conversation`)."""
 
 
 def make_example(input_ids: list[int], loss_mask: list[bool]) -> Example:
@@ -28,13 +30,21 @@ def make_example(input_ids: list[int], loss_mask: list[bool]) -> Example:
 
 class TokenStore:
     """Documents backed by `input_ids` (int32), `loss_mask` (bool: the token is a target) and
-    `offsets` (int64, one more than documents)."""
+    `offsets` (int64, one more than documents); `fields`, where kept, holds each document's
+    record fields."""
 
-    def __init__(self, input_ids: np.ndarray, loss_mask: np.ndarray, offsets: np.ndarray) -> None:
+    def __init__(
+        self,
+        input_ids: np.ndarray,
+        loss_mask: np.ndarray,
+        offsets: np.ndarray,
+        fields: list[dict[str, object]] | None = None,
+    ) -> None:
         self.input_ids = input_ids
         self.loss_mask = loss_mask
         self.offsets = offsets
         self.lengths = np.diff(offsets).tolist()
+        self.fields = fields
 
     @classmethod
     def from_examples(cls, examples: "Sequence[Example] | TokenStore") -> "TokenStore":
@@ -51,14 +61,17 @@ class TokenStore:
             start = int(offsets[index])
             labels = np.asarray(example.labels[:-1])
             mask[start + 1 : start + len(example.input_ids)] = labels != IGNORE_INDEX
-        return cls(input_ids, mask, offsets)
+        kept = any(example.fields is not None for example in examples)
+        fields = [example.fields or {} for example in examples] if kept else None
+        return cls(input_ids, mask, offsets, fields)
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def __getitem__(self, index: int) -> Example:
         ids, labels = self.arrays([index])
-        return Example(ids.tolist(), labels.tolist())
+        fields = None if self.fields is None else self.fields[index]
+        return Example(ids.tolist(), labels.tolist(), fields)
 
     def arrays(self, indexes: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and next-token labels (int64) of the documents, one after another."""

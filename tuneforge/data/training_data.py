@@ -76,10 +76,12 @@ def load_training_data(
     rank: int = 0,
     world_size: int = 1,
     data_format: DataFormat = "conversations",
+    keep_fields: bool = False,
 ) -> TrainingData:
     """Read, validate, split, weight, tokenise (through the cache) and pack; raises `DataError`.
     The loader serves data-parallel rank `rank` of `world_size`. In the `pairs` format (the
-    objective's) each record is a pair of documents, packed whole (`data/pairs.py`)."""
+    objective's) each record is a pair of documents, packed whole (`data/pairs.py`). With
+    `keep_fields` each document carries its record's other fields (`PackedBatch.record_fields`)."""
     pairs = data_format == "pairs"
     split = training_conversations(data, seed) if data.eval_fraction is not None else None
     if data.eval and split is None:
@@ -90,7 +92,7 @@ def load_training_data(
     def tokenise(conversations: list[Conversation]):
         if pairs:
             return pair_examples(conversations, tokenizer, data, rendering, tokens_per_micro_batch)
-        return examples_for(conversations, tokenizer, data, rendering)
+        return examples_for(conversations, tokenizer, data, rendering, keep_fields)
 
     options = {
         "max_seq_len": data.max_seq_len,
@@ -104,11 +106,11 @@ def load_training_data(
         "weights": [s.weight for s in data.train],
         # the seed only picks records when a fraction is held out or a weight is fractional
         "seed": seed if data.eval_fraction or any(s.weight % 1 for s in data.train) else None,
-    } | (
-        {"data_format": data_format, "tokens_per_micro_batch": tokens_per_micro_batch}
-        if pairs
-        else {}
-    )
+    }
+    if pairs:
+        options |= {"data_format": data_format, "tokens_per_micro_batch": tokens_per_micro_batch}
+    if keep_fields:
+        options["record_fields"] = True
     examples, stats = cached_examples(
         data.train,
         tokenizer,

@@ -110,6 +110,7 @@ def load_data(config: RunConfig, tokenizer, world: Dist) -> TrainingData:
             rank=dims.data_rank(world.rank),
             world_size=dims.data_parallel_size,
             data_format=declaration_of(config).data_format,
+            keep_fields=declaration_of(config).keeps_record_fields,
         )
 
     data, problem = None, None

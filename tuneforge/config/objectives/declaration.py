@@ -70,6 +70,8 @@ class ObjectiveDeclaration:
     """Why its step cannot be captured as one CUDA graph (train.cuda_graph); None: it can."""
     samples_per_record: Callable[[Any], int] = lambda _: 1
     """Documents a step trains on for each record read, from its settings (GRPO: the group)."""
+    keeps_record_fields: bool = False
+    """Its documents carry their records' other fields (a reward function's reference values)."""
     generated_tokens: Callable[[Any], int] = lambda _: 0
     """Tokens it samples after each prompt before training on them (their key/value cache is
     the step's other peak), from its settings."""

@@ -118,6 +118,7 @@ GRPO = ObjectiveDeclaration(
     cross_entropy_metric=None,
     refuses_captured_step="a GRPO step samples completions first, which is not captured",
     samples_per_record=lambda grpo: grpo.num_generations,
+    keeps_record_fields=True,
     generated_tokens=lambda grpo: grpo.max_new_tokens,
 )
 

@@ -168,6 +168,7 @@ class GrpoObjective(Objective):
             [self._decode(r) for r in replies],
             replies,
             each([self._decode(a) for a in prompts.answers]),
+            [record for record in prompts.fields for _ in range(group)],
         )
 
     def _reply(self, completion: list[int]) -> list[int]:

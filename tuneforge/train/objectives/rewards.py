@@ -1,7 +1,8 @@
 """GRPO's reward functions: the built-in ones (`exact_match`, `regex`, `length_penalty`) and a
 user's own by import path (`module:function`), run as trusted code like the configuration. Each
 is called with keyword arguments — `prompts`, `completions` (decoded, special tokens left out),
-`completion_ids`, and the record's fields (`answer`: its reference reply) — and returns one
+`completion_ids`, `answer` (the record's reference reply), and each field of the records beyond
+their messages, one value per completion (None where its record lacks it) — and returns one
 float per completion (None where it does not apply: that function then adds nothing)."""
 
 import importlib
@@ -106,15 +107,32 @@ def _where(error: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
+OWN_ARGUMENTS = ("prompts", "completions", "completion_ids", "answer")
+
+
+def record_arguments(fields: list[dict[str, object]]) -> dict[str, list[object]]:
+    """The records' fields as keyword arguments: each field's values, one per completion."""
+    names = dict.fromkeys(name for record in fields for name in record)
+    taken = [name for name in names if name in OWN_ARGUMENTS]
+    if taken:
+        raise RewardError(
+            f"the records have a field named {taken[0]!r}, which is the reward functions' own "
+            f"argument ({', '.join(OWN_ARGUMENTS)}): rename it in the data"
+        )
+    return {name: [record.get(name) for record in fields] for name in names}
+
+
 def score(
     functions: list[RewardFunction],
     prompts: list[str],
     completions: list[str],
     completion_ids: list[list[int]],
     answers: list[str],
+    fields: list[dict[str, object]] | None = None,
 ) -> torch.Tensor:
     """float32 [completions, functions]: each function's reward of each completion (NaN where
-    it returned None)."""
+    it returned None); `fields`: each completion's record fields."""
+    arguments = record_arguments(fields or [])
     columns = []
     for function in functions:
         try:
@@ -123,6 +141,7 @@ def score(
                 completions=completions,
                 completion_ids=completion_ids,
                 answer=answers,
+                **arguments,
             )
         except Exception as error:
             raise RewardError(

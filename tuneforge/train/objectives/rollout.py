@@ -19,6 +19,8 @@ class Prompts:
     ids: list[list[int]]
     answers: list[list[int]]
     """Each prompt's reference reply: the tokens its record's last reply was trained on."""
+    fields: list[dict[str, object]]
+    """Each prompt's record fields beyond its messages (empty where none are kept)."""
 
 
 def prompts_of(batch: PackedBatch) -> Prompts:
@@ -26,8 +28,9 @@ def prompts_of(batch: PackedBatch) -> Prompts:
     tokens = batch.tokens.tolist()
     labels = batch.labels.tolist()
     cu = batch.packed.cu_seqlens.tolist()
-    prompts, answers = [], []
-    for start, end in itertools.pairwise(cu):
+    records = batch.record_fields or []
+    prompts, answers, fields = [], [], []
+    for document, (start, end) in enumerate(itertools.pairwise(cu)):
         rows = [t for t in range(start, end) if labels[t] != IGNORE_INDEX]
         if not rows:
             continue  # nothing supervised: no reply to compare with
@@ -36,7 +39,8 @@ def prompts_of(batch: PackedBatch) -> Prompts:
             first -= 1
         prompts.append(tokens[start : first + 1])
         answers.append([labels[t] for t in range(first, rows[-1] + 1)])
-    return Prompts(prompts, answers)
+        fields.append(records[document] if document < len(records) else {})
+    return Prompts(prompts, answers, fields)
 
 
 @dataclass
