@@ -92,29 +92,41 @@ def test_a_faulty_reward_function_stops_the_run_with_its_name(tmp_path, monkeypa
     trainer.close()
 
 
-def test_each_completion_is_scored_with_its_own_records_fields(tmp_path, monkeypatch):
+@pytest.mark.parametrize("prompt_alone", [False, True])
+def test_each_completion_is_scored_with_its_own_records_fields(tmp_path, monkeypatch, prompt_alone):
     """The records' other fields reach the reward functions through the cache and the packed
     batches, each beside its own prompt: a field holding the record's question is found in the
-    prompt of every completion."""
-    data = tmp_path / "fielded.jsonl"
+    prompt of every completion — with the reference reply, or for a prompt alone (format
+    `prompt`, held out too), where `exact_match` has nothing to compare and adds nothing."""
     lines = (REPO / "tuneforge/assets/demo_data/train.jsonl").read_text().splitlines()[:400]
-    records = [json.loads(line) for line in lines]
-    data.write_text(
-        "".join(json.dumps(r | {"question": r["messages"][0]["content"]}) + "\n" for r in records)
-    )
+    records = []
+    for line in lines:
+        messages = json.loads(line)["messages"]
+        record = {"prompt": messages[0]["content"]} if prompt_alone else {"messages": messages}
+        records.append(record | {"question": messages[0]["content"]})
+    data = tmp_path / "fielded.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
     (tmp_path / "fielded_rewards.py").write_text(
         "def aligned(prompts, question, **_):\n"
         "    return [float(q in p) for p, q in zip(prompts, question, strict=True)]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    extra = [f"data.train=[{{path: {data}}}]", "grpo.rewards=[fielded_rewards:aligned]"]
+    source = f"{{path: {data}, format: {'prompt' if prompt_alone else 'openai'}}}"
+    extra = [f"data.train=[{source}]", "grpo.rewards=[fielded_rewards:aligned, exact_match]"]
+    extra += ["data.eval_fraction=0.05", "eval.every_steps=2", "eval.num_samples=8"]
     for _ in range(2):  # tokenised, then from the cache
         trainer = Trainer(_config(tmp_path, *extra), overwrite=True)
         trainer.setup()
         trainer.train()
         trainer.close()
-        steps = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+        written = read_metrics(tmp_path / "run" / "metrics.jsonl")
+        steps = [r for r in written if "loss" in r]
         assert len(steps) == 2 and all(r["reward_aligned"] == 1.0 for r in steps)
+        held_out = [r for r in written if "eval_loss" in r]
+        assert held_out and all(r["eval_reward_aligned"] == 1.0 for r in held_out)
+        compared = [r["reward_exact_match"] for r in steps]
+        assert all(c == 0.0 for c in compared) if prompt_alone else all(c >= 0 for c in compared)
+        assert all(("eval_accuracy" in r) != prompt_alone for r in held_out)
 
 
 def test_a_reward_function_that_cannot_be_imported_is_refused_before_training(tmp_path):

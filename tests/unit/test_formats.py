@@ -93,6 +93,32 @@ def test_a_records_other_fields_are_kept_beside_it(tmp_path):
     assert conversation.fields == {"level": 3}
 
 
+def test_a_prompt_alone_is_read_for_sampling_and_kept_only_there(tmp_path):
+    """Format `prompt`: a string or messages ending with the user's turn; tokenised with the
+    generation prompt and nothing trained, kept where replies are sampled (GRPO) and left out
+    of supervised training, which has nothing to learn from it."""
+    from transformers import AutoTokenizer
+
+    from tuneforge.assets import DEMO_TOKENIZER_DIR
+    from tuneforge.data.chat import Rendering, prompt_ids
+    from tuneforge.data.dataset import build_examples
+
+    records = [{"prompt": "sort: 3 1", "solution": "1 3"}, {"prompt": USER_ASSISTANT[:1]}]
+    found, _ = read_conversations(write_jsonl(tmp_path / "p.jsonl", records), "prompt")
+    assert [c.is_prompt for c in found] == [True, True]
+    assert found[0].messages == [{"role": "user", "content": "sort: 3 1"}]
+    assert [c.fields for c in found] == [{"solution": "1 3"}, None]
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_TOKENIZER_DIR)
+    sampled, _ = build_examples(found, tokenizer, 64, "drop", Rendering(), keep_fields=True)
+    assert [e.input_ids for e in sampled] == [prompt_ids(tokenizer, c.messages) for c in found]
+    assert all(set(e.labels) == {-100} for e in sampled)
+    with pytest.raises(DataError, match="no trainable examples"):
+        build_examples(found, tokenizer, 64, "drop", Rendering())
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": USER_ASSISTANT}])
+    with pytest.raises(DataError, match=r'bad\.jsonl:1: field "prompt": a prompt must end'):
+        read_conversations(bad, "prompt")
+
+
 def test_tool_turns_follow_the_assistant(tmp_path):
     messages = [
         {"role": "user", "content": "weather?"},

@@ -45,11 +45,14 @@ def inspect(
     """Records, lengths, supervision, packing efficiency and advice for a dataset."""
     if config is not None:
         load_config(config, overrides or [])  # its mistakes before the heavy imports
+        from tuneforge.config.objectives.registry import declaration_of
         from tuneforge.data.report import inspect_data
 
         run_config, tok = _from_config(config, overrides or [])
+        train = run_config.train
+        sampling = declaration_of(run_config).keeps_record_fields
         report = inspect_data(
-            run_config.data, tok, run_config.train.tokens_per_micro_batch, run_config.train.seed
+            run_config.data, tok, train.tokens_per_micro_batch, train.seed, sampling
         )
     elif data is not None:
         if not data.exists():
@@ -57,7 +60,10 @@ def inspect(
         section = _data_section(data, format, max_seq_len)
         from tuneforge.data.report import inspect_data
 
-        report = inspect_data(section, _tokenizer(tokenizer), tokens_per_micro_batch)
+        sampling = format == "prompt"  # prompts alone are for an objective that samples
+        report = inspect_data(
+            section, _tokenizer(tokenizer), tokens_per_micro_batch, keep_fields=sampling
+        )
     else:
         raise TuneforgeError("give a configuration, or --data FILE --format NAME")
     if as_json:

@@ -159,6 +159,9 @@ def _rendered(tokenizer, conversation: Conversation, rendering: Rendering):
     if conversation.text is not None or conversation.pretokenized is not None:
         return None
     try:
+        if conversation.is_prompt:
+            messages, origin = conversation.messages, conversation.origin
+            return _render(tokenizer, messages, rendering, origin, prompt=True), []
         return render_spans(tokenizer, conversation.messages, conversation.origin, rendering)
     except DataError as error:
         return error

@@ -92,7 +92,8 @@ def build_examples(
     """Tokenise (on `workers` processes, see `parallel.worker_count`), apply the length policy
     and drop records without supervised tokens, counting each. A record the chat template cannot
     render stops it, or is counted and left out with `on_bad_record="skip"`. With `keep_fields`
-    each example carries its record's other fields."""
+    (an objective that samples replies and scores them) each example carries its record's other
+    fields, and a record of a prompt alone is kept whole; without, it has nothing to train."""
     lengths: list[int] = []
     record_spans: list[tuple[int, ...]] = []
     stats = DatasetStats(records=RecordLengths(lengths, record_spans))
@@ -114,22 +115,26 @@ def build_examples(
         lengths.append(len(ids))
         record_spans.append(spans)
         too_long = len(ids) > max_seq_len
-        if too_long and not split_long and on_too_long == "error":
+        prompt = keep_fields and conversation.is_prompt
+        # a prompt cut would lose what it asks: too long, it is dropped (or stops the run)
+        policy = ("error" if on_too_long == "error" else "drop") if prompt else on_too_long
+        split = split_long and not prompt
+        if too_long and not split and policy == "error":
             raise DataError(
                 f"{conversation.origin}: {len(ids)} tokens exceed data.max_seq_len={max_seq_len}; "
                 "raise it, or set data.on_too_long to truncate or drop"
             )
-        bounds = pieces(len(ids), max_seq_len, on_too_long, split_long)
-        truncated = too_long and not split_long
+        bounds = pieces(len(ids), max_seq_len, policy, split)
+        truncated = too_long and not split
         if too_long:
-            if split_long:
+            if split:
                 stats.num_split += 1
             elif bounds:
                 stats.num_truncated += 1
             else:
                 stats.num_dropped_too_long += 1
                 continue
-        kept = [piece for piece in bounds if has_targets(piece, spans, truncated)]
+        kept = bounds if prompt else [p for p in bounds if has_targets(p, spans, truncated)]
         if not kept:
             stats.num_without_targets += 1
             if len(stats.dropped_examples) < 5:

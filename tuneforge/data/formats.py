@@ -1,6 +1,7 @@
 """Record formats, each turned into a `Conversation`: alpaca, squad, openai (alias messages),
-sharegpt, text and preference (prompt, chosen, rejected: supervised training uses the chosen
-reply; the rejected one is kept for preference training). `field_map` renames fields
+sharegpt, text, preference (prompt, chosen, rejected: supervised training uses the chosen
+reply; the rejected one is kept for preference training) and prompt (a prompt alone, for an
+objective that samples its replies). `field_map` renames fields
 (our name -> the name in the file)."""
 
 import dataclasses
@@ -45,8 +46,9 @@ def _text(record: dict, name: str, field_map: dict[str, str], required: bool = T
     return value
 
 
-def check_turns(messages: list[dict[str, str]]) -> None:
-    """Roles known, contents non-empty strings, system first, user and assistant taking turns."""
+def check_turns(messages: list[dict[str, str]], reply: bool = True) -> None:
+    """Roles known, contents non-empty strings, system first, user and assistant taking turns;
+    with `reply`, an assistant reply among them, else the user's turn last (a prompt)."""
     if not messages:
         raise RecordError("no messages")
     previous = None
@@ -74,6 +76,10 @@ def check_turns(messages: list[dict[str, str]]) -> None:
                 f"{where}: role {role!r} cannot come {after} (expected {' or '.join(sorted(allowed))})"
             )
         previous = role
+    if not reply:
+        if previous != "user":
+            raise RecordError("a prompt must end with the user's turn (the reply is sampled)")
+        return
     if not any(message["role"] == "assistant" for message in messages):
         raise RecordError("no assistant message: nothing to learn from")
 
@@ -188,6 +194,16 @@ def _preference(record: dict, field_map: dict[str, str], origin: str) -> Convers
     return Conversation(messages, origin, rejected=rejected)
 
 
+def _prompt(record: dict, field_map: dict[str, str], origin: str) -> Conversation:
+    key = field_map.get("prompt", "prompt")
+    messages = _prompt_messages(_field(record, "prompt", field_map), key)
+    try:
+        check_turns(messages, reply=False)
+    except RecordError as error:
+        raise RecordError(f'field "{key}": {error}') from None
+    return Conversation(messages, origin, is_prompt=True)
+
+
 def _text_format(record: dict, field_map: dict[str, str], origin: str) -> Conversation:
     return Conversation([], origin, text=_text(record, "text", field_map))
 
@@ -200,6 +216,7 @@ FORMAT_FIELDS = {
     "sharegpt": ("conversations",),
     "text": ("text",),
     "preference": ("prompt", "chosen", "rejected"),
+    "prompt": ("prompt",),
 }
 """The fields each format reads (our names): the record's others are kept beside it."""
 
@@ -211,6 +228,7 @@ FORMATS: dict[str, Callable[[dict, dict[str, str], str], Conversation]] = {
     "sharegpt": _sharegpt,
     "text": _text_format,
     "preference": _preference,
+    "prompt": _prompt,
 }
 
 

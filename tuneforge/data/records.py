@@ -38,6 +38,9 @@ class Conversation:
     """For preference records: the rejected reply (`messages` ends with the chosen one)."""
     pretokenized: "tuple[np.ndarray, np.ndarray] | None" = None
     """(token ids, loss mask) of a document that comes tokenised (format mlperf)."""
+    is_prompt: bool = False
+    """A prompt alone, to be answered (format `prompt`): rendered with the generation prompt,
+    nothing in it trained."""
     fields: dict[str, object] | None = None
     """The record's fields that its format does not read (a reward function's reference
     values, such as a solution or test cases)."""

@@ -110,10 +110,15 @@ def build_report(
 
 
 def inspect_data(
-    data: DataSection, tokenizer, tokens_per_micro_batch: int, seed: int = 0
+    data: DataSection,
+    tokenizer,
+    tokens_per_micro_batch: int,
+    seed: int = 0,
+    keep_fields: bool = False,
 ) -> DataReport:
     """Read, validate and tokenise the training records of `data` as the run will see them (the
-    sources' weights applied, an `eval_fraction` held out) and report on them."""
+    sources' weights applied, an `eval_fraction` held out; with `keep_fields`, as an objective
+    that samples replies does, prompts alone kept) and report on them."""
     from tuneforge.data.dataset import examples_for
     from tuneforge.data.reading import read_source
     from tuneforge.data.training_data import mix_of
@@ -124,7 +129,7 @@ def inspect_data(
         per_source.append(found)
         bad += skipped.count
     conversations, _ = mix_of(data, per_source, seed)
-    examples, stats = examples_for(conversations, tokenizer, data, Rendering.of(data))
+    examples, stats = examples_for(conversations, tokenizer, data, Rendering.of(data), keep_fields)
     bad += stats.num_unrenderable  # left out by data.on_bad_record: skip, like malformed ones
     return build_report(examples, stats, data.max_seq_len, tokens_per_micro_batch, bad)
 

@@ -86,8 +86,8 @@ def exact_match(
     shown_prompts: list[str] = []
     references: list[str] = []
     for conversation in conversations:
-        if conversation.text is not None:
-            continue  # raw text has no reply to compare
+        if conversation.text is not None or conversation.is_prompt:
+            continue  # raw text and a prompt alone have no reply to compare
         messages = conversation.messages
         last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
         prompts.append(prompt_ids(tokenizer, messages[:last]))

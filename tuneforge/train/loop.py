@@ -232,6 +232,8 @@ class Trainer:
             if component_of(self.config).declaration.per_token_loss:
                 record["eval_ppl"] = loss.perplexity
             record |= {f"eval_{name}": value for name, value in loss.metrics.items()}
+        if accuracy is not None and not accuracy.num_total:
+            accuracy = None  # no held-out record has a reply to compare
         if accuracy is not None:
             record["eval_accuracy"] = accuracy.accuracy
         if self.metrics is not None:

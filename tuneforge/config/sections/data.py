@@ -24,10 +24,19 @@ class DataSource(Section):
     revision: str | None = None
     """With hub: the branch, tag or commit; the run records the commit."""
     format: Literal[
-        "openai", "messages", "alpaca", "squad", "sharegpt", "text", "preference", "mlperf"
+        "openai",
+        "messages",
+        "alpaca",
+        "squad",
+        "sharegpt",
+        "text",
+        "preference",
+        "prompt",
+        "mlperf",
     ] = "openai"
     """Record format: openai/messages, alpaca, squad, sharegpt, text (every token trained),
-    preference, or mlperf (pre-tokenised packs: input_ids, loss_mask, seq_start_id)."""
+    preference, prompt (a prompt alone, answered by GRPO's sampling), or mlperf (pre-tokenised
+    packs: input_ids, loss_mask, seq_start_id)."""
     weight: float = Field(1.0, gt=0)
     """Share of this source in the mix: 2 repeats each record twice per epoch, 0.5 keeps a seeded
     half."""

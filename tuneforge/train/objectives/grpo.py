@@ -46,6 +46,7 @@ from tuneforge.train.objectives.seam import (
 from tuneforge.train.sequence_logps import token_logps
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 GENERATOR_SEED_OFFSET = 7919
 """The sampler's seed is the run's plus this plus the rank (each rank samples its own)."""
@@ -159,16 +160,16 @@ class GrpoObjective(Objective):
         """[replies, functions]: each reward function's score of each reply, `group` replies
         to each prompt one after another (prompts and answers decoded once each)."""
 
-        def each(texts: list[str]) -> list[str]:
-            return [text for text in texts for _ in range(group)]
+        def each(values: list[V]) -> list[V]:
+            return [value for value in values for _ in range(group)]
 
         return score(
             self.functions,
             each([self.tokenizer.decode(p) for p in prompts.ids]),
             [self._decode(r) for r in replies],
             replies,
-            each([self._decode(a) for a in prompts.answers]),
-            [record for record in prompts.fields for _ in range(group)],
+            each([None if a is None else self._decode(a) for a in prompts.answers]),
+            each(prompts.fields),
         )
 
     def _reply(self, completion: list[int]) -> list[int]:

@@ -1,9 +1,10 @@
 """GRPO's reward functions: the built-in ones (`exact_match`, `regex`, `length_penalty`) and a
 user's own by import path (`module:function`), run as trusted code like the configuration. Each
 is called with keyword arguments — `prompts`, `completions` (decoded, special tokens left out),
-`completion_ids`, `answer` (the record's reference reply), and each field of the records beyond
-their messages, one value per completion (None where its record lacks it) — and returns one
-float per completion (None where it does not apply: that function then adds nothing)."""
+`completion_ids`, `answer` (the record's reference reply; None for a prompt alone), and each
+field of the records beyond their messages, one value per completion (None where its record
+lacks it) — and returns one float per completion (None where it does not apply: that function
+then adds nothing)."""
 
 import importlib
 import math
@@ -35,8 +36,14 @@ class RewardFunction:
     """Where the configuration names it (`grpo.rewards.0.function`)."""
 
 
-def exact_match(completions: list[str], answer: list[str], **_: object) -> list[float]:
-    return [float(c.strip() == a.strip()) for c, a in zip(completions, answer, strict=True)]
+def exact_match(
+    completions: list[str], answer: list[str | None], **_: object
+) -> list[float | None]:
+    """None where the record has no reference reply (a prompt alone)."""
+    return [
+        None if a is None else float(c.strip() == a.strip())
+        for c, a in zip(completions, answer, strict=True)
+    ]
 
 
 def regex(pattern: str) -> RewardFn:
@@ -127,7 +134,7 @@ def score(
     prompts: list[str],
     completions: list[str],
     completion_ids: list[list[int]],
-    answers: list[str],
+    answers: list[str | None],
     fields: list[dict[str, object]] | None = None,
 ) -> torch.Tensor:
     """float32 [completions, functions]: each function's reward of each completion (NaN where

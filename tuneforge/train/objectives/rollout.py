@@ -17,23 +17,31 @@ from tuneforge.models.generate import generate
 @dataclass
 class Prompts:
     ids: list[list[int]]
-    answers: list[list[int]]
-    """Each prompt's reference reply: the tokens its record's last reply was trained on."""
+    answers: list[list[int] | None]
+    """Each prompt's reference reply: the tokens its record's last reply was trained on (None
+    for a record of a prompt alone)."""
     fields: list[dict[str, object]]
     """Each prompt's record fields beyond its messages (empty where none are kept)."""
 
 
 def prompts_of(batch: PackedBatch) -> Prompts:
-    """Each document of `batch` split before its last run of supervised tokens."""
+    """Each document of `batch` split before its last run of supervised tokens; a record's
+    document without any (a prompt alone) whole."""
     tokens = batch.tokens.tolist()
     labels = batch.labels.tolist()
     cu = batch.packed.cu_seqlens.tolist()
     records = batch.record_fields or []
-    prompts, answers, fields = [], [], []
+    prompts: list[list[int]] = []
+    answers: list[list[int] | None] = []
+    fields: list[dict[str, object]] = []
     for document, (start, end) in enumerate(itertools.pairwise(cu)):
         rows = [t for t in range(start, end) if labels[t] != IGNORE_INDEX]
         if not rows:
-            continue  # nothing supervised: no reply to compare with
+            if document < len(records):  # a prompt alone (else a fixed shape's padding)
+                prompts.append(tokens[start:end])
+                answers.append(None)
+                fields.append(records[document])
+            continue
         first = rows[-1]
         while first - 1 >= start and labels[first - 1] != IGNORE_INDEX:
             first -= 1
