@@ -260,3 +260,27 @@ def test_bad_outputs_and_metrics_files_are_named_not_tracebacks(tmp_path, comman
     (run / "metrics.jsonl").write_text("")
     code, said = invoke("c.png")
     assert code == 1 and "is empty: the run has logged no step yet" in said
+
+
+def test_runs_that_sample_replies_show_their_reward(tmp_path):
+    """GRPO's held-out reward at the end, or where it never evaluated, its training reward's
+    mean over the last ten steps."""
+    evaluated = write_run(tmp_path / "a", [0.0] * 12, [(6, -0.5), (12, -0.75)])
+    trained = write_run(tmp_path / "b", [0.0] * 12, [])
+    for run in (evaluated, trained):
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for line in lines:
+            if "eval_loss" in line:
+                line["eval_reward"] = -line["eval_loss"]
+            else:
+                line["reward"] = line["step"] / 12
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines))
+    first, second = compare_runs([evaluated, trained])
+    assert first.final_reward == 0.75
+    assert second.final_reward == pytest.approx(sum(range(3, 13)) / 10 / 12)
+    output = (
+        CliRunner()
+        .invoke(app, ["compare", str(evaluated), str(trained)], env={"COLUMNS": "250"})
+        .output
+    )
+    assert "reward" in output and "0.7500" in output and f"{second.final_reward:.4f}" in output

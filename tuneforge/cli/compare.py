@@ -49,10 +49,13 @@ def compare(
     loss = "loss (last)" if shared else "cross-entropy (last)"
     table = Table("run", "precision", loss, "gap mean/max", "held-out", "best", "tok/s", "GiB")
     matches = any(summary.final_exact_match is not None for summary in summaries)
+    rewarded = any(summary.final_reward is not None for summary in summaries)
     if not shared:
         table.add_column("objective")
     if matches:
         table.add_column("exact match")
+    if rewarded:
+        table.add_column("reward")
     for summary in summaries:
         reference = summary is summaries[0]
         held_out = _number(summary.final_eval_loss)
@@ -73,6 +76,7 @@ def compare(
         ]
         row += [] if shared else [summary.objective]
         row += [_percent(summary.final_exact_match, signed=False)] if matches else []
+        row += [_number(summary.final_reward)] if rewarded else []
         table.add_row(*row)
     console.print(table)
     what = "training loss" if shared else "training cross-entropy"
@@ -80,7 +84,8 @@ def compare(
         f"run (steps); {loss}: {loss_label(runs)}: the smoothed {what} at the last step "
         f"(moving average, {smoothing}), the last logged value in brackets; gaps: relative to "
         f"{summaries[0].name}'s smoothed curve; held-out: at the end (relative to the "
-        "reference's at the last step both evaluated)",
+        "reference's at the last step both evaluated)"
+        + ("; reward: held out at the end, else the last 10 steps' mean" if rewarded else ""),
         markup=False,
     )
     if not shared:

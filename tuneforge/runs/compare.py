@@ -2,7 +2,7 @@
 best held-out loss, the gap between their smoothed training curves, speed and peak memory, and
 what else differs in their configurations (an A/B of precisions should differ in nothing else).
 Runs that optimise different objectives are compared by their cross-entropy on the data where
-they log one (`loss_meaning.py`), and by exact match."""
+they log one (`loss_meaning.py`), by exact match, and by reward where they sample replies."""
 
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -14,6 +14,8 @@ from tuneforge.errors import TuneforgeError
 from tuneforge.runs.files import METRICS_FILE, read_run_metrics
 from tuneforge.runs.loss_meaning import LossMeaning, loss_meaning
 from tuneforge.runs.pace import WARMUP_STEPS
+
+REWARD_STEPS = 10
 
 SAME_ANYWHERE = ("run.", "logging.", "checkpoint.", "precision.", "train.time_limit")
 """Settings an A/B may change without making the comparison unfair (a run stopped sooner by
@@ -74,6 +76,9 @@ class RunSummary:
     """Tokens/s over the reference's."""
     peak_gib: float | None
     final_exact_match: float | None
+    final_reward: float | None
+    """A run that scores sampled replies (GRPO): its held-out reward at the last evaluation,
+    else its mean training reward over the last `REWARD_STEPS` logged steps."""
     differs_in: list[str]
     """Settings other than precision, run, logging and checkpoint that differ from the reference."""
 
@@ -207,8 +212,18 @@ def _summary(run: RunCurves, reference: RunCurves, compared_by: str) -> RunSumma
         ),
         peak_gib=run.peak_gib,
         final_exact_match=run.exact_match[-1][1] if run.exact_match else None,
+        final_reward=final_reward(run.records),
         differs_in=_differences(run.config, reference.config),
     )
+
+
+def final_reward(records: list[dict[str, Any]]) -> float | None:
+    held_out = [r["eval_reward"] for r in records if r.get("eval_reward") is not None]
+    if held_out:
+        return float(held_out[-1])
+    rewards = [r["reward"] for r in records if r.get("loss") is not None and "reward" in r]
+    rewards = [value for value in rewards if value is not None][-REWARD_STEPS:]
+    return statistics.fmean(rewards) if rewards else None
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
