@@ -35,9 +35,12 @@ GRPO = [
 ]
 
 
-def test_grpo_killed_and_resumed_gives_the_uninterrupted_losses(tmp_path):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_grpo_killed_and_resumed_gives_the_uninterrupted_losses(tmp_path, dynamic):
+    """With DAPO's dynamic sampling too, whose further reads move the loader on."""
+    options = [*GRPO, "grpo.dynamic_sampling=true"] if dynamic else GRPO
     straight = tmp_path / "straight" / "run"
-    finish(cli(straight, *GRPO))
+    finish(cli(straight, *options))
     expected = losses(straight)
     assert len(expected) == 12 and any(loss != 0 for loss in expected)
     records = [r for r in read_metrics(straight / "metrics.jsonl") if "loss" in r]
@@ -47,15 +50,18 @@ def test_grpo_killed_and_resumed_gives_the_uninterrupted_losses(tmp_path):
     generated = [r["generation_tokens_per_s"] for r in records]
     # with two iterations every other step samples (accumulation 2: both micro-batches)
     assert all(g is None for g in generated[1::2]) and all(g > 0 for g in generated[0::2])
+    if dynamic:  # two micro-batches a step, each read again where groups were rewarded alike
+        rounds = [r["sampling_rounds"] for r in records[0::2]]
+        assert all(2 <= n <= 6 for n in rounds) and any(n > 2 for n in rounds)
 
     run = tmp_path / "killed" / "run"
-    process = cli(run, *GRPO)
+    process = cli(run, *options)
     wait_for_step(run, 7, process)
     process.send_signal(signal.SIGKILL)
     process.wait()
     # step 5 sampled the completions step 6 trains on again: the resume needs them
     assert json.loads((run / "checkpoints" / "latest").read_text())["step"] == 5
-    finish(cli(run, *GRPO, resume=True))
+    finish(cli(run, *options, resume=True))
     assert losses(run) == expected
 
 
@@ -139,15 +145,20 @@ def test_a_reward_function_that_cannot_be_imported_is_refused_before_training(tm
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_each_of_two_ranks_samples_for_its_own_prompts(tmp_path, strategy):
     """DDP and FSDP2 (whose root unit's embedding and output layer are gathered for sampling):
-    each rank answers its own prompts, and the step's counts are both ranks' together."""
+    each rank answers its own prompts, and the step's counts are both ranks' together. Under
+    FSDP2 with dynamic sampling, a round one rank wants is sampled by both."""
     run = tmp_path / "run"
+    dynamic = ["grpo.dynamic_sampling=true"] if strategy == "fsdp" else []
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    args = ["-m", "tuneforge", "train", str(DEMO), *overrides(run, *GRPO), "train.max_steps=4",
-            "train.grad_accum_steps=1", f"parallel.strategy={strategy}", "--overwrite"]  # fmt: skip
+    args = ["-m", "tuneforge", "train", str(DEMO), *overrides(run, *GRPO, *dynamic),
+            "train.max_steps=4", "train.grad_accum_steps=1", f"parallel.strategy={strategy}",
+            "--overwrite"]  # fmt: skip
     done = subprocess.run([*launcher, *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
     assert len(records) == 4 and all(math.isfinite(r["loss"]) for r in records)
     for record in records:
         assert record["completions"] == 4 * record["groups"] > 4  # both ranks' prompts
+        if dynamic and record.get("generation_s"):  # both ranks took the same rounds
+            assert record["sampling_rounds"] % 2 == 0 and record["sampling_rounds"] >= 2
     assert any(r["kl"] > 0 for r in records)

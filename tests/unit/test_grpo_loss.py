@@ -164,3 +164,39 @@ def test_the_batch_spread_spans_every_ranks_rewards():
     mp.spawn(_spread_on_rank, args=(port, halves, out), nprocs=2)
     expected = torch.tensor(halves[0] + halves[1]).std()
     assert out[0] == out[1] == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_dynamic_sampling_keeps_the_groups_with_something_to_learn():
+    """Groups rewarded alike are left out, the rest kept in order up to the first read's count;
+    where no round has any, the first round is trained on whole (its advantages all 0)."""
+    from tuneforge.train.objectives.dynamic_sampling import (
+        ScoredRound,
+        informative_groups,
+        kept_groups,
+    )
+    from tuneforge.train.objectives.rollout import Rollout
+
+    def scored(rewards: list[float], tag: int) -> ScoredRound:
+        count = len(rewards)
+        prompts = [[tag, index // 2] for index in range(count)]
+        sampled = Rollout(prompts, [[tag, index] for index in range(count)], 1.0)
+        values = torch.tensor(rewards)
+        return ScoredRound(
+            sampled,
+            sampled.completions,
+            values[:, None],
+            values,
+            group_advantages(values, 2, "group"),
+        )
+
+    first = scored([1.0, 1.0, 0.0, 1.0, 0.0, 0.0], tag=1)  # groups: alike, varied, alike
+    second = scored([0.0, 1.0, 1.0, 0.0, 1.0, 0.0], tag=2)  # all three varied
+    assert informative_groups([first, second]) == 4
+    sampled, advantages = kept_groups([first, second], group=2, wanted=3)
+    assert sampled.completions == [[1, 2], [1, 3], [2, 0], [2, 1], [2, 2], [2, 3]]
+    assert sampled.prompts == [[1, 1], [1, 1], [2, 0], [2, 0], [2, 1], [2, 1]]
+    expected = torch.cat([first.advantages.values[2:4], second.advantages.values[:4]])
+    assert torch.equal(advantages, expected) and sampled.seconds == 2.0
+    alike = scored([1.0, 1.0, 0.0, 0.0], tag=3)
+    sampled, advantages = kept_groups([alike, scored([1.0, 1.0], tag=4)], group=2, wanted=2)
+    assert sampled is alike.sampled and not advantages.any()

@@ -69,8 +69,10 @@ class RewardTrack:
                     f"{statistics.fmean(recent):.0%} of the groups of the last {len(recent)} "
                     "steps were rewarded alike: they give no gradient",
                     "the prompts are too easy or too hard for the policy: take prompts it "
-                    "sometimes solves, raise grpo.num_generations or grpo.temperature, or give "
-                    "partial credit in the rewards",
+                    "sometimes solves, raise grpo.num_generations or grpo.temperature, give "
+                    "partial credit in the rewards, or set grpo.dynamic_sampling: true to "
+                    "train only on groups with something to learn (more prompts are sampled in "
+                    "their place)",
                 )
             )
         kl = self.kl[-WINDOW:]

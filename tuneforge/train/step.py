@@ -41,8 +41,12 @@ def optimizer_step(
         group["lr"] = lr
     embedding = model.embed.weight.device  # the host with train.offload_embedding
     inner = objective_of(objective)
+
+    def read() -> PackedBatch:
+        return next(batches).to(device, embedding)
+
     micro_batches = [
-        inner.make_batch(next(batches).to(device, embedding) if inner.reads_batch() else None)
+        inner.make_batch(read() if inner.reads_batch() else None, read)
         for _ in range(train.grad_accum_steps)
     ]
     # The sum stays on the device (no wait for the GPU before the forward is queued).

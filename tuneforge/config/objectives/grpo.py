@@ -77,6 +77,13 @@ class GrpoSection(Section):
     num_iterations: int = Field(1, ge=1)
     """Optimizer steps on each batch of completions (μ): after the first, the ratio to the policy
     that generated them is clipped."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: groups whose completions were all rewarded alike (no advantage)
+    are left out of the step, and further prompts are read and sampled, up to
+    `max_sampling_rounds` reads a micro-batch, until it holds as many groups with something to
+    learn as its first read had prompts."""
+    max_sampling_rounds: int = Field(3, ge=1)
+    """With dynamic_sampling: the most reads (and samplings) one micro-batch may take."""
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(function="exact_match")])
     """The reward functions: a name (`exact_match`, `module:function`) or a mapping with
     `function` and its options; a completion's reward is their weighted sum."""

@@ -21,6 +21,12 @@ from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import generate
 from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
+from tuneforge.train.objectives.dynamic_sampling import (
+    ScoredRound,
+    any_rank_wants,
+    informative_groups,
+    kept_groups,
+)
 from tuneforge.train.objectives.grpo_advantages import group_advantages, spread_across_ranks
 from tuneforge.train.objectives.grpo_loss import GrpoLossSetting, completion_of_rows, grpo_loss
 from tuneforge.train.objectives.kept_batches import again, batch_of_state, batch_state
@@ -52,9 +58,11 @@ GENERATOR_SEED_OFFSET = 7919
 """The sampler's seed is the run's plus this plus the rank (each rank samples its own)."""
 
 
-def grpo_metrics(functions: list[RewardFunction], beta: float) -> tuple[Metric, ...]:
+def grpo_metrics(functions: list[RewardFunction], grpo: GrpoSection) -> tuple[Metric, ...]:
     by_function = tuple(Metric(f"reward_{f.name}", per="completions") for f in functions)
-    kl = (Metric("kl", per="completion_tokens", held_out=False),) if beta else ()
+    kl = (Metric("kl", per="completion_tokens", held_out=False),) if grpo.beta else ()
+    dynamic = grpo.dynamic_sampling
+    rounds = (Metric("sampling_rounds", per="step", held_out=False),) if dynamic else ()
     return (
         Metric("reward", per="completions", headline=True),
         *by_function,
@@ -63,6 +71,7 @@ def grpo_metrics(functions: list[RewardFunction], beta: float) -> tuple[Metric, 
         Metric("completion_length", per="completions"),
         Metric("clip_ratio", per="completion_tokens", percent=True, held_out=False),
         *kl,
+        *rounds,
         Metric("generation_tokens_per_s", per="generation_s"),
         Metric("completions", per="step", held_out=False),
         Metric("groups", per="step", held_out=False),
@@ -86,7 +95,7 @@ class GrpoObjective(Objective):
         super().__init__(model)
         self.grpo, self.tokenizer, self.functions = grpo, tokenizer, functions
         self.reference, self.chunk_tokens = reference, chunk_tokens
-        self.metrics = grpo_metrics(functions, grpo.beta)
+        self.metrics = grpo_metrics(functions, grpo)
         self.setting = GrpoLossSetting(
             grpo.loss_type, grpo.epsilon, grpo.upper_clip, grpo.beta, grpo.max_new_tokens
         )
@@ -102,7 +111,9 @@ class GrpoObjective(Objective):
     def reads_batch(self) -> bool:
         return self.calls % (self.accumulation * self.grpo.num_iterations) < self.accumulation
 
-    def make_batch(self, read: PackedBatch | None) -> PackedBatch:
+    def make_batch(
+        self, read: PackedBatch | None, read_more: Callable[[], PackedBatch] | None = None
+    ) -> PackedBatch:
         slot = self.calls % (self.accumulation * self.grpo.num_iterations)
         self.calls += 1
         if slot >= self.accumulation:
@@ -110,39 +121,46 @@ class GrpoObjective(Objective):
             assert kept is not None
             return again(kept)
         assert read is not None
-        batch = self.rollout(read)
+        batch = self.rollout(read, read_more)
         if self.grpo.num_iterations > 1:
             self.kept[slot] = batch
         return batch
 
-    def rollout(self, read: PackedBatch) -> PackedBatch:
+    def rollout(
+        self, read: PackedBatch, read_more: Callable[[], PackedBatch] | None = None
+    ) -> PackedBatch:
+        """The batch to train on: `read`'s prompts with their completions; with dynamic
+        sampling, only the groups with something to learn, more read with `read_more`."""
         grpo = self.grpo
-        prompts = prompts_of(read)
-        sampled = self.within_forward(
-            lambda: sample(
-                self.model, prompts.ids, grpo.num_generations, grpo.max_new_tokens, self.stop,
-                self.generator, grpo.temperature, grpo.top_p, grpo.top_k,
-            )
-        )  # fmt: skip
-        replies = [self._reply(c) for c in sampled.completions]
-        per_function = self._scored(prompts, replies, grpo.num_generations)
-        rewards = weighted_rewards(per_function, self.functions)
+        rounds = [self._sampled_round(read)]
+        wanted = rounds[0].advantages.zero_std.numel()
         device = self.model.lm_head.weight.device
-        spread = None
-        if grpo.scale_rewards == "batch" and dist.is_initialized():
-            spread = spread_across_ranks(rewards, device)
-        advantages = group_advantages(rewards, grpo.num_generations, grpo.scale_rewards, spread)
+        if grpo.dynamic_sampling:
+            while (
+                len(rounds) < grpo.max_sampling_rounds
+                and read_more is not None
+                and any_rank_wants(informative_groups(rounds) < wanted, device)
+            ):
+                rounds.append(self._sampled_round(read_more()))
+            sampled, advantages = kept_groups(rounds, grpo.num_generations, wanted)
+        else:
+            sampled, advantages = rounds[0].sampled, rounds[0].advantages.values
         batch = training_batch(sampled).to(device, read.tokens.device)
-        generated = sum(len(c) for c in sampled.completions)
+        every = [r.sampled for r in rounds]
         extras = {
-            "advantages": advantages.values,
-            "rewards": rewards,
-            "reward_by_function": per_function,
-            "completion_length": torch.tensor([float(len(r)) for r in replies]),
-            "group_std": advantages.group_std,
-            "zero_std": advantages.zero_std.float(),
-            "generation_s": torch.tensor([sampled.seconds]),
-            "generated_tokens": torch.tensor([float(generated)]),
+            "advantages": advantages,
+            "rewards": torch.cat([r.rewards for r in rounds]),
+            "reward_by_function": torch.cat([r.per_function for r in rounds]),
+            "completion_length": torch.tensor(
+                [float(len(reply)) for r in rounds for reply in r.replies]
+            ),
+            "group_std": torch.cat([r.advantages.group_std for r in rounds]),
+            "zero_std": torch.cat([r.advantages.zero_std for r in rounds]).float(),
+            "generation_s": torch.tensor([sum(s.seconds for s in every)]),
+            "generated_tokens": torch.tensor(
+                [float(sum(len(c) for s in every for c in s.completions))]
+            ),
+            "sampling_rounds": torch.tensor([float(len(rounds))]),
         }
         batch.extras = {name: value.to(device) for name, value in extras.items()}
         if self.reference is not None:
@@ -155,6 +173,25 @@ class GrpoObjective(Objective):
                 lambda: model_token_logps(self.model, batch, self.chunk_tokens)
             )
         return batch
+
+    def _sampled_round(self, read: PackedBatch) -> ScoredRound:
+        """`read`'s prompts, each answered `num_generations` times, and the replies scored."""
+        grpo = self.grpo
+        prompts = prompts_of(read)
+        sampled = self.within_forward(
+            lambda: sample(
+                self.model, prompts.ids, grpo.num_generations, grpo.max_new_tokens, self.stop,
+                self.generator, grpo.temperature, grpo.top_p, grpo.top_k,
+            )
+        )  # fmt: skip
+        replies = [self._reply(c) for c in sampled.completions]
+        per_function = self._scored(prompts, replies, grpo.num_generations)
+        rewards = weighted_rewards(per_function, self.functions)
+        spread = None
+        if grpo.scale_rewards == "batch" and dist.is_initialized():
+            spread = spread_across_ranks(rewards, self.model.lm_head.weight.device)
+        advantages = group_advantages(rewards, grpo.num_generations, grpo.scale_rewards, spread)
+        return ScoredRound(sampled, replies, per_function, rewards, advantages)
 
     def _scored(self, prompts: Prompts, replies: list[list[int]], group: int) -> torch.Tensor:
         """[replies, functions]: each reward function's score of each reply, `group` replies
@@ -227,6 +264,8 @@ class GrpoObjective(Objective):
         }
         for index, function in enumerate(self.functions):
             sums[f"reward_{function.name}"] = by_function[index]
+        if self.grpo.dynamic_sampling:
+            sums["sampling_rounds"] = extras["sampling_rounds"].sum()
         return sums
 
     @torch.no_grad()

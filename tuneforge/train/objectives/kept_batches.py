@@ -16,6 +16,8 @@ def again(batch: PackedBatch) -> PackedBatch:
     extras = dict(batch.extras)
     extras["generation_s"] = torch.zeros_like(extras["generation_s"])
     extras["generated_tokens"] = torch.zeros_like(extras["generated_tokens"])
+    if "sampling_rounds" in extras:
+        extras["sampling_rounds"] = torch.zeros_like(extras["sampling_rounds"])
     return PackedBatch(
         batch.tokens, batch.labels, batch.packed, batch.num_loss_tokens, batch.num_padding,
         batch.real_tokens, extras,

@@ -7,6 +7,7 @@ An objective is the module that DDP and FSDP2 wrap, so that the whole computatio
 layer's weight included) runs inside the wrapper."""
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -81,10 +82,13 @@ class Objective(nn.Module, ABC):
         its own batches again, GRPO's `num_iterations`, reads none meanwhile)."""
         return True
 
-    def make_batch(self, read: PackedBatch | None) -> PackedBatch:
+    def make_batch(
+        self, read: PackedBatch | None, read_more: Callable[[], PackedBatch] | None = None
+    ) -> PackedBatch:
         """The batch a step trains on, from the one read from the loader (None where
         `reads_batch` said no): the same, unless the objective makes its own (sampled
-        completions of the read prompts)."""
+        completions of the read prompts; `read_more` reads further ones, for dynamic
+        sampling)."""
         assert read is not None
         return read
 
