@@ -5,6 +5,7 @@ name; the metrics of a step are what its completions say."""
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -63,6 +64,15 @@ def test_grpo_killed_and_resumed_gives_the_uninterrupted_losses(tmp_path, dynami
     assert json.loads((run / "checkpoints" / "latest").read_text())["step"] == 5
     finish(cli(run, *options, resume=True))
     assert losses(run) == expected
+    # the completion log: one group of each sampling step, its rewards those of its text, and
+    # the resumed run's the same lines (the steps it sampled again written once)
+    logged = read_metrics(straight / "completions.jsonl")
+    assert [r["step"] for r in logged] == [step for step in range(1, 13, 2) for _ in range(4)]
+    assert all(
+        r["reward"] == float(re.search("[aeiou]", r["completion"]) is not None) for r in logged
+    )
+    assert all(r["rewards"] == {"regex": r["reward"]} and r["answer"] for r in logged)
+    assert (run / "completions.jsonl").read_text() == (straight / "completions.jsonl").read_text()
 
 
 def _config(tmp_path, *extra: str):

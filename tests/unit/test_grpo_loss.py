@@ -174,14 +174,16 @@ def test_dynamic_sampling_keeps_the_groups_with_something_to_learn():
         informative_groups,
         kept_groups,
     )
-    from tuneforge.train.objectives.rollout import Rollout
+    from tuneforge.train.objectives.rollout import Prompts, Rollout
 
     def scored(rewards: list[float], tag: int) -> ScoredRound:
         count = len(rewards)
         prompts = [[tag, index // 2] for index in range(count)]
         sampled = Rollout(prompts, [[tag, index] for index in range(count)], 1.0)
         values = torch.tensor(rewards)
+        asked = Prompts(prompts[::2], [None] * (count // 2), [{}] * (count // 2))
         return ScoredRound(
+            asked,
             sampled,
             sampled.completions,
             values[:, None],

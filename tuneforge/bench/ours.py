@@ -138,6 +138,7 @@ def workload_config(workload: Workload, settings: Variant, world: Dist) -> RunCo
             num_generations=workload.generations,
             max_new_tokens=workload.completion_tokens,
             rewards=[RewardSpec(function=GRPO_REWARD)],
+            log_completions=0,  # the bench writes no run directory
         ),
         parallel=ParallelSection(
             strategy=strategy_for(settings, world),

@@ -11,6 +11,8 @@ from tuneforge.errors import TuneforgeError
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
+COMPLETIONS_FILE = "completions.jsonl"
+"""GRPO's sampled completions with their prompts and rewards, a few each logging step."""
 FINISHED_FILE = "finished"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS = "checkpoints"

@@ -84,6 +84,10 @@ class GrpoSection(Section):
     learn as its first read had prompts."""
     max_sampling_rounds: int = Field(3, ge=1)
     """With dynamic_sampling: the most reads (and samplings) one micro-batch may take."""
+    log_completions: int = Field(1, ge=0)
+    """Groups of completions written to `completions.jsonl` in the run directory every
+    `logging.log_steps` steps, each with its prompt, reference answer, rewards and advantage
+    (0: none)."""
     rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(function="exact_match")])
     """The reward functions: a name (`exact_match`, `module:function`) or a mapping with
     `function` and its options; a completion's reward is their weighted sum."""

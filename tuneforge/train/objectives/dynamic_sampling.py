@@ -9,13 +9,14 @@ import torch
 import torch.distributed as dist
 
 from tuneforge.train.objectives.grpo_advantages import Advantages
-from tuneforge.train.objectives.rollout import Rollout
+from tuneforge.train.objectives.rollout import Prompts, Rollout
 
 
 @dataclass
 class ScoredRound:
     """One read's prompts, sampled and scored."""
 
+    prompts: Prompts
     sampled: Rollout
     replies: list[list[int]]
     """Each completion without its end-of-turn token."""

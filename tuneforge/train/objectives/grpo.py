@@ -20,6 +20,8 @@ from tuneforge.data.chat import stop_ids
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import generate
+from tuneforge.runs.files import COMPLETIONS_FILE
+from tuneforge.train.objectives.completion_log import CompletionLog
 from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
 from tuneforge.train.objectives.dynamic_sampling import (
     ScoredRound,
@@ -91,8 +93,10 @@ class GrpoObjective(Objective):
         accumulation: int,
         seed: int,
         chunk_tokens: int = 1024,
+        completion_log: CompletionLog | None = None,
     ) -> None:
         super().__init__(model)
+        self.completion_log = completion_log
         self.grpo, self.tokenizer, self.functions = grpo, tokenizer, functions
         self.reference, self.chunk_tokens = reference, chunk_tokens
         self.metrics = grpo_metrics(functions, grpo)
@@ -121,18 +125,26 @@ class GrpoObjective(Objective):
             assert kept is not None
             return again(kept)
         assert read is not None
-        batch = self.rollout(read, read_more)
+        step = (self.calls - 1) // self.accumulation + 1
+        logged = self.completion_log is not None and slot == 0 and self.completion_log.due(step)
+        batch = self.rollout(read, read_more, step if logged else None)
         if self.grpo.num_iterations > 1:
             self.kept[slot] = batch
         return batch
 
     def rollout(
-        self, read: PackedBatch, read_more: Callable[[], PackedBatch] | None = None
+        self,
+        read: PackedBatch,
+        read_more: Callable[[], PackedBatch] | None = None,
+        logged_step: int | None = None,
     ) -> PackedBatch:
         """The batch to train on: `read`'s prompts with their completions; with dynamic
-        sampling, only the groups with something to learn, more read with `read_more`."""
+        sampling, only the groups with something to learn, more read with `read_more`. With
+        `logged_step`, the first groups go to the completion log."""
         grpo = self.grpo
         rounds = [self._sampled_round(read)]
+        if logged_step is not None:
+            self._log(rounds[0], logged_step)
         wanted = rounds[0].advantages.zero_std.numel()
         device = self.model.lm_head.weight.device
         if grpo.dynamic_sampling:
@@ -191,7 +203,7 @@ class GrpoObjective(Objective):
         if grpo.scale_rewards == "batch" and dist.is_initialized():
             spread = spread_across_ranks(rewards, self.model.lm_head.weight.device)
         advantages = group_advantages(rewards, grpo.num_generations, grpo.scale_rewards, spread)
-        return ScoredRound(sampled, replies, per_function, rewards, advantages)
+        return ScoredRound(prompts, sampled, replies, per_function, rewards, advantages)
 
     def _scored(self, prompts: Prompts, replies: list[list[int]], group: int) -> torch.Tensor:
         """[replies, functions]: each reward function's score of each reply, `group` replies
@@ -208,6 +220,31 @@ class GrpoObjective(Objective):
             each([None if a is None else self._decode(a) for a in prompts.answers]),
             each(prompts.fields),
         )
+
+    def _log(self, scored: ScoredRound, step: int) -> None:
+        assert self.completion_log is not None
+        group = self.grpo.num_generations
+        groups = min(self.completion_log.groups, len(scored.prompts.ids))
+        names = [function.name for function in self.functions]
+        records = []
+        for row in range(groups * group):
+            answer = scored.prompts.answers[row // group]
+            values = scored.per_function[row].tolist()
+            records.append(
+                {
+                    "step": step,
+                    "group": row // group,
+                    "prompt": self.tokenizer.decode(scored.prompts.ids[row // group]),
+                    "answer": None if answer is None else self._decode(answer),
+                    "completion": self._decode(scored.replies[row]),
+                    "reward": float(scored.rewards[row]),
+                    "rewards": {
+                        n: None if v != v else v for n, v in zip(names, values, strict=True)
+                    },
+                    "advantage": float(scored.advantages.values[row]),
+                }
+            )
+        self.completion_log.write(records)
 
     def _reply(self, completion: list[int]) -> list[int]:
         """A completion without its end-of-turn token."""
@@ -325,10 +362,23 @@ def build(setup: ObjectiveSetup) -> GrpoObjective:
         config.train.grad_accum_steps,
         config.train.seed + GENERATOR_SEED_OFFSET + rank,
         config.train.loss_chunk_tokens,
+        completion_log(config) if rank == 0 else None,
     )
     if setup.resumed:
         objective.load_resume_state(setup.resumed)
+        if objective.completion_log is not None:
+            objective.completion_log.truncate_after(
+                objective.calls // config.train.grad_accum_steps
+            )
     return objective
+
+
+def completion_log(config) -> CompletionLog | None:
+    grpo = config.grpo
+    if not grpo.log_completions:
+        return None
+    file = config.run.directory / COMPLETIONS_FILE
+    return CompletionLog(file, grpo.log_completions, config.logging.log_steps, grpo.num_iterations)
 
 
 COMPONENT = ObjectiveComponent(GRPO, build)
