@@ -3,7 +3,9 @@ samples `num_generations` completions of each (`rollout.py`), the reward functio
 (`rewards.py`), and the batch the step trains on is the prompts with their completions, each
 completion's advantage carried with it (`grpo_advantages.py`); the loss is `grpo_loss.py`'s.
 With `num_iterations` μ > 1 the step's micro-batches are trained on μ times, against the
-log-probabilities of the policy that sampled them, and the loader is not read meanwhile.
+log-probabilities of the policy that sampled them, and the loader is not read meanwhile. With
+dynamic sampling, groups rewarded alike are left out and more prompts read in their place
+(`dynamic_sampling.py`); a few groups go to `completions.jsonl` (`completion_log.py`).
 
 Held out, each prompt is answered once, greedily, and scored: the held-out loss is minus the
 mean reward."""
