@@ -1,6 +1,8 @@
 """The tokenised-data cache: hits when nothing changed, misses when anything did, atomic writes."""
 
+import datetime
 import json
+from dataclasses import replace
 
 import pytest
 from transformers import AutoTokenizer
@@ -87,6 +89,10 @@ def test_record_fields_kept_by_the_examples_come_back_from_the_cache(setup):
             assert f"sort: {fields['n'] + 2} 1" in prompt  # the record's own document
     plain, _ = load(data, tokenizer, cache)
     assert plain.fields is None
+    # a value JSON cannot hold (a parquet date) is its text built or cached alike
+    dated = [replace(conversations[0], fields={"when": datetime.date(2026, 1, 2)})]
+    built, _ = build_examples(dated, tokenizer, 64, "drop", Rendering(), keep_fields=True)
+    assert built[0].fields == {"when": "2026-01-02"}
 
 
 def test_token_store_round_trips_examples(setup):

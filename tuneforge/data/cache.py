@@ -104,8 +104,8 @@ def save_cached(directory: Path, store: TokenStore, stats: DatasetStats) -> None
         np.save(partial / "input_ids.npy", np.asarray(store.input_ids))
         np.save(partial / "loss_mask.npy", np.asarray(store.loss_mask))
         np.save(partial / "offsets.npy", np.asarray(store.offsets))
-        if store.fields is not None:  # values JSON cannot hold (a date) are kept as text
-            lines = (json.dumps(fields, default=str) + "\n" for fields in store.fields)
+        if store.fields is not None:  # JSON values already (`dataset.json_values`)
+            lines = (json.dumps(fields) + "\n" for fields in store.fields)
             (partial / FIELDS_FILE).write_text("".join(lines))
         meta = {"version": CACHE_VERSION, "stats": dataclasses.asdict(stats)}
         (partial / "meta.json").write_text(json.dumps(meta))

@@ -1,5 +1,6 @@
 """From configured sources to training examples, with counts of what was kept and dropped."""
 
+import json
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -142,7 +143,7 @@ def build_examples(
             continue
         whole = make_example(ids, mask)
         if keep_fields:
-            whole = replace(whole, fields=conversation.fields or {})
+            whole = replace(whole, fields=json_values(conversation.fields or {}))
         for piece in kept:
             examples.append(whole if piece == (0, len(ids)) else piece_of(whole, piece, truncated))
             stats.num_tokens += piece[1] - piece[0]
@@ -154,6 +155,12 @@ def build_examples(
             f"tokens, {stats.num_unrenderable} the chat template cannot render"
         )
     return examples, stats
+
+
+def json_values(fields: dict[str, object]) -> dict[str, object]:
+    """A record's fields as the cache keeps them (JSON values: a date becomes its text), so a
+    run reads the same values whether it tokenised the data or found it cached."""
+    return json.loads(json.dumps(fields, default=str))
 
 
 def report_left_out(stats: DatasetStats, max_seq_len: int) -> None:
