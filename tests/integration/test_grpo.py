@@ -143,6 +143,8 @@ def test_each_completion_is_scored_with_its_own_records_fields(tmp_path, monkeyp
         compared = [r["reward_exact_match"] for r in steps]
         assert all(c == 0.0 for c in compared) if prompt_alone else all(c >= 0 for c in compared)
         assert all(("eval_accuracy" in r) != prompt_alone for r in held_out)
+        # one group of the step that sampled, the earlier run's lines gone with --overwrite
+        assert len(read_metrics(tmp_path / "run" / "completions.jsonl")) == 4
 
 
 def test_a_reward_function_that_cannot_be_imported_is_refused_before_training(tmp_path):

@@ -6,11 +6,15 @@ import pytest
 from tuneforge.config import load_config
 from tuneforge.config.errors import ConfigError
 from tuneforge.config.objectives.grpo import GrpoSection
+from tuneforge.train.objectives.builtin_rewards import (
+    exact_match,
+    last_number,
+    length_penalty,
+    numeric_match,
+    regex,
+)
 from tuneforge.train.objectives.rewards import (
     RewardError,
-    exact_match,
-    length_penalty,
-    regex,
     reward_functions,
     score,
     weighted_rewards,
@@ -42,6 +46,8 @@ def test_the_pinned_keys_and_their_defaults():
     [
         (["grpo.weights=[1, 2]"], "grpo.weights"),
         (["grpo.rewards=[regex]"], "grpo.rewards.0.pattern"),
+        (["grpo.rewards=[{function: exact_match, field: x}]"], "grpo.rewards.0.field"),
+        (["grpo.max_sampling_rounds=0"], "grpo.max_sampling_rounds"),
         (["grpo.epsilon_high=0.1"], "grpo.epsilon_high"),
         (["grpo.rewards=[nonsense]"], "grpo.rewards.0.function"),
         (["grpo.loss_type=ppo"], "grpo.loss_type"),
@@ -91,5 +97,27 @@ def test_a_users_reward_reads_the_records_fields(tmp_path, monkeypatch):
     records = [{"solution": "7"}, {"solution": "8"}, {}]
     table = score(functions, ["p"] * 3, ["7", "7", "7"], [[1]] * 3, ["", "", ""], records)
     assert table[:2, 0].tolist() == [1.0, 0.0] and table[2, 0].isnan()
-    with pytest.raises(RewardError, match=r"field named 'answer'.*rename it"):
+    with pytest.raises(RewardError, match=r"both a reference reply and a field named 'answer'"):
         score(functions, ["p"], ["7"], [[1]], ["7"], [{"answer": "7"}])
+    with pytest.raises(RewardError, match=r"field named 'completions'.*rename it"):
+        score(functions, ["p"], ["7"], [[1]], [None], [{"completions": "7"}])
+
+
+def test_numeric_match_compares_the_last_numbers_written():
+    """GSM8K's answers end `#### 1,234`: the last number on each side, commas dropped; None
+    where the reference has no number. A prompt alone's `answer` field is its answer."""
+    assert last_number("so 3 + 4 = 7.\n#### 1,234") == 1234.0
+    assert last_number("x = -2.5") == -2.5 and last_number("none") is None
+    check = numeric_match(None, 1e-6)
+    completions = ["It is 72.", "72.0", "about 71", "no idea", "7"]
+    answers = ["... #### 72", 72, "#### 72", "#### 72", "n/a"]
+    assert check(completions=completions, answer=answers) == [1.0, 1.0, 0.0, 0.0, None]
+    by_field = numeric_match("solution", 0.5)
+    assert by_field(completions=["3.4", "3.6"], answer=[None, None], solution=[3, 3]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="no field 'solution'"):
+        by_field(completions=["3"], answer=["3"])
+    functions = reward_functions(GrpoSection(rewards=["numeric_match", "exact_match"]))
+    table = score(
+        functions, ["p"] * 2, ["72", "71"], [[1]] * 2, [None, None], [{"answer": "#### 72"}] * 2
+    )
+    assert table[:, 0].tolist() == [1.0, 0.0] and table[:, 1].tolist() == [0.0, 0.0]

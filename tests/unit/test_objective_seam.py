@@ -60,7 +60,8 @@ class Rollout(NextTokenObjective):
     """Makes its own batch from the one read (as a sampler of completions would): here, the
     read batch's tokens reversed, every one supervised."""
 
-    def make_batch(self, read: PackedBatch) -> PackedBatch:
+    def make_batch(self, read: PackedBatch | None, read_more=None) -> PackedBatch:
+        assert read is not None
         tokens = read.tokens.flip(0)
         return random_packed_batch(
             self.model.args.vocab_size, tokens.numel(), True, seed=int(tokens[0])

@@ -18,14 +18,15 @@ from tuneforge.config.sections.base import Section
 
 GrpoLossName = Literal["grpo", "dr_grpo", "dapo"]
 GRPO_LOSSES: tuple[str, ...] = get_args(GrpoLossName)
-BUILT_IN_REWARDS = ("exact_match", "regex", "length_penalty")
+BUILT_IN_REWARDS = ("exact_match", "regex", "length_penalty", "numeric_match")
 
 
 class RewardSpec(Section):
     function: str
     """`exact_match` (the completion, stripped, equals the record's reference reply), `regex` (1
     where `pattern` matches the completion), `length_penalty` (DAPO's soft overlong penalty: 0 up
-    to `max_tokens` - `buffer_tokens` tokens, falling to -1 at `max_tokens`), or a function of
+    to `max_tokens` - `buffer_tokens` tokens, falling to -1 at `max_tokens`), `numeric_match` (1
+    where the completion's last number is the reference's within `tolerance`), or a function of
     yours as `module:function` (run as trusted code, like the configuration itself)."""
     pattern: str | None = None
     """`regex`: the pattern, searched in the completion (`re.search`, with `re.DOTALL`)."""
@@ -34,6 +35,11 @@ class RewardSpec(Section):
     buffer_tokens: int | None = Field(None, ge=1)
     """`length_penalty`: the lengths below `max_tokens` over which the penalty grows (default: a
     quarter of `max_tokens`)."""
+    field: str | None = None
+    """`numeric_match`: the record field whose last number is the reference (default: the
+    record's answer: its reference reply, or for a prompt alone its `answer` field)."""
+    tolerance: float = Field(1e-6, ge=0)
+    """`numeric_match`: the largest difference still counted a match."""
 
     @field_validator("function")
     @classmethod
@@ -163,6 +169,14 @@ def grpo_settings(train, grpo: GrpoSection, parallel) -> list[tuple[str, str, st
         if spec.function == "regex" and not spec.pattern:
             problems.append(
                 (f"grpo.rewards.{index}.pattern", "a regex reward needs its pattern", "set it")
+            )
+        if spec.field is not None and spec.function != "numeric_match":
+            problems.append(
+                (
+                    f"grpo.rewards.{index}.field",
+                    f"{spec.function} reads no field option (numeric_match does)",
+                    "drop it; a function of yours receives every record field anyway",
+                )
             )
     if grpo.epsilon_high is not None and grpo.epsilon_high < grpo.epsilon:
         problems.append(

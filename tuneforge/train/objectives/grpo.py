@@ -230,14 +230,17 @@ class GrpoObjective(Objective):
         names = [function.name for function in self.functions]
         records = []
         for row in range(groups * group):
-            answer = scored.prompts.answers[row // group]
+            reply, fields = (
+                scored.prompts.answers[row // group],
+                scored.prompts.fields[row // group],
+            )
             values = scored.per_function[row].tolist()
             records.append(
                 {
                     "step": step,
                     "group": row // group,
                     "prompt": self.tokenizer.decode(scored.prompts.ids[row // group]),
-                    "answer": None if answer is None else self._decode(answer),
+                    "answer": fields.get("answer") if reply is None else self._decode(reply),
                     "completion": self._decode(scored.replies[row]),
                     "reward": float(scored.rewards[row]),
                     "rewards": {

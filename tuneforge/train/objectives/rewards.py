@@ -1,16 +1,15 @@
-"""GRPO's reward functions: the built-in ones (`exact_match`, `regex`, `length_penalty`) and a
-user's own by import path (`module:function`), run as trusted code like the configuration. Each
-is called with keyword arguments — `prompts`, `completions` (decoded, special tokens left out),
-`completion_ids`, `answer` (the record's reference reply; None for a prompt alone), and each
-field of the records beyond their messages, one value per completion (None where its record
-lacks it) — and returns one float per completion (None where it does not apply: that function
-then adds nothing)."""
+"""GRPO's reward functions: the built-in ones (`builtin_rewards.py`) and a user's own by import
+path (`module:function`), run as trusted code like the configuration. Each is called with
+keyword arguments — `prompts`, `completions` (decoded, special tokens left out),
+`completion_ids`, `answer` (the record's reference reply; for a prompt alone, its `answer` field
+if it has one, else None), and each other field of the records, one value per completion (None
+where its record lacks it) — and returns one float per completion (None where it does not
+apply: that function then adds nothing)."""
 
 import importlib
 import math
-import re
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
 
@@ -18,8 +17,13 @@ import torch
 
 from tuneforge.config.objectives.grpo import GrpoSection, RewardSpec
 from tuneforge.errors import TuneforgeError
-
-RewardFn = Callable[..., Sequence[float | None]]
+from tuneforge.train.objectives.builtin_rewards import (
+    RewardFn,
+    exact_match,
+    length_penalty,
+    numeric_match,
+    regex,
+)
 
 
 class RewardError(TuneforgeError):
@@ -34,36 +38,6 @@ class RewardFunction:
     weight: float
     field: str
     """Where the configuration names it (`grpo.rewards.0.function`)."""
-
-
-def exact_match(
-    completions: list[str], answer: list[str | None], **_: object
-) -> list[float | None]:
-    """None where the record has no reference reply (a prompt alone)."""
-    return [
-        None if a is None else float(c.strip() == a.strip())
-        for c, a in zip(completions, answer, strict=True)
-    ]
-
-
-def regex(pattern: str) -> RewardFn:
-    compiled = re.compile(pattern, re.DOTALL)
-
-    def matches(completions: list[str], **_: object) -> list[float]:
-        return [float(compiled.search(c) is not None) for c in completions]
-
-    return matches
-
-
-def length_penalty(max_tokens: int, buffer_tokens: int) -> RewardFn:
-    """DAPO's soft overlong punishment: 0 up to `max_tokens - buffer_tokens` tokens, then falling
-    linearly to -1 at `max_tokens` (and -1 beyond)."""
-    free = max_tokens - buffer_tokens
-
-    def penalty(completion_ids: list[list[int]], **_: object) -> list[float]:
-        return [max(-1.0, min(0.0, (free - len(ids)) / buffer_tokens)) for ids in completion_ids]
-
-    return penalty
 
 
 def _imported(path: str, field: str) -> RewardFn:
@@ -85,6 +59,8 @@ def _imported(path: str, field: str) -> RewardFn:
 def _built(spec: RewardSpec, grpo: GrpoSection, field: str) -> RewardFn:
     if spec.function == "exact_match":
         return exact_match
+    if spec.function == "numeric_match":
+        return numeric_match(spec.field, spec.tolerance)
     if spec.function == "regex":
         assert spec.pattern is not None  # the configuration's rules ask for it
         return regex(spec.pattern)
@@ -114,19 +90,32 @@ def _where(error: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
-OWN_ARGUMENTS = ("prompts", "completions", "completion_ids", "answer")
+OWN_ARGUMENTS = ("prompts", "completions", "completion_ids")
 
 
-def record_arguments(fields: list[dict[str, object]]) -> dict[str, list[object]]:
-    """The records' fields as keyword arguments: each field's values, one per completion."""
-    names = dict.fromkeys(name for record in fields for name in record)
+def record_arguments(
+    fields: list[dict[str, object]], answers: list[str | None]
+) -> tuple[list[object], dict[str, list[object]]]:
+    """Each completion's answer (its record's `answer` field for a prompt alone) and the
+    records' other fields as keyword arguments, one value per completion."""
+    names = dict.fromkeys(name for record in fields for name in record if name != "answer")
     taken = [name for name in names if name in OWN_ARGUMENTS]
     if taken:
         raise RewardError(
             f"the records have a field named {taken[0]!r}, which is the reward functions' own "
             f"argument ({', '.join(OWN_ARGUMENTS)}): rename it in the data"
         )
-    return {name: [record.get(name) for record in fields] for name in names}
+    merged: list[object] = list(answers)
+    for index, record in enumerate(fields):
+        if "answer" not in record:
+            continue
+        if answers[index] is not None:
+            raise RewardError(
+                "a record has both a reference reply and a field named 'answer': the reward "
+                "functions' `answer` is the reply; rename the field in the data"
+            )
+        merged[index] = record["answer"]
+    return merged, {name: [record.get(name) for record in fields] for name in names}
 
 
 def score(
@@ -139,7 +128,7 @@ def score(
 ) -> torch.Tensor:
     """float32 [completions, functions]: each function's reward of each completion (NaN where
     it returned None); `fields`: each completion's record fields."""
-    arguments = record_arguments(fields or [])
+    answers_, arguments = record_arguments(fields or [{} for _ in answers], answers)
     columns = []
     for function in functions:
         try:
@@ -147,7 +136,7 @@ def score(
                 prompts=prompts,
                 completions=completions,
                 completion_ids=completion_ids,
-                answer=answers,
+                answer=answers_,
                 **arguments,
             )
         except Exception as error:
