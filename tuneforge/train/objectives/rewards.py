@@ -128,7 +128,7 @@ def score(
 ) -> torch.Tensor:
     """float32 [completions, functions]: each function's reward of each completion (NaN where
     it returned None); `fields`: each completion's record fields."""
-    answers_, arguments = record_arguments(fields or [{} for _ in answers], answers)
+    references, arguments = record_arguments(fields or [{} for _ in answers], answers)
     columns = []
     for function in functions:
         try:
@@ -136,7 +136,7 @@ def score(
                 prompts=prompts,
                 completions=completions,
                 completion_ids=completion_ids,
-                answer=answers_,
+                answer=references,
                 **arguments,
             )
         except Exception as error:
