@@ -17,7 +17,7 @@ class CompletionLog:
     def due(self, step: int) -> bool:
         """A step that samples (one in `iterations`) logs where a multiple of `every_steps` lies
         among the steps since the last one that sampled."""
-        return step // self.every_steps != (step - self.iterations) // self.every_steps
+        return step // self.every_steps != max(step - self.iterations, 0) // self.every_steps
 
     def write(self, records: list[dict[str, Any]]) -> None:
         with self.file.open("a", encoding="utf-8") as handle:
