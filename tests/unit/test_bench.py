@@ -174,6 +174,14 @@ def test_a_grpo_workload_samples_its_groups_and_trl_reads_the_same_prompts():
     assert ours["tokens_per_step"] == 2 * 3 * (12 + 5) and ours["documents_per_step"] == 6
     assert 0 < ours["sampling_s"] < ours["ms_per_step"] / 1e3
     assert ours["sampled_tokens_per_s"] == pytest.approx(2 * 3 * 5 / ours["sampling_s"])
+    # the planner's part for the same shape, on this machine's rates, beside the measurement
+    from tuneforge.models.api import model_args
+    from tuneforge.plan.prediction import CPU, Hardware
+    from tuneforge.plan.sampling_time import sampling_seconds
+
+    rates = Hardware(gpu=CPU).step_rates
+    predicted = sampling_seconds(model_args("demo-tiny"), [12, 12], 3, 5, 4, rates)
+    assert ours["predicted_sampling_s"] == pytest.approx(predicted) and predicted > 0
     tokenizer = word_tokenizer(512, str(Path(tempfile.mkdtemp())))
     records = prompt_records(workload, 512, 8)
     for step in range(8):

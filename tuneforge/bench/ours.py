@@ -28,9 +28,12 @@ from tuneforge.execution.block_wrappers import BlockWrapping
 from tuneforge.hardware.gpus import GIB
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import training_flops_per_token
+from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.distributed import Dist, configured_dims, init_distributed
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.frozen_models import frozen_forward_flops_per_token
+from tuneforge.plan.prediction import CPU, Hardware
+from tuneforge.plan.sampling_time import sampling_seconds
 from tuneforge.train.build import build_model
 from tuneforge.train.objectives.component import ObjectiveSetup
 from tuneforge.train.objectives.grpo import GrpoObjective
@@ -219,6 +222,7 @@ def run_ours(
     if sampled:
         sampling_s.append(queued.pop().get()["metrics"]["generation_s"])
         result |= phases(workload, sampling_s[-steps:], result["ms_per_step"] / 1e3)
+        result["predicted_sampling_s"] = predicted_sampling_s(workload, model)
     if queue_step.captured is not None:  # replays allocate nothing: the captured step's peak
         peak = queue_step.captured.peak_allocated / GIB
         result["peak_alloc_gib"] = max(result["peak_alloc_gib"], peak)
@@ -275,6 +279,19 @@ def phases(workload: Workload, sampling_s: list[float], step_s: float) -> dict:
         "trained_tokens_per_s": trained_tokens(workload) / training,
         "steps_per_s": 1.0 / step_s,
     }
+
+
+def predicted_sampling_s(workload: Workload, model: Decoder) -> float:
+    """The planner's sampling part for this step's shape (`plan/sampling_time.py`), on this
+    machine's rates: beside the measured `sampling_s`, its check."""
+    device = model.lm_head.weight.device
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else CPU
+    prompts = [workload.tokens] * workload.prompts
+    param_bytes = model.lm_head.weight.element_size()
+    rates = Hardware(gpu=gpu).step_rates
+    return sampling_seconds(
+        model.args, prompts, workload.generations, workload.completion_tokens, param_bytes, rates
+    )
 
 
 def grpo_step_work(workload: Workload, args: ModelArgs) -> dict:
