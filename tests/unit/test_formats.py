@@ -112,7 +112,9 @@ def test_a_prompt_alone_is_read_for_sampling_and_kept_only_there(tmp_path):
     sampled, _ = build_examples(found, tokenizer, 64, "drop", Rendering(), keep_fields=True)
     assert [e.input_ids for e in sampled] == [prompt_ids(tokenizer, c.messages) for c in found]
     assert all(set(e.labels) == {-100} for e in sampled)
-    with pytest.raises(DataError, match="no trainable examples"):
+    with pytest.raises(
+        DataError, match=r"no trainable examples.*they are for train\.objective grpo"
+    ):
         build_examples(found, tokenizer, 64, "drop", Rendering())
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": USER_ASSISTANT}])
     with pytest.raises(DataError, match=r'bad\.jsonl:1: field "prompt": a prompt must end'):

@@ -149,11 +149,14 @@ def build_examples(
             stats.num_tokens += piece[1] - piece[0]
             stats.num_loss_tokens += count_targets(piece, spans, truncated)
     if not examples:
+        prompts = not keep_fields and any(c.is_prompt for c in conversations)
         raise DataError(
             f"no trainable examples among {stats.num_records} records: "
             f"{stats.num_dropped_too_long} too long, {stats.num_without_targets} without loss "
             f"tokens, {stats.num_unrenderable} the chat template cannot render"
-        )
+            + ("; records of format prompt have no reply to learn: they are for train.objective "
+               "grpo, which samples the replies" if prompts else "")
+        )  # fmt: skip
     return examples, stats
 
 
