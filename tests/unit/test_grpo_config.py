@@ -62,6 +62,13 @@ def test_bad_settings_are_refused_with_their_field(overrides, field):
     assert field in str(caught.value)
 
 
+def test_prompts_alone_are_refused_where_no_reply_is_sampled():
+    source = "data.train=[{path: tuneforge/assets/demo_data/train.jsonl, format: prompt}]"
+    with pytest.raises(ConfigError, match=r"data\.train\.0\.format.*does not sample one"):
+        load_config(DEMO, [source])
+    assert load_config(DEMO, [source, *GRPO]).data.train[0].format == "prompt"
+
+
 def test_the_built_in_rewards_follow_their_definitions():
     assert exact_match(["  7 ", "8", "7"], ["7", "7", " 7"]) == [1.0, 0.0, 1.0]
     tagged = regex(r"<answer>.*</answer>")

@@ -28,6 +28,23 @@ def declaration_of(config: Any) -> ObjectiveDeclaration:
 
 
 @rule("train", "data")
+def prompts_alone_where_replies_are_sampled(train, data) -> list[tuple[str, str, str]]:
+    if OBJECTIVES[train.objective].keeps_record_fields:
+        return []
+    return [
+        (
+            f"data.{group}.{index}.format",
+            f"records of format prompt have no reply, and train.objective: {train.objective} "
+            "does not sample one",
+            "use them with train.objective: grpo, or give records with replies",
+        )
+        for group in ("train", "eval")
+        for index, source in enumerate(getattr(data, group))
+        if source.format == "prompt"
+    ]
+
+
+@rule("train", "data")
 def data_in_the_objectives_format(train, data) -> list[tuple[str, str, str]]:
     if OBJECTIVES[train.objective].data_format != "pairs":
         return []
