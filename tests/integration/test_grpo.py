@@ -112,8 +112,9 @@ def test_a_faulty_reward_function_stops_the_run_with_its_name(tmp_path, monkeypa
 def test_each_completion_is_scored_with_its_own_records_fields(tmp_path, monkeypatch, prompt_alone):
     """The records' other fields reach the reward functions through the cache and the packed
     batches, each beside its own prompt: a field holding the record's question is found in the
-    prompt of every completion — with the reference reply, or for a prompt alone (format
-    `prompt`, held out too), where `exact_match` has nothing to compare and adds nothing."""
+    prompt of every completion, which ends with the generation prompt — with the reference reply,
+    or for a prompt alone (format `prompt`, in padded rows, held out too), where `exact_match`
+    has nothing to compare and adds nothing."""
     lines = (REPO / "tuneforge/assets/demo_data/train.jsonl").read_text().splitlines()[:400]
     records = []
     for line in lines:
@@ -124,12 +125,15 @@ def test_each_completion_is_scored_with_its_own_records_fields(tmp_path, monkeyp
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     (tmp_path / "fielded_rewards.py").write_text(
         "def aligned(prompts, question, **_):\n"
-        "    return [float(q in p) for p, q in zip(prompts, question, strict=True)]\n"
+        "    ends = [p.endswith('<|im_start|>assistant\\n') for p in prompts]\n"
+        "    return [float(q in p and e) for p, q, e in zip(prompts, question, ends, strict=True)]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     source = f"{{path: {data}, format: {'prompt' if prompt_alone else 'openai'}}}"
     extra = [f"data.train=[{source}]", "grpo.rewards=[fielded_rewards:aligned, exact_match]"]
     extra += ["data.eval_fraction=0.05", "eval.every_steps=2", "eval.num_samples=8"]
+    if prompt_alone:  # padded rows: a prompt is its document without its row's padding
+        extra.append("data.packing=none")
     for _ in range(2):  # tokenised, then from the cache
         trainer = Trainer(_config(tmp_path, *extra), overwrite=True)
         trainer.setup()

@@ -42,4 +42,5 @@ def to_fixed_shape(batch: PackedBatch, tokens: int, documents: int) -> PackedBat
         batch.num_padding + padding,
         torch.tensor(count),
         record_fields=batch.record_fields,
+        row_lengths=batch.row_lengths,
     )

@@ -46,6 +46,8 @@ class PackedBatch:
     a precomputed reference's log-probabilities, a cached teacher's top-k logits."""
     record_fields: list[dict[str, object]] | None = None
     """Each document's record fields, in order, where the store keeps them (for rewards)."""
+    row_lengths: list[int] | None = None
+    """Padded rows (`data.packing: none`): each document's length before its row's padding."""
 
     @property
     def num_real_tokens(self) -> int:
@@ -68,6 +70,7 @@ class PackedBatch:
             None if self.real_tokens is None else to_device(self.real_tokens, device),
             {name: to_device(value, device) for name, value in self.extras.items()},
             self.record_fields,
+            self.row_lengths,
         )
 
 
@@ -81,7 +84,9 @@ def collate_from(store: TokenStore, indexes: list[int], padded: bool = False) ->
     ids, labels = store.arrays(indexes)
     lengths = [store.lengths[i] for i in indexes]
     num_padding = 0
+    row_lengths = None
     if padded:
+        row_lengths = lengths
         width = max(lengths)
         rows_ids = np.full((len(lengths), width), PAD_TOKEN, dtype=np.int64)
         rows_labels = np.full((len(lengths), width), IGNORE_INDEX, dtype=np.int64)
@@ -96,7 +101,12 @@ def collate_from(store: TokenStore, indexes: list[int], padded: bool = False) ->
     tokens, targets = torch.from_numpy(ids), torch.from_numpy(labels)
     num_loss_tokens = int((targets != IGNORE_INDEX).sum())
     return PackedBatch(
-        tokens, targets, PackedSequences.from_lengths(lengths), num_loss_tokens, num_padding
+        tokens,
+        targets,
+        PackedSequences.from_lengths(lengths),
+        num_loss_tokens,
+        num_padding,
+        row_lengths=row_lengths,
     )
 
 

@@ -38,7 +38,8 @@ def prompts_of(batch: PackedBatch) -> Prompts:
         rows = [t for t in range(start, end) if labels[t] != IGNORE_INDEX]
         if not rows:
             if document < len(records):  # a prompt alone (else a fixed shape's padding)
-                prompts.append(tokens[start:end])
+                real = batch.row_lengths[document] if batch.row_lengths else end - start
+                prompts.append(tokens[start : start + real])
                 answers.append(None)
                 fields.append(records[document])
             continue
