@@ -4,7 +4,6 @@ one-process runs they are compared with. Run as a script under torchrun, it trai
 the JSON list it is given."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -103,10 +102,8 @@ if __name__ == "__main__":
     train(json.loads(Path(sys.argv[1]).read_text()))
     import torch.distributed as dist
 
+    from tuneforge.parallel.distributed import exit_rank
+
     if dist.is_initialized():
         dist.destroy_process_group()
-    # as `tuneforge train` ends a rank: gloo can abort in the interpreter's teardown, where
-    # DTensor's caches free the groups
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_rank(0)  # as `tuneforge train` ends a rank

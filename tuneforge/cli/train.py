@@ -1,9 +1,6 @@
 """`tuneforge train`: run the trainer with a progress bar, and print what it achieved."""
 
-import logging
-import os
 import signal
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -58,19 +55,11 @@ def train(
     finally:
         trainer.close()
     if trainer.world.world_size > 1:
-        _exit_before_finalization(code)
+        from tuneforge.parallel.distributed import exit_rank
+
+        exit_rank(code)
     if code:
         raise typer.Exit(code)
-
-
-def _exit_before_finalization(code: int) -> None:
-    """End a rank whose run is saved and whose process group is destroyed. DTensor's caches
-    keep the groups alive until the interpreter's teardown, where gloo can abort the process
-    and turn a finished run into a failed job; nothing is left to do but flush."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _train(trainer, run_config) -> int:

@@ -2,7 +2,9 @@
 parallel wrapping (DDP, or FSDP2 `fully_shard` per block) applied from outside the model."""
 
 import contextlib
+import logging
 import os
+import sys
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +58,16 @@ def init_distributed(nccl_max_channels: int | None = None) -> Dist:
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     rank = dist.get_rank() if dist.is_initialized() else 0
     return Dist(rank, world_size, local_rank, device)
+
+
+def exit_rank(code: int) -> None:
+    """End a rank whose work is saved and whose process group is destroyed. DTensor's caches
+    keep the groups alive until the interpreter's teardown, where gloo can abort the process
+    and turn a finished run into a failed job; nothing is left to do but flush."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def barrier() -> None:

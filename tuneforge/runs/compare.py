@@ -221,8 +221,8 @@ def final_reward(records: list[dict[str, Any]]) -> float | None:
     held_out = [r["eval_reward"] for r in records if r.get("eval_reward") is not None]
     if held_out:
         return float(held_out[-1])
-    rewards = [r["reward"] for r in records if r.get("loss") is not None and "reward" in r]
-    rewards = [value for value in rewards if value is not None][-REWARD_STEPS:]
+    steps = [r for r in records if r.get("loss") is not None and r.get("reward") is not None]
+    rewards = [r["reward"] for r in steps][-REWARD_STEPS:]
     return statistics.fmean(rewards) if rewards else None
 
 

@@ -60,6 +60,14 @@ def read_metrics(file: Path) -> list[dict[str, Any]]:
     return records
 
 
+def keep_through_step(file: Path, step: int) -> None:
+    """Drop the records of a JSON-lines file (metrics, completions) of steps after `step`: a
+    resumed run writes them again."""
+    if file.is_file():
+        kept = [r for r in read_metrics(file) if r.get("step", 0) <= step]
+        file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
 def read_run_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A run's metrics records and its saved configuration, or a clear error."""
     file = run_dir / METRICS_FILE

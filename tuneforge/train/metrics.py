@@ -11,7 +11,7 @@ from tuneforge.config import RunConfig
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import LoraShape, forward_flops_per_token, training_flops_per_token
 from tuneforge.plan.frozen_models import forward_every_step
-from tuneforge.runs.files import METRICS_FILE, TENSORBOARD_DIR, read_metrics
+from tuneforge.runs.files import METRICS_FILE, TENSORBOARD_DIR, keep_through_step
 from tuneforge.runs.pace import Pace
 from tuneforge.train.device_watch import DeviceWatch
 from tuneforge.train.progress import Progress
@@ -66,9 +66,7 @@ class MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after `step` (a resumed run logs them again)."""
-        if self.file.is_file():
-            kept = [r for r in read_metrics(self.file) if r.get("step", 0) <= step]
-            self.file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        keep_through_step(self.file, step)
 
     def close(self) -> None:
         if self.board is not None:

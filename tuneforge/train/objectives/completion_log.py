@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tuneforge.runs.files import read_metrics
+from tuneforge.runs.files import keep_through_step
 
 
 class CompletionLog:
@@ -25,6 +25,4 @@ class CompletionLog:
 
     def truncate_after(self, step: int) -> None:
         """Drop the lines of steps after `step` (a resumed run samples them again)."""
-        if self.file.is_file():
-            kept = [r for r in read_metrics(self.file) if r["step"] <= step]
-            self.file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        keep_through_step(self.file, step)

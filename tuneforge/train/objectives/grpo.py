@@ -42,6 +42,7 @@ from tuneforge.train.objectives.pairs import (
 )
 from tuneforge.train.objectives.rewards import (
     RewardFunction,
+    reference_answers,
     reward_functions,
     score,
     weighted_rewards,
@@ -225,30 +226,30 @@ class GrpoObjective(Objective):
 
     def _log(self, scored: ScoredRound, step: int) -> None:
         assert self.completion_log is not None
-        group = self.grpo.num_generations
-        groups = min(self.completion_log.groups, len(scored.prompts.ids))
+        group, prompts = self.grpo.num_generations, scored.prompts
+        groups = min(self.completion_log.groups, len(prompts.ids))
+        replies = [None if a is None else self._decode(a) for a in prompts.answers[:groups]]
+        answers = reference_answers(replies, prompts.fields[:groups])
         names = [function.name for function in self.functions]
         records = []
-        for row in range(groups * group):
-            reply, fields = (
-                scored.prompts.answers[row // group],
-                scored.prompts.fields[row // group],
-            )
-            values = scored.per_function[row].tolist()
-            records.append(
-                {
-                    "step": step,
-                    "group": row // group,
-                    "prompt": self.tokenizer.decode(scored.prompts.ids[row // group]),
-                    "answer": fields.get("answer") if reply is None else self._decode(reply),
-                    "completion": self._decode(scored.replies[row]),
-                    "reward": float(scored.rewards[row]),
-                    "rewards": {
-                        n: None if v != v else v for n, v in zip(names, values, strict=True)
-                    },
-                    "advantage": float(scored.advantages.values[row]),
-                }
-            )
+        for index in range(groups):
+            prompt = self.tokenizer.decode(prompts.ids[index])
+            for row in range(index * group, (index + 1) * group):
+                values = scored.per_function[row].tolist()
+                records.append(
+                    {
+                        "step": step,
+                        "group": index,
+                        "prompt": prompt,
+                        "answer": answers[index],
+                        "completion": self._decode(scored.replies[row]),
+                        "reward": float(scored.rewards[row]),
+                        "rewards": {
+                            n: None if v != v else v for n, v in zip(names, values, strict=True)
+                        },
+                        "advantage": float(scored.advantages.values[row]),
+                    }
+                )
         self.completion_log.write(records)
 
     def _reply(self, completion: list[int]) -> list[int]:

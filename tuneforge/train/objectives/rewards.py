@@ -93,11 +93,24 @@ def _where(error: BaseException) -> str:
 OWN_ARGUMENTS = ("prompts", "completions", "completion_ids")
 
 
-def record_arguments(
-    fields: list[dict[str, object]], answers: list[str | None]
-) -> tuple[list[object], dict[str, list[object]]]:
-    """Each completion's answer (its record's `answer` field for a prompt alone) and the
-    records' other fields as keyword arguments, one value per completion."""
+def reference_answers(replies: list[str | None], fields: list[dict[str, object]]) -> list[object]:
+    """Each record's answer: its reference reply, or for a prompt alone its `answer` field
+    (None where it has neither)."""
+    answers: list[object] = list(replies)
+    for index, record in enumerate(fields):
+        if "answer" not in record:
+            continue
+        if replies[index] is not None:
+            raise RewardError(
+                "a record has both a reference reply and a field named 'answer': the reward "
+                "functions' `answer` is the reply; rename the field in the data"
+            )
+        answers[index] = record["answer"]
+    return answers
+
+
+def record_arguments(fields: list[dict[str, object]]) -> dict[str, list[object]]:
+    """The records' fields other than `answer` as keyword arguments, one value per completion."""
     names = dict.fromkeys(name for record in fields for name in record if name != "answer")
     taken = [name for name in names if name in OWN_ARGUMENTS]
     if taken:
@@ -105,17 +118,7 @@ def record_arguments(
             f"the records have a field named {taken[0]!r}, which is the reward functions' own "
             f"argument ({', '.join(OWN_ARGUMENTS)}): rename it in the data"
         )
-    merged: list[object] = list(answers)
-    for index, record in enumerate(fields):
-        if "answer" not in record:
-            continue
-        if answers[index] is not None:
-            raise RewardError(
-                "a record has both a reference reply and a field named 'answer': the reward "
-                "functions' `answer` is the reply; rename the field in the data"
-            )
-        merged[index] = record["answer"]
-    return merged, {name: [record.get(name) for record in fields] for name in names}
+    return {name: [record.get(name) for record in fields] for name in names}
 
 
 def score(
@@ -128,7 +131,8 @@ def score(
 ) -> torch.Tensor:
     """float32 [completions, functions]: each function's reward of each completion (NaN where
     it returned None); `fields`: each completion's record fields."""
-    references, arguments = record_arguments(fields or [{} for _ in answers], answers)
+    fields = fields or [{} for _ in answers]
+    references, arguments = reference_answers(answers, fields), record_arguments(fields)
     columns = []
     for function in functions:
         try:
