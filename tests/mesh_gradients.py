@@ -83,3 +83,6 @@ if __name__ == "__main__":
     worst = main(path, mode == "lora", *map(int, sizes))
     if int(__import__("os").environ.get("RANK", "0")) == 0:
         print(f"worst relative gradient difference: {worst:.3e}")
+    from tuneforge.parallel.distributed import exit_rank
+
+    exit_rank(0)  # as `tuneforge train` ends a rank: DTensor's caches keep the group to teardown

@@ -2,6 +2,7 @@
 `python -m tuneforge.bench.child SPEC_JSON` prints one JSON line prefixed with RESULT_PREFIX."""
 
 import json
+import os
 import sys
 import traceback
 
@@ -63,3 +64,7 @@ if __name__ == "__main__":
         result["is_main"] = True
     if result.pop("is_main", True):
         print(RESULT_PREFIX + json.dumps(request | result), flush=True)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from tuneforge.parallel.distributed import exit_rank
+
+        exit_rank(0)  # a measured run's ranks end as `tuneforge train` ends them
