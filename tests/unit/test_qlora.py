@@ -122,27 +122,34 @@ def test_a_qlora_runs_export_merges_into_the_4bit_values_it_trained_on(tmp_path,
     assert (our_logits(original) - our_logits(model)).abs().max() > 1e-3
 
 
-def test_a_model_directory_is_quantized_on_its_way_to_the_device(tmp_path):
-    """Read into host memory and each projection quantised onto the device: the same model as
-    quantising after loading, with the projections' weights only one-element placeholders until
-    the 4-bit bases are swapped in."""
+@pytest.mark.parametrize("source", ["directory", "catalog"])
+def test_a_base_is_quantized_on_its_way_to_the_device(tmp_path, source):
+    """A model directory read, or a catalog shape made, in host memory and each projection
+    quantised onto the device: the same model as quantising after loading, with the
+    projections' weights only one-element placeholders until the 4-bit bases are swapped in."""
     from tuneforge.config.sections.model import ModelSection
     from tuneforge.config.sections.precision import PrecisionSection
+    from tuneforge.models.api import load_model
     from tuneforge.precision.apply import apply_precision
     from tuneforge.train.build import build_model
 
     save_tiny_llama(tmp_path / "base", intermediate_size=256)
-    section = ModelSection(path=tmp_path / "base", dtype="float32", quantize="nf4")
+    where = {"path": tmp_path / "base"} if source == "directory" else {"name": "demo-tiny"}
+    section = ModelSection(**where, dtype="float32", quantize="nf4")
     staged, arrived = build_model(section, torch.device("cpu"), seed=0)
-    held = staged.layers[0].mlp.down_proj.weight
-    assert staged.layers[0].mlp.down_proj in arrived  # the 4-bit base, handed on as a value
-    assert held.shape == (64, 256) and held.untyped_storage().nbytes() == 4
+    down = staged.layers[0].mlp.down_proj
+    held = down.weight
+    assert down in arrived  # the 4-bit base, handed on as a value
+    assert held.shape == down.weight.shape and held.untyped_storage().nbytes() == 4
     lora = {"target_modules": ["q_proj", "down_proj"], "rank": 4}
     torch.manual_seed(0)  # the same adapters on both
     tuneforge.apply_lora(staged, lora)
     report = apply_precision(staged, PrecisionSection(), base=section, arrived=arrived)
     assert any("4-bit NF4" in line for line in report.lines)
-    loaded = load_hf_model(tmp_path / "base", "float32", "sdpa")
+    if source == "directory":
+        loaded = load_hf_model(tmp_path / "base", "float32", "sdpa")
+    else:
+        loaded = load_model("demo-tiny", dtype="float32", device=torch.device("cpu"), seed=0)
     torch.manual_seed(0)
     tuneforge.apply_lora(loaded, lora)
     quantize_frozen_base(loaded, "nf4", True)

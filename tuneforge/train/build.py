@@ -58,12 +58,12 @@ class BuiltModel(NamedTuple):
 
 
 def build_model(section: ModelSection, device: torch.device, seed: int) -> BuiltModel:
-    """Load a local HF model, or build a catalog shape with seeded random weights. A model
-    directory whose base is held in 4 bits (`quantize`) is read into host memory and each
-    projection quantised on its way to `device`: the GPU never holds the base in `dtype`."""
+    """Load a local HF model, or build a catalog shape with seeded random weights. A base held
+    in 4 bits (`quantize`) is read, or made, in host memory and each projection quantised on its
+    way to `device`: the GPU never holds the base in `dtype`."""
     source = section.path if section.path is not None else section.name
     assert source is not None  # guaranteed by the config rules
-    staged = section.quantize is not None and section.path is not None
+    staged = section.quantize is not None
     try:
         model = load_model(
             source,
