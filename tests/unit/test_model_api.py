@@ -213,3 +213,15 @@ def test_modules_built_on_meta_skip_their_initialisation_and_restore_it():
     with pytest.raises(RuntimeError), on_meta():
         raise RuntimeError("a failure while building")
     assert (torch.nn.Linear.reset_parameters, torch.nn.Embedding.reset_parameters) == originals
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="draws on a GPU")
+def test_a_catalog_shape_drawn_on_the_gpu_and_held_in_host_memory_has_the_gpus_weights():
+    """A QLoRA base is made in host memory with its values drawn on the GPU: the same weights
+    as the shape made on the GPU itself."""
+    on_gpu = tuneforge.load_model("demo-tiny", device="cuda", seed=3)
+    on_host = tuneforge.load_model("demo-tiny", device="cpu", draw_on="cuda", seed=3)
+    held = dict(on_host.named_parameters())
+    for name, param in on_gpu.named_parameters():
+        assert held[name].device.type == "cpu"
+        torch.testing.assert_close(held[name], param.cpu(), rtol=0, atol=0, msg=name)

@@ -42,10 +42,13 @@ def load_model(
     attention: str = "auto",
     seed: int = 0,
     init_std: float = 0.02,
+    draw_on: str | torch.device | None = None,
 ) -> Decoder:
     """A local Hugging Face model directory, or a catalog shape (`tuneforge models`) with seeded
     random weights (normal, `init_std`). `dtype` defaults to the checkpoint's own (bfloat16 for
-    catalog shapes). The attention backend that runs is `model.attention_backend`."""
+    catalog shapes). The attention backend that runs is `model.attention_backend`. `draw_on`:
+    where a catalog shape's random values are drawn (default: `device`); the same seed gives the
+    same weights wherever they are then held."""
     target = torch.device(device) if device is not None else torch.device("cpu")
     if attention != "auto":
         resolve_backend(attention, target)  # one that cannot run here fails before loading
@@ -64,7 +67,8 @@ def load_model(
         model.to(DTYPES[dtype_name or "bfloat16"]).to_empty(device=target)
         model.tie_weights()
         if target.type != "meta":
-            model.init_weights(init_std, torch.Generator(device=target).manual_seed(seed))
+            drawn = torch.device(draw_on) if draw_on is not None else target
+            model.init_weights(init_std, torch.Generator(device=drawn).manual_seed(seed))
     else:
         raise ModelNotFoundError(
             f"{path_or_shape} is neither a model directory nor a catalog shape ({', '.join(CATALOG)})"

@@ -266,13 +266,23 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, std: float, generator: torch.Generator | None = None) -> None:
-        """Random initialisation for catalog shapes; residual outputs scaled by depth."""
+        """Random initialisation for catalog shapes; residual outputs scaled by depth. The
+        values are drawn where `generator` is and copied to each parameter (a base made in host
+        memory draws them on the GPU: the same weights, without the CPU's single-threaded draw)."""
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):  # Gemma's norms scale by 1 + weight
                 param.fill_(0.0 if self.args.gemma is not None else 1.0)
             elif name.endswith(".bias"):
                 param.zero_()
             elif name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
-                param.normal_(0.0, std / (2 * self.args.num_layers) ** 0.5, generator=generator)
+                _draw_normal(param, std / (2 * self.args.num_layers) ** 0.5, generator)
             else:
-                param.normal_(0.0, std, generator=generator)
+                _draw_normal(param, std, generator)
+
+
+def _draw_normal(param: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
+    drawn_on = generator.device if generator is not None else param.device
+    if drawn_on == param.device:
+        param.normal_(0.0, std, generator=generator)
+    else:
+        param.copy_(torch.empty_like(param, device=drawn_on).normal_(0.0, std, generator=generator))

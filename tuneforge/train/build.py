@@ -59,8 +59,9 @@ class BuiltModel(NamedTuple):
 
 def build_model(section: ModelSection, device: torch.device, seed: int) -> BuiltModel:
     """Load a local HF model, or build a catalog shape with seeded random weights. A base held
-    in 4 bits (`quantize`) is read, or made, in host memory and each projection quantised on its
-    way to `device`: the GPU never holds the base in `dtype`."""
+    in 4 bits (`quantize`) is read, or made (its values drawn on `device` a weight at a time),
+    in host memory and each projection quantised on its way to `device`: the GPU never holds
+    the base in `dtype`."""
     source = section.path if section.path is not None else section.name
     assert source is not None  # guaranteed by the config rules
     staged = section.quantize is not None
@@ -73,6 +74,7 @@ def build_model(section: ModelSection, device: torch.device, seed: int) -> Built
             attention="auto" if staged else section.attention,
             seed=seed,
             init_std=section.init_std,
+            draw_on=device,
         )
     except ModelError as error:  # say which section the problem is in
         raise type(error)(f"model: {error}") from None
