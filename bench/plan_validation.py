@@ -300,6 +300,9 @@ def predict(measured_file: Path) -> None:
 SETS_A_CONSTANT = {
     "llama3-8b-lora compiled+chunk2048+onedoc+fp8+fp8base+cudnn+host6": "cudnn_restored_block_s",
     "llama3.2-1b-full compiled+fp8+torchao": "fp8_kernels",
+    "llama3-8b-qlora compiled+full+offload+chunk512+onedoc+budget0.8+hostembed+host16+fp8": (
+        "fp8_kernels"
+    ),
 }
 """Rows a constant of `hardware/step_rates.py` was read from: in the fitted half, whatever
 their place."""

@@ -31,6 +31,10 @@ FITTED = (
 """The rates `plan --calibrate` fits; the rest are ratios the measurements cannot separate."""
 
 
+FOUR_BIT_FP8 = "4-bit dequantised"
+"""The FP8 products of a 4-bit base (`fp8_kernels`)."""
+
+
 @dataclass(frozen=True)
 class StepRates:
     name: str
@@ -80,9 +84,10 @@ class StepRates:
         ("eager", 0.25),
     )
     """Other attention kernels' speed relative to `flash` (bench/kernel_probe.py: cuDNN 1.7x)."""
-    fp8_kernels: tuple[tuple[str, float], ...] = (("torchao rowwise", 0.7),)
+    fp8_kernels: tuple[tuple[str, float], ...] = (("torchao rowwise", 0.7), (FOUR_BIT_FP8, 0.84))
     """Other FP8 implementations' GEMM speed relative to tuneforge's (rowwise or tensorwise),
-    read off the 1B full fine-tune's FP8 rows in bench/measured_steps.json."""
+    read off bench/measured_steps.json: torchao's from the 1B full fine-tune's FP8 rows, a 4-bit
+    base dequantised into E4M3 at each product (its kernel's time counted in) from QLoRA's."""
     cudnn_restored_block_s: float = 0.0066
     """What cuDNN attention adds to a block whose saved activations come back from host memory
     (flash attention adds nothing), read off one row of bench/measured_steps.json and checked

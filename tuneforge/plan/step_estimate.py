@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from tuneforge.config import RunConfig
 from tuneforge.config.objectives.registry import declaration_of
-from tuneforge.hardware.step_rates import StepRates
+from tuneforge.hardware.step_rates import FOUR_BIT_FP8, StepRates
 from tuneforge.models.cost import forward_flops_per_token
 from tuneforge.plan.frozen_models import frozen_forward_flops_per_token
 from tuneforge.plan.memory import Setup
@@ -66,5 +66,13 @@ def configured_work(config: RunConfig, setup: Setup, micro_batches: list[list[in
         collectives=collective_bytes(setup, reduce_bytes),
         captured=config.train.cuda_graph,
         attention_kernel=attention_kernel(config.model.attention),
-        fp8_kernel=f"{config.precision.fp8_implementation} {config.precision.fp8_scaling}",
+        fp8_kernel=fp8_kernel(config),
     )
+
+
+def fp8_kernel(config: RunConfig) -> str:
+    """The FP8 products' implementation, as `StepRates.fp8_kernels` names it: a 4-bit base
+    multiplied in FP8 is dequantised into E4M3 at each product, by its own kernel."""
+    if config.model.quantize:
+        return FOUR_BIT_FP8
+    return f"{config.precision.fp8_implementation} {config.precision.fp8_scaling}"
