@@ -25,6 +25,7 @@ from tuneforge.plan.planner import (
     replicated_memory_gib,
 )
 from tuneforge.plan.workload import epoch_workload
+from tuneforge.precision.trained_weights import TrainedWeights
 
 DEMO = "examples/demo.yaml"
 LLAMA3_8B_LORA = [
@@ -64,6 +65,62 @@ def test_static_bytes_are_the_real_parameter_bytes():
     actual = sum(p.numel() * p.element_size() for p in model.parameters())
     weights, gradients, optimizer = static_bytes(Setup(args, 2, 1024))
     assert weights == actual and gradients == actual and optimizer == 2 * actual
+
+
+def _fsdp2_weight_bytes(rank: int, port: int, stage: int, out) -> None:
+    """What FSDP2 holds of the demo model's weights on this rank after a forward: every
+    parameter's shard and every gathered copy still held (distinct storages)."""
+    import torch.distributed as dist
+
+    from tuneforge.config.sections.parallel import ParallelSection
+    from tuneforge.models.api import load_model
+    from tuneforge.parallel.distributed import Dist, parallelize
+    from tuneforge.parallel_dims import ParallelDims
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        model = load_model("demo-tiny", dtype="bfloat16", device=torch.device("cpu"), seed=0)
+        section = ParallelSection(strategy="fsdp", zero_stage=stage)
+        parallelize(model, model.layers, ParallelDims.of("fsdp", 2), section, Dist(rank, 2))
+        model(torch.randint(0, model.args.vocab_size, (1, 32)))
+        storages = {}
+        for module in model.modules():
+            state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+            group = state._fsdp_param_group if state is not None else None
+            for param in group.fsdp_params if group is not None else []:
+                for held in (param._sharded_param_data, getattr(param, "_unsharded_param", None)):
+                    if held is not None and held.untyped_storage().nbytes():
+                        storage = held.untyped_storage()
+                        storages[storage.data_ptr()] = storage.nbytes()
+        out[rank] = sum(storages.values())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_zero2_holds_fsdp2s_shards_beside_the_gathered_weights():
+    """Under ZeRO-2 (no reshard after forward) FSDP2 keeps each parameter's shard beside its
+    gathered copy until backward: the planner's pure-bf16 weights are both, against what two
+    gloo ranks hold after a forward (shards padded to even rows: within 2%)."""
+    import socket
+    from dataclasses import replace
+
+    import torch.multiprocessing as mp
+
+    from tuneforge.models.api import model_args
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = mp.get_context("spawn").Manager().dict()
+    mp.spawn(_fsdp2_weight_bytes, args=(port, 2, out), nprocs=2)
+    args = model_args("demo-tiny")
+    pure = TrainedWeights.of(False, "bfloat16")
+    setup = Setup(args, 2, 1024, data_parallel=2, zero_stage=2, trained=pure)
+    weights = static_bytes(setup)[0]
+    assert weights == pytest.approx(out[0], rel=0.02) and out[0] == pytest.approx(out[1], rel=0.02)
+    assert weights == pytest.approx(1.5 * args.num_params() * 2)
+    master = replace(setup, trained=TrainedWeights.of(True, "bfloat16"))  # the fp32 shards
+    assert static_bytes(master)[0] == pytest.approx(args.num_params() * 2)  # are its master
 
 
 def test_report_qwen3_8b_zero2_on_8_gpus_of_64_gib():

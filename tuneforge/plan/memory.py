@@ -212,11 +212,17 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
         weights = (base / shard if stage >= 3 else base) + adapters * 4
         gradients = adapters * 4 / (shard if stage >= 2 else 1)
         optimizer = adapters * 8 / (shard if stage >= 1 else 1)
+        kept_shards = base / shard
     else:
         master = setup.trained.extra_bytes_per_param(b)  # (master or remainder +) m + v
         weights = total * b / (shard if stage >= 3 else 1)
         gradients = total * b / (shard if stage >= 2 else 1)
         optimizer = total * master / (shard if stage >= 1 else 1)
+        # fp32 master shards are the master the optimizer bytes count
+        kept_shards = 0.0 if setup.trained.fp32_shards(True) else total * b / shard
+    if stage == 2 and _fsdp(setup):
+        # ZeRO-2 keeps the gathered weights from forward to backward beside FSDP2's own shards
+        weights += kept_shards
     if setup.frozen_copy:
         weights += frozen_weight_bytes(args, b, n if _fsdp(setup) else 1)
     weights += setup.extra_weight_bytes
