@@ -140,7 +140,8 @@ def test_a_base_is_quantized_on_its_way_to_the_device(tmp_path, source):
     down = staged.layers[0].mlp.down_proj
     held = down.weight
     assert down in arrived  # the 4-bit base, handed on as a value
-    assert held.shape == down.weight.shape and held.untyped_storage().nbytes() == 4
+    expected = (staged.args.dim, staged.args.ffn_dim)  # down_proj: (out, in)
+    assert held.shape == expected and held.untyped_storage().nbytes() == 4
     lora = {"target_modules": ["q_proj", "down_proj"], "rank": 4}
     torch.manual_seed(0)  # the same adapters on both
     tuneforge.apply_lora(staged, lora)
