@@ -67,9 +67,9 @@ def test_static_bytes_are_the_real_parameter_bytes():
     assert weights == actual and gradients == actual and optimizer == 2 * actual
 
 
-def _fsdp2_weight_bytes(rank: int, port: int, stage: int, out) -> None:
-    """What FSDP2 holds of the demo model's weights on this rank after a forward: every
-    parameter's shard and every gathered copy still held (distinct storages)."""
+def _fsdp2_held_bytes(rank: int, port: int, fp32_shards: bool, out) -> None:
+    """What FSDP2 under ZeRO-2 holds of the demo model on this rank: its shards and the
+    gathered weights after a forward (distinct storages), and its gradients after backward."""
     import torch.distributed as dist
 
     from tuneforge.config.sections.parallel import ParallelSection
@@ -80,29 +80,35 @@ def _fsdp2_weight_bytes(rank: int, port: int, stage: int, out) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         model = load_model("demo-tiny", dtype="bfloat16", device=torch.device("cpu"), seed=0)
-        section = ParallelSection(strategy="fsdp", zero_stage=stage)
-        parallelize(model, model.layers, ParallelDims.of("fsdp", 2), section, Dist(rank, 2))
-        model(torch.randint(0, model.args.vocab_size, (1, 32)))
-        storages = {}
+        section = ParallelSection(strategy="fsdp", zero_stage=2)
+        dims = ParallelDims.of("fsdp", 2)
+        parallelize(model, model.layers, dims, section, Dist(rank, 2), fp32_shards=fp32_shards)
+        logits = model(torch.randint(0, model.args.vocab_size, (1, 32)))
+        held: dict[str, dict[int, int]] = {"shards": {}, "gathered": {}}
         for module in model.modules():
             state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
             group = state._fsdp_param_group if state is not None else None
             for param in group.fsdp_params if group is not None else []:
-                for held in (param._sharded_param_data, getattr(param, "_unsharded_param", None)):
-                    if held is not None and held.untyped_storage().nbytes():
-                        storage = held.untyped_storage()
-                        storages[storage.data_ptr()] = storage.nbytes()
-        out[rank] = sum(storages.values())
+                kinds = {"shards": param._sharded_param_data, "gathered": param._unsharded_param}
+                for kind, tensor in kinds.items():
+                    storage = tensor.untyped_storage()
+                    held[kind][storage.data_ptr()] = storage.nbytes()
+        logits.float().sum().backward()
+        grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
+        out[rank] = {kind: sum(storages.values()) for kind, storages in held.items()} | {
+            "gradients": sum(g.numel() * g.element_size() for g in grads)
+        }
     finally:
         dist.destroy_process_group()
 
 
-def test_zero2_holds_fsdp2s_shards_beside_the_gathered_weights():
-    """Under ZeRO-2 (no reshard after forward) FSDP2 keeps each parameter's shard beside its
-    gathered copy until backward: the planner's pure-bf16 weights are both, against what two
-    gloo ranks hold after a forward (shards padded to even rows: within 2%)."""
+@pytest.mark.parametrize("master", [False, True], ids=["pure", "fp32-shards"])
+def test_zero2_counts_what_fsdp2_holds_on_two_ranks(master):
+    """Under ZeRO-2 (no reshard after forward) FSDP2 keeps each parameter's shard beside the
+    gathered weights until backward; with master weights the shards are fp32 (the master the
+    optimizer bytes count) and so are the gradients. The planner's weights and gradients
+    against what two gloo ranks hold (shards padded to even rows: within 2%)."""
     import socket
-    from dataclasses import replace
 
     import torch.multiprocessing as mp
 
@@ -112,15 +118,18 @@ def test_zero2_holds_fsdp2s_shards_beside_the_gathered_weights():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out = mp.get_context("spawn").Manager().dict()
-    mp.spawn(_fsdp2_weight_bytes, args=(port, 2, out), nprocs=2)
+    mp.spawn(_fsdp2_held_bytes, args=(port, master, out), nprocs=2)
+    held = out[0]
     args = model_args("demo-tiny")
-    pure = TrainedWeights.of(False, "bfloat16")
-    setup = Setup(args, 2, 1024, data_parallel=2, zero_stage=2, trained=pure)
-    weights = static_bytes(setup)[0]
-    assert weights == pytest.approx(out[0], rel=0.02) and out[0] == pytest.approx(out[1], rel=0.02)
-    assert weights == pytest.approx(1.5 * args.num_params() * 2)
-    master = replace(setup, trained=TrainedWeights.of(True, "bfloat16"))  # the fp32 shards
-    assert static_bytes(master)[0] == pytest.approx(args.num_params() * 2)  # are its master
+    trained = TrainedWeights.of(master, "bfloat16")
+    setup = Setup(args, 2, 1024, data_parallel=2, zero_stage=2, trained=trained)
+    weights, gradients, _ = static_bytes(setup)
+    shards = 0 if master else held["shards"]  # fp32 shards: the master, in the optimizer bytes
+    assert weights == pytest.approx(held["gathered"] + shards, rel=0.02)
+    assert gradients == pytest.approx(held["gradients"], rel=0.02)
+    shard_bytes = 4 if master else 2
+    assert held["shards"] == pytest.approx(args.num_params() * shard_bytes / 2, rel=0.02)
+    assert out[1] == pytest.approx(held, rel=0.02)
 
 
 def test_report_qwen3_8b_zero2_on_8_gpus_of_64_gib():

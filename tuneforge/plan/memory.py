@@ -215,11 +215,12 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
         kept_shards = base / shard
     else:
         master = setup.trained.extra_bytes_per_param(b)  # (master or remainder +) m + v
-        weights = total * b / (shard if stage >= 3 else 1)
-        gradients = total * b / (shard if stage >= 2 else 1)
+        # FSDP2's fp32 shards are the master the optimizer bytes count; their gradients are fp32
+        fp32_shards = _fsdp(setup) and setup.trained.fp32_shards(True)
+        kept_shards = 0.0 if fp32_shards else total * b / shard
+        weights = kept_shards if stage >= 3 else total * b
+        gradients = total * (4 if fp32_shards else b) / (shard if stage >= 2 else 1)
         optimizer = total * master / (shard if stage >= 1 else 1)
-        # fp32 master shards are the master the optimizer bytes count
-        kept_shards = 0.0 if setup.trained.fp32_shards(True) else total * b / shard
     if stage == 2 and _fsdp(setup):
         # ZeRO-2 keeps the gathered weights from forward to backward beside FSDP2's own shards
         weights += kept_shards
