@@ -209,10 +209,10 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
         base = total * b - linears + sum(setup.base_weights.bytes(args, b))
         if setup.offload_embedding and not args.tie_embeddings:
             base -= args.vocab_size * args.dim * b
-        weights = (base / shard if stage >= 3 else base) + adapters * 4
+        kept_shards = base / shard
+        weights = (kept_shards if stage >= 3 else base) + adapters * 4
         gradients = adapters * 4 / (shard if stage >= 2 else 1)
         optimizer = adapters * 8 / (shard if stage >= 1 else 1)
-        kept_shards = base / shard
     else:
         master = setup.trained.extra_bytes_per_param(b)  # (master or remainder +) m + v
         # FSDP2's fp32 shards are the master the optimizer bytes count; their gradients are fp32
