@@ -64,6 +64,13 @@ def wait_for_step(run_dir: Path, step: int, process: subprocess.Popen) -> None:
     raise AssertionError(f"the run never reached step {step}")
 
 
+def torchrun(ranks: int) -> list[str]:
+    """The command that starts `ranks` processes on this machine, each computing with one thread
+    (torchrun's own default), whatever thread count the suite runs with."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    return ["env", "OMP_NUM_THREADS=1", sys.executable, *launcher]
+
+
 def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tuneforge", *args],

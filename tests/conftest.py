@@ -4,6 +4,11 @@ import os
 # which differs between processes; the tests compare losses of separate runs exactly (resume,
 # ranks), so every process they start asks MKL for reproducible results.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+# A run on the CPU computes with the cores it finds idle (hardware/cpu.py), so a busy machine
+# would change a test's thread count and with it the rounding of its numbers. The suite pins
+# the count for itself and every process it starts: OMP_NUM_THREADS, one unless set. Ranks under
+# torchrun compute with one thread each whatever it is (tests.cli_runs.torchrun).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pathlib import Path
 
@@ -11,6 +16,7 @@ import pytest
 import torch
 
 TESTS = Path(__file__).parent
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script under torchrun
     sys.path.insert(0, str(REPO))
 
+from tests.cli_runs import torchrun  # noqa: E402
 from tests.helpers import QUIET_DEMO  # noqa: E402
 
 DEMO = REPO / "examples" / "demo.yaml"
@@ -92,8 +93,7 @@ def _record_held_bytes(trainer) -> None:
 def launch(ranks: int, runs: list[dict], spec: Path) -> None:
     """`runs` trained by `ranks` processes started by torchrun (one process: in a child)."""
     spec.write_text(json.dumps(runs))
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    command = [sys.executable, *(launcher if ranks > 1 else []), __file__, str(spec)]
+    command = [*(torchrun(ranks) if ranks > 1 else [sys.executable]), __file__, str(spec)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=REPO)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
 

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from tests.cli_runs import DEMO, MODES, REPO, finish, losses, overrides, wait_for_step
+from tests.cli_runs import (
+    DEMO,
+    MODES,
+    REPO,
+    finish,
+    losses,
+    overrides,
+    torchrun,
+    wait_for_step,
+)
+from tuneforge.runs.files import read_metrics
 
 STEPS = 8
 
@@ -20,11 +30,7 @@ def launch(run_dir: Path, ranks: int, *extra: str, resume: bool = False) -> subp
     train = ["-m", "tuneforge", "train", str(DEMO), *overrides(run_dir, *extra)]
     train += [f"train.max_steps={STEPS}", "checkpoint.save_steps=2"]
     train += ["--resume", "auto"] if resume else ["--overwrite"]
-    if ranks > 1:
-        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-        args = [sys.executable, *launcher, *train]
-    else:
-        args = [sys.executable, *train]
+    args = [*torchrun(ranks), *train] if ranks > 1 else [sys.executable, *train]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -152,7 +158,10 @@ def test_an_fp4_lora_base_under_fsdp2_trains_as_under_ddp(tmp_path):
     """Emulated FP4 under FSDP2: the quantised base replicated on every rank, or with
     fp4_param_gather its codes and scales sharded and all-gathered as bytes, which computes
     exactly the same. Against DDP: FSDP2's reduction rounds the adapters' last bits
-    differently, and FP4's coarse rounding of the activations amplifies that over the steps."""
+    differently, and at this learning rate FP4's coarse rounding of the activations amplifies
+    that some thirty times a step (an AVX2 CPU measured 7e-8 in the second step's gradient
+    norm, 4e-5 in the third step's loss, 4% by the sixth), so DDP is matched over the first
+    two steps, before it compounds: the gradients of the same weights, then of one update."""
     fp4 = ["train.grad_accum_steps=1", *MODES["lora-fp4"]]
     settings = {
         "ddp": ["parallel.strategy=ddp"],
@@ -165,12 +174,21 @@ def test_an_fp4_lora_base_under_fsdp2_trains_as_under_ddp(tmp_path):
         out, err = process.communicate(timeout=600)
         assert process.returncode == 0, out + err
         logs[name] = " ".join((out + err).split())
-    ddp, fsdp = losses(tmp_path / "ddp"), losses(tmp_path / "fsdp")
-    assert losses(tmp_path / "gather") == fsdp
-    assert fsdp[0] == ddp[0] and fsdp == pytest.approx(ddp, rel=0.02)
-    assert fsdp[-1] < fsdp[0] - 1.0
+    steps = {name: step_records(tmp_path / name) for name in settings}
+    assert steps["gather"] == steps["fsdp"]
+    for key in ("loss", "grad_norm"):
+        fsdp, ddp = ([step[key] for step in steps[name][:2]] for name in ("fsdp", "ddp"))
+        assert fsdp == pytest.approx(ddp, rel=1e-5), key
+    losses_fsdp = [step["loss"] for step in steps["fsdp"]]
+    assert min(losses_fsdp[1:]) < losses_fsdp[0] - 1.0
     assert "FP4 codes replicated on every rank" in logs["fsdp"]
     assert "sharded across the ranks and all-gathered as FP4" in logs["gather"]
+
+
+def step_records(run_dir: Path) -> list[dict]:
+    """Each step's loss and gradient norm."""
+    records = read_metrics(run_dir / "metrics.jsonl")
+    return [{"loss": r["loss"], "grad_norm": r["grad_norm"]} for r in records if "loss" in r]
 
 
 def test_frozen_models_beside_the_trained_one_are_sharded_and_train_as_on_one_rank(tmp_path):

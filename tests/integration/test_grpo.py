@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from tests.cli_runs import DEMO, REPO, cli, finish, losses, overrides, wait_for_step
+from tests.cli_runs import DEMO, REPO, cli, finish, losses, overrides, torchrun, wait_for_step
 from tuneforge.config import load_config
 from tuneforge.runs.files import read_metrics
 from tuneforge.train.loop import Trainer
@@ -165,11 +165,10 @@ def test_each_of_two_ranks_samples_for_its_own_prompts(tmp_path, strategy):
     FSDP2 with dynamic sampling, a round one rank wants is sampled by both."""
     run = tmp_path / "run"
     dynamic = ["grpo.dynamic_sampling=true"] if strategy == "fsdp" else []
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     args = ["-m", "tuneforge", "train", str(DEMO), *overrides(run, *GRPO, *dynamic),
             "train.max_steps=4", "train.grad_accum_steps=1", f"parallel.strategy={strategy}",
             "--overwrite"]  # fmt: skip
-    done = subprocess.run([*launcher, *args], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([*torchrun(2), *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
     assert len(records) == 4 and all(math.isfinite(r["loss"]) for r in records)

@@ -7,12 +7,11 @@ of a tensor × expert-parallel run loads in `peft` with the one-process run's lo
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.cli_runs import losses
+from tests.cli_runs import losses, torchrun
 from tests.helpers import save_tiny_model
 from tests.mesh_runs import MODES, REPO, launch, mode_overrides, run_overrides, train
 
@@ -113,10 +112,9 @@ GRADIENT_CASES = [  # model, mode, tensor, expert, replicate (4 ranks)
 def test_mesh_gradients_equal_one_process(models, case):
     """The stricter oracle: one forward and backward's gradients, not ten steps' losses."""
     model, mode, *sizes = case
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
     script = [str(REPO / "tests" / "mesh_gradients.py"), str(models / model), mode]
     done = subprocess.run(
-        [*launcher, *script, *map(str, sizes)], capture_output=True, text=True, timeout=600
+        [*torchrun(4), *script, *map(str, sizes)], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-6000:]
     worst = float(done.stdout.split("worst relative gradient difference:")[1].split()[0])

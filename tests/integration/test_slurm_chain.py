@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_runs import torchrun
 from tuneforge.runs.files import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,13 +76,11 @@ def run_chain(tmp_path: Path, extra: list[str], ranks: int, chain: list[str]):
     run of the same layout measures this machine's step time first."""
     probe = tmp_path / "probe"
     started = time.perf_counter()
-    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    launcher = torchrun(ranks) if ranks > 1 else [sys.executable]
     train = ["-m", "tuneforge", "train", str(DEMO), *overrides(probe, 40), *extra]
     # warm the tokenised-data cache and measure the step time (a busy machine may reach the
     # time limit first: exit code 75, its steps measured all the same)
-    probed = subprocess.run(
-        [sys.executable, *(launcher if ranks > 1 else []), *train], capture_output=True, text=True
-    )
+    probed = subprocess.run([*launcher, *train], capture_output=True, text=True)
     assert probed.returncode in (0, 75), probed.stderr[-4000:]
     records = [r for r in read_metrics(probe / "metrics.jsonl") if "step_s" in r]
     step_s = sorted(r["step_s"] for r in records)[len(records) // 2]
