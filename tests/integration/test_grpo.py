@@ -85,6 +85,8 @@ def _config(tmp_path, *extra: str):
         ("raise KeyError('solution')", "raised KeyError: 'solution' at"),
         ("return [1.0]", "returned 1 values for"),
         ("return ['yes'] * len(completions)", "returned str 'yes'"),
+        ("return [float('nan')] * len(completions)", "returned nan for the completion of the"),
+        ("return [1.0] * (len(completions) - 1) + [float('inf')]", "returned inf for the"),
     ],
 )
 def test_a_faulty_reward_function_stops_the_run_with_its_name(tmp_path, monkeypatch, body, said):
@@ -105,7 +107,12 @@ def test_a_faulty_reward_function_stops_the_run_with_its_name(tmp_path, monkeypa
         trainer.train()
     message = str(caught.value)
     assert "reward function graded (grpo.rewards.0.function)" in message and said in message
+    if "for the" in said:  # a non-number: the record it was given, by file and line
+        assert re.search(r"record at \S+train\.jsonl:\d+", message), message
     trainer.close()
+    run = tmp_path / "run"  # stopped before any update: nothing trained is saved
+    assert not (run / "final").exists() and not (run / "adapter").exists()
+    assert not list(run.glob("checkpoints/step_*"))
 
 
 @pytest.mark.parametrize("prompt_alone", [False, True])
@@ -149,6 +156,26 @@ def test_each_completion_is_scored_with_its_own_records_fields(tmp_path, monkeyp
         assert all(("eval_accuracy" in r) != prompt_alone for r in held_out)
         # one group of the step that sampled, the earlier run's lines gone with --overwrite
         assert len(read_metrics(tmp_path / "run" / "completions.jsonl")) == 4
+
+
+def test_completions_no_function_scores_are_counted_and_left_out(tmp_path, monkeypatch):
+    """Every fourth completion unscored (None): counted in `unscored`, out of the reward's mean;
+    their advantages are 0 (tests/unit/test_grpo_against_trl.py checks them against TRL's)."""
+    (tmp_path / "partial_rewards.py").write_text(
+        "def partial(completions, **_):\n"
+        "    return [None if i % 4 == 0 else float(len(c) % 2) for i, c in enumerate(completions)]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    trainer = Trainer(_config(tmp_path, "grpo.rewards=[partial_rewards:partial]"), overwrite=True)
+    trainer.setup()
+    trainer.train()
+    trainer.close()
+    steps = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert len(steps) == 2
+    for step in steps:
+        assert step["unscored"] == step["completions"] / 4 and step["unscored"] > 0
+        assert step["scored"] == step["completions"] - step["unscored"]
+        assert math.isfinite(step["loss"]) and 0 <= step["reward"] <= 1
 
 
 def test_a_reward_function_that_cannot_be_imported_is_refused_before_training(tmp_path):

@@ -14,6 +14,7 @@ from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import build_examples
 from tuneforge.data.packing import PackedLoader
 from tuneforge.data.reading import read_conversations
+from tuneforge.data.records import ORIGIN_FIELD
 from tuneforge.data.token_store import TokenStore
 
 OPTIONS = {"max_seq_len": 64, "on_too_long": "drop", "train_on": "assistant"}
@@ -77,7 +78,9 @@ def test_record_fields_kept_by_the_examples_come_back_from_the_cache(setup):
 
     first, _ = cached_examples([DataSource(path=data)], tokenizer, options, cache, build)
     second, _ = cached_examples([DataSource(path=data)], tokenizer, options, cache, lambda: 1 / 0)
-    assert first.fields == second.fields == [{"n": i} for i in range(len(lines))]
+    origins = [f"{data}:{i + 1}" for i in range(len(lines))]  # so a reward can name its record
+    expected = [{"n": i, ORIGIN_FIELD: origin} for i, origin in enumerate(origins)]
+    assert first.fields == second.fields == expected
     loader = PackedLoader(second, 64, seed=0)
     for batch in loader.fixed_batches():
         assert batch.record_fields is not None
@@ -92,7 +95,7 @@ def test_record_fields_kept_by_the_examples_come_back_from_the_cache(setup):
     # a value JSON cannot hold (a parquet date) is its text built or cached alike
     dated = [replace(conversations[0], fields={"when": datetime.date(2026, 1, 2)})]
     built, _ = build_examples(dated, tokenizer, 64, "drop", Rendering(), keep_fields=True)
-    assert built[0].fields == {"when": "2026-01-02"}
+    assert built[0].fields == {"when": "2026-01-02", ORIGIN_FIELD: dated[0].origin}
 
 
 def test_token_store_round_trips_examples(setup):

@@ -16,7 +16,7 @@ from tuneforge.data.length_policy import (
     target_spans,
 )
 from tuneforge.data.parallel import tokenize_all, worker_count
-from tuneforge.data.records import Conversation, DataError
+from tuneforge.data.records import ORIGIN_FIELD, Conversation, DataError
 from tuneforge.data.token_store import IGNORE_INDEX, Example, make_example
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,8 @@ def build_examples(
             continue
         whole = make_example(ids, mask)
         if keep_fields:
-            whole = replace(whole, fields=json_values(conversation.fields or {}))
+            fields = json_values(conversation.fields or {}) | {ORIGIN_FIELD: conversation.origin}
+            whole = replace(whole, fields=fields)
         for piece in kept:
             examples.append(whole if piece == (0, len(ids)) else piece_of(whole, piece, truncated))
             stats.num_tokens += piece[1] - piece[0]

@@ -22,6 +22,11 @@ class DataError(TuneforgeError):
     """A data file that cannot be used as it is."""
 
 
+ORIGIN_FIELD = "__origin__"
+"""Where a record's kept fields (`Conversation.fields`, for rewards) hold its `file:line`, so that
+a value computed from the record can name it; not one of the record's own fields."""
+
+
 class RecordError(TuneforgeError):
     """One record that cannot be used; the message says which field and why."""
 

@@ -110,7 +110,7 @@ def load_training_data(
     if pairs:
         options |= {"data_format": data_format, "tokens_per_micro_batch": tokens_per_micro_batch}
     if keep_fields:
-        options["record_fields"] = True
+        options["record_fields"] = "with their origin"
     examples, stats = cached_examples(
         data.train,
         tokenizer,

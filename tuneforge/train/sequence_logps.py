@@ -8,27 +8,36 @@ from torch.utils.checkpoint import checkpoint
 from tuneforge.data.packing import IGNORE_INDEX
 
 
-def _chunk_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
+def _chunk_logps(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float
+):
     logits = (hidden @ weight.t()).float()
+    if temperature != 1.0:
+        logits = logits / temperature
     supervised = labels != IGNORE_INDEX
     target = logits.gather(1, labels.clamp(min=0)[:, None]).squeeze(1)
     return (target - torch.logsumexp(logits, dim=-1)) * supervised
 
 
 def token_logps(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = 1024
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_tokens: int = 1024,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """[N] fp32: log p(label) of each row of `hidden` [N, D] under the output layer `weight`
-    [V, D]; 0 where the label is IGNORE_INDEX. Differentiable in `hidden` and `weight`."""
+    [V, D], its logits divided by `temperature` (the distribution a sampler at that temperature
+    draws from); 0 where the label is IGNORE_INDEX. Differentiable in `hidden` and `weight`."""
     pieces = []
     for start in range(0, hidden.shape[0], chunk_tokens):
         rows = slice(start, start + chunk_tokens)
         if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
             piece = checkpoint(
-                _chunk_logps, hidden[rows], weight, labels[rows], use_reentrant=False
+                _chunk_logps, hidden[rows], weight, labels[rows], temperature, use_reentrant=False
             )
         else:
-            piece = _chunk_logps(hidden[rows], weight, labels[rows])
+            piece = _chunk_logps(hidden[rows], weight, labels[rows], temperature)
         pieces.append(piece)
     return torch.cat(pieces)
 

@@ -61,7 +61,8 @@ class GrpoSection(Section):
     max_new_tokens: int = Field(256, ge=1)
     """The longest completion; one that reaches it without the end of its turn is cut there."""
     temperature: float = Field(1.0, gt=0)
-    """Sampling temperature of the completions."""
+    """Sampling temperature of the completions; the policy's, the sampler's and the reference's
+    log-probabilities in the loss are taken at it too (the distribution that drew them)."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling: only the likeliest tokens whose probabilities add up to it."""
     top_k: int = Field(0, ge=0)
@@ -79,7 +80,8 @@ class GrpoSection(Section):
     length bias), `dapo` (the mean over every completion token of the step)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Advantages are rewards minus their group's mean, divided by the group's standard
-    deviation (`group`), the step's (`batch`), or not divided (`none`, Dr. GRPO)."""
+    deviation (`group`), the step's (`batch`: every completion of every micro-batch and rank),
+    or not divided (`none`, Dr. GRPO)."""
     num_iterations: int = Field(1, ge=1)
     """Optimizer steps on each batch of completions (μ): after the first, the ratio to the policy
     that generated them is clipped."""

@@ -10,6 +10,7 @@ dynamic sampling, groups rewarded alike are left out and more prompts read in th
 Held out, each prompt is answered once, greedily, and scored: the held-out loss is minus the
 mean reward."""
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,7 +32,12 @@ from tuneforge.train.objectives.dynamic_sampling import (
     informative_groups,
     kept_groups,
 )
-from tuneforge.train.objectives.grpo_advantages import group_advantages, spread_across_ranks
+from tuneforge.train.objectives.grpo_advantages import (
+    STD_FLOOR,
+    group_advantages,
+    nan_std,
+    spread_across_ranks,
+)
 from tuneforge.train.objectives.grpo_loss import GrpoLossSetting, completion_of_rows, grpo_loss
 from tuneforge.train.objectives.kept_batches import again, batch_of_state, batch_state
 from tuneforge.train.objectives.pairs import (
@@ -69,7 +75,7 @@ def grpo_metrics(functions: list[RewardFunction], grpo: GrpoSection) -> tuple[Me
     dynamic = grpo.dynamic_sampling
     rounds = (Metric("sampling_rounds", per="step", held_out=False),) if dynamic else ()
     return (
-        Metric("reward", per="completions", headline=True),
+        Metric("reward", per="scored", headline=True),
         *by_function,
         Metric("reward_std", per="groups", held_out=False),
         Metric("frac_zero_std", per="groups", percent=True, held_out=False),
@@ -79,6 +85,8 @@ def grpo_metrics(functions: list[RewardFunction], grpo: GrpoSection) -> tuple[Me
         *rounds,
         Metric("generation_tokens_per_s", per="generation_s"),
         Metric("completions", per="step", held_out=False),
+        Metric("scored", per="step"),
+        Metric("unscored", per="step", held_out=False),
         Metric("groups", per="step", held_out=False),
         Metric("completion_tokens", per="step", held_out=False),
         Metric("generation_s", per="step"),
@@ -112,6 +120,10 @@ class GrpoObjective(Objective):
         """Micro-batches made so far: the first `accumulation` of each cycle of accumulation ×
         num_iterations are sampled, the rest trained on again."""
         self.kept: list[PackedBatch | None] = [None] * accumulation
+        self.sampled: list[PackedBatch] = []
+        """The step's micro-batches sampled so far."""
+        self.pending_log: tuple[ScoredRound, int] | None = None
+        """The round and step the completion log writes once the step is sampled."""
         self.generator = torch.Generator(device=model.lm_head.weight.device)
         self.generator.manual_seed(seed)
 
@@ -133,7 +145,29 @@ class GrpoObjective(Objective):
         batch = self.rollout(read, read_more, step if logged else None)
         if self.grpo.num_iterations > 1:
             self.kept[slot] = batch
+        self.sampled.append(batch)
+        if slot == self.accumulation - 1:
+            self._step_sampled()
         return batch
+
+    def _step_sampled(self) -> None:
+        """Every micro-batch of the step sampled (the step makes them all before its first
+        forward): with `scale_rewards: batch` their advantages, centred on their groups so far,
+        are divided by the deviation of all the step's rewards, on every rank, as TRL divides
+        its generation batch's; then the completion log is written."""
+        scale = 1.0
+        if self.grpo.scale_rewards == "batch":
+            rewards = torch.cat([batch.extras["rewards"] for batch in self.sampled])
+            device = self.model.lm_head.weight.device
+            spread = (
+                spread_across_ranks(rewards, device) if dist.is_initialized() else nan_std(rewards)
+            )
+            scale = 1.0 / (float(spread) + STD_FLOOR)
+            for batch in self.sampled:  # NaN (fewer than two scored): no advantage
+                batch.extras["advantages"] = (batch.extras["advantages"] * scale).nan_to_num(0.0)
+        if self.pending_log is not None:
+            self._log(*self.pending_log, scale)
+        self.sampled, self.pending_log = [], None
 
     def rollout(
         self,
@@ -147,7 +181,7 @@ class GrpoObjective(Objective):
         grpo = self.grpo
         rounds = [self._sampled_round(read)]
         if logged_step is not None:
-            self._log(rounds[0], logged_step)
+            self.pending_log = (rounds[0], logged_step)
         wanted = rounds[0].advantages.zero_std.numel()
         device = self.model.lm_head.weight.device
         if grpo.dynamic_sampling:
@@ -165,6 +199,7 @@ class GrpoObjective(Objective):
         extras = {
             "advantages": advantages,
             "rewards": torch.cat([r.rewards for r in rounds]),
+            "unscored": torch.stack([r.advantages.unscored for r in rounds]).sum().float(),
             "reward_by_function": torch.cat([r.per_function for r in rounds]),
             "completion_length": torch.tensor(
                 [float(len(reply)) for r in rounds for reply in r.replies]
@@ -181,11 +216,11 @@ class GrpoObjective(Objective):
         if self.reference is not None:
             reference = self.reference
             batch.extras["ref_logps"] = self.within_forward(
-                lambda: reference.token_logps(batch, self.chunk_tokens)
+                lambda: reference.token_logps(batch, self.chunk_tokens, grpo.temperature)
             )
         if grpo.num_iterations > 1:  # the ratio's denominator: the policy that sampled them
             batch.extras["old_logps"] = self.within_forward(
-                lambda: model_token_logps(self.model, batch, self.chunk_tokens)
+                lambda: model_token_logps(self.model, batch, self.chunk_tokens, grpo.temperature)
             )
         return batch
 
@@ -202,10 +237,9 @@ class GrpoObjective(Objective):
         replies = [self._reply(c) for c in sampled.completions]
         per_function = self._scored(prompts, replies, grpo.num_generations)
         rewards = weighted_rewards(per_function, self.functions)
-        spread = None
-        if grpo.scale_rewards == "batch" and dist.is_initialized():
-            spread = spread_across_ranks(rewards, self.model.lm_head.weight.device)
-        advantages = group_advantages(rewards, grpo.num_generations, grpo.scale_rewards, spread)
+        # scale_rewards batch: centred here, divided once the step's every reward is known
+        scale = "none" if grpo.scale_rewards == "batch" else grpo.scale_rewards
+        advantages = group_advantages(rewards, grpo.num_generations, scale)
         return ScoredRound(prompts, sampled, replies, per_function, rewards, advantages)
 
     def _scored(self, prompts: Prompts, replies: list[list[int]], group: int) -> torch.Tensor:
@@ -224,7 +258,7 @@ class GrpoObjective(Objective):
             each(prompts.fields),
         )
 
-    def _log(self, scored: ScoredRound, step: int) -> None:
+    def _log(self, scored: ScoredRound, step: int, scale: float = 1.0) -> None:
         assert self.completion_log is not None
         group, prompts = self.grpo.num_generations, scored.prompts
         groups = min(self.completion_log.groups, len(prompts.ids))
@@ -243,11 +277,9 @@ class GrpoObjective(Objective):
                         "prompt": prompt,
                         "answer": answers[index],
                         "completion": self._decode(scored.replies[row]),
-                        "reward": float(scored.rewards[row]),
-                        "rewards": {
-                            n: None if v != v else v for n, v in zip(names, values, strict=True)
-                        },
-                        "advantage": float(scored.advantages.values[row]),
+                        "reward": none_if_nan(float(scored.rewards[row])),
+                        "rewards": {n: none_if_nan(v) for n, v in zip(names, values, strict=True)},
+                        "advantage": float(scored.advantages.values[row]) * scale,
                     }
                 )
         self.completion_log.write(records)
@@ -278,7 +310,10 @@ class GrpoObjective(Objective):
         if "advantages" not in extras:
             return self.held_out(batch)
         hidden, aux = hidden_states_and_aux(self.model, batch)
-        logps = token_logps(hidden, self.model.lm_head.weight, batch.labels, self.chunk_tokens)
+        logps = token_logps(
+            hidden, self.model.lm_head.weight, batch.labels, self.chunk_tokens,
+            self.grpo.temperature,
+        )  # fmt: skip
         supervised = batch.labels != IGNORE_INDEX
         completion = completion_of_rows(supervised, batch.packed.cu_seqlens)
         advantages = extras["advantages"][completion.clamp(min=0)]
@@ -294,13 +329,16 @@ class GrpoObjective(Objective):
         self, extras: dict[str, torch.Tensor], supervised: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         by_function = extras["reward_by_function"].nansum(dim=0)
+        rewards = extras["rewards"]
         sums = {
-            "reward": extras["rewards"].sum(),
-            "reward_std": extras["group_std"].sum(),
+            "reward": rewards.nansum(),
+            "reward_std": extras["group_std"].nansum(),
             "frac_zero_std": extras["zero_std"].sum(),
             "completion_length": extras["completion_length"].sum(),
             "generation_tokens_per_s": extras["generated_tokens"].sum(),
-            "completions": extras["rewards"].new_tensor(float(extras["rewards"].numel())),
+            "completions": rewards.new_tensor(float(rewards.numel())),
+            "scored": (~rewards.isnan()).sum().float(),
+            "unscored": extras["unscored"],
             "groups": extras["group_std"].new_tensor(float(extras["group_std"].numel())),
             "completion_tokens": supervised.float().sum(),
             "generation_s": extras["generation_s"].sum(),
@@ -324,8 +362,9 @@ class GrpoObjective(Objective):
         metrics = {metric.name: zero for metric in self.metrics}
         by_function = per_function.nansum(dim=0)
         metrics |= {
-            "reward": rewards.sum().to(zero.device),
+            "reward": rewards.nansum().to(zero.device),
             "completions": zero.new_tensor(float(len(replies))),
+            "scored": (~rewards.isnan()).sum().float().to(zero.device),
             "completion_length": zero.new_tensor(float(sum(len(r) for r in replies))),
             "generation_tokens_per_s": zero.new_tensor(float(sum(len(r) for r in replies))),
             "generation_s": zero.new_tensor(seconds),
@@ -349,6 +388,11 @@ class GrpoObjective(Objective):
         device = self.model.lm_head.weight.device
         for slot, kept in enumerate(state.get("kept", [])):
             self.kept[slot] = None if kept is None else batch_of_state(kept, device)
+
+
+def none_if_nan(value: float) -> float | None:
+    """A reward as JSON holds it: None where no function scored (NaN is no JSON value)."""
+    return None if math.isnan(value) else value
 
 
 def build(setup: ObjectiveSetup) -> GrpoObjective:

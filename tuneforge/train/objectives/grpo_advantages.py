@@ -1,7 +1,10 @@
 """Each completion's advantage: its reward minus its group's mean (the group: the completions of
 one prompt), divided by the group's standard deviation, the batch's, or nothing (Dr. GRPO), as
-TRL's GRPOTrainer makes it (Bessel-corrected deviations, 1e-4 beside them)."""
+TRL's GRPOTrainer makes it (Bessel-corrected deviations, 1e-4 beside them). A completion that no
+reward function scored (reward NaN) is left out of every mean and deviation, and its advantage
+is 0, as is every advantage whose deviation is undefined (fewer than two scored)."""
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -13,38 +16,57 @@ class Advantages(NamedTuple):
     values: torch.Tensor
     """[completions]"""
     group_std: torch.Tensor
-    """[groups]: each group's standard deviation of rewards."""
+    """[groups]: each group's standard deviation of rewards (NaN with fewer than two scored)."""
     zero_std: torch.Tensor
-    """[groups] bool: the group's completions were rewarded alike (nothing to learn from it)."""
+    """[groups] bool: the group's completions were rewarded alike, or fewer than two were
+    scored (nothing to learn from it)."""
+    unscored: torch.Tensor
+    """0-d: completions that no reward function scored."""
+
+
+def nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The Bessel-corrected standard deviation of the values that are not NaN; NaN where fewer
+    than two are."""
+    dims = () if dim is None else (dim,)
+    scored = ~values.isnan()
+    count = scored.sum(dim=dims) if dims else scored.sum()
+    mean = values.nanmean(dim=dims, keepdim=True) if dims else values.nanmean()
+    squares = ((values - mean) ** 2).nansum(dim=dims) if dims else ((values - mean) ** 2).nansum()
+    variance = squares / (count - 1).clamp(min=1)
+    return variance.sqrt().masked_fill(count < 2, math.nan)
 
 
 def group_advantages(
     rewards: torch.Tensor, group: int, scale: str, batch_spread: torch.Tensor | None = None
 ) -> Advantages:
-    """`rewards` [completions], a group's `group` completions one after another;
-    `batch_spread`: the step's standard deviation of rewards where it spans more than these
-    (every rank's), for `scale` batch."""
+    """`rewards` [completions], a group's `group` completions one after another, NaN where no
+    function scored; `batch_spread`: the step's standard deviation of rewards where it spans
+    more than these (every micro-batch and rank of the step), for `scale` batch."""
     grouped = rewards.view(-1, group)
-    mean = grouped.mean(dim=1)
-    std = grouped.std(dim=1) if group > 1 else torch.zeros_like(mean)
+    mean = grouped.nanmean(dim=1)
+    std = nan_std(grouped, dim=1) if group > 1 else torch.full_like(mean, math.nan)
     values = rewards - mean.repeat_interleave(group)
     if scale == "group":
         values = values / (std.repeat_interleave(group) + STD_FLOOR)
     elif scale == "batch":
-        spread = batch_spread if batch_spread is not None else rewards.std()
+        spread = batch_spread if batch_spread is not None else nan_std(rewards)
         values = values / (spread + STD_FLOOR)
-    zero = torch.isclose(std, torch.zeros_like(std))
-    return Advantages(values, std, zero)
+    zero = torch.isclose(std, torch.zeros_like(std)) | std.isnan()
+    unscored = rewards.isnan().sum()
+    return Advantages(torch.nan_to_num(values, nan=0.0), std, zero, unscored)
 
 
 def spread_across_ranks(rewards: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """The standard deviation (Bessel-corrected) of every rank's rewards together."""
+    """The standard deviation (Bessel-corrected) of every rank's scored rewards together."""
+    scored = rewards[~rewards.isnan()].double()
     stats = torch.tensor(
-        [float(rewards.sum()), float((rewards.double() ** 2).sum()), float(rewards.numel())],
+        [float(scored.sum()), float((scored**2).sum()), float(scored.numel())],
         dtype=torch.float64,
         device=device,
     )
     torch.distributed.all_reduce(stats)
     total, squares, count = stats.tolist()
-    variance = (squares - total * total / count) / max(count - 1, 1)
+    if count < 2:
+        return torch.tensor(math.nan, dtype=rewards.dtype)
+    variance = (squares - total * total / count) / (count - 1)
     return torch.tensor(max(variance, 0.0) ** 0.5, dtype=rewards.dtype)

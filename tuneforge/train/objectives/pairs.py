@@ -79,10 +79,13 @@ def pair_logps_of_hidden(
     return as_pairs(document_logps(hidden, model, batch, chunk_tokens), token_counts(batch))
 
 
-def model_token_logps(model: Decoder, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
-    """[tokens] fp32: each supervised token's log-probability under `model` (0 elsewhere)."""
+def model_token_logps(
+    model: Decoder, batch: PackedBatch, chunk_tokens: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """[tokens] fp32: each supervised token's log-probability under `model` at `temperature`
+    (0 elsewhere)."""
     hidden = model.hidden_states(batch.tokens, batch.packed)
-    return token_logps(hidden, model.lm_head.weight, batch.labels, chunk_tokens)
+    return token_logps(hidden, model.lm_head.weight, batch.labels, chunk_tokens, temperature)
 
 
 def pair_logps(model: Decoder, batch: PackedBatch, chunk_tokens: int) -> PairLogps:
@@ -113,10 +116,12 @@ class AdaptersOffReference(Reference):
             return pair_logps(self.model, batch, chunk_tokens)
 
     @torch.no_grad()
-    def token_logps(self, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
-        """[tokens]: each supervised token's log-probability (0 elsewhere)."""
+    def token_logps(
+        self, batch: PackedBatch, chunk_tokens: int, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """[tokens]: each supervised token's log-probability at `temperature` (0 elsewhere)."""
         with adapters_disabled(self.model):
-            return model_token_logps(self.model, batch, chunk_tokens)
+            return model_token_logps(self.model, batch, chunk_tokens, temperature)
 
 
 class FrozenCopyReference(Reference):
@@ -133,8 +138,10 @@ class FrozenCopyReference(Reference):
         return pair_logps(self.model, batch, chunk_tokens)
 
     @torch.no_grad()
-    def token_logps(self, batch: PackedBatch, chunk_tokens: int) -> torch.Tensor:
-        return model_token_logps(self.model, batch, chunk_tokens)
+    def token_logps(
+        self, batch: PackedBatch, chunk_tokens: int, temperature: float = 1.0
+    ) -> torch.Tensor:
+        return model_token_logps(self.model, batch, chunk_tokens, temperature)
 
 
 def starting_model(

@@ -4,7 +4,9 @@ keyword arguments — `prompts`, `completions` (decoded, special tokens left out
 `completion_ids`, `answer` (the record's reference reply; for a prompt alone, its `answer` field
 if it has one, else None), and each other field of the records, one value per completion (None
 where its record lacks it) — and returns one float per completion (None where it does not
-apply: that function then adds nothing)."""
+apply: that function then adds nothing; a completion no function scores is left out of its
+group's baseline and gets no advantage). A value that is not a finite number stops the run,
+naming the function, the record and the value."""
 
 import importlib
 import math
@@ -16,6 +18,7 @@ from numbers import Real
 import torch
 
 from tuneforge.config.objectives.grpo import GrpoSection, RewardSpec
+from tuneforge.data.records import ORIGIN_FIELD
 from tuneforge.errors import TuneforgeError
 from tuneforge.train.objectives.builtin_rewards import (
     RewardFn,
@@ -111,7 +114,9 @@ def reference_answers(replies: list[str | None], fields: list[dict[str, object]]
 
 def record_arguments(fields: list[dict[str, object]]) -> dict[str, list[object]]:
     """The records' fields other than `answer` as keyword arguments, one value per completion."""
-    names = dict.fromkeys(name for record in fields for name in record if name != "answer")
+    names = dict.fromkeys(
+        name for record in fields for name in record if name not in ("answer", ORIGIN_FIELD)
+    )
     taken = [name for name in names if name in OWN_ARGUMENTS]
     if taken:
         raise RewardError(
@@ -156,21 +161,32 @@ def score(
                 f"{len(completions)} completions: it must return one float per completion"
             )
         column = []
-        for value in values:
+        for index, value in enumerate(values):
             if value is None:
                 column.append(math.nan)
-            elif isinstance(value, Real | torch.Tensor) and not isinstance(value, bool):
-                column.append(float(value))
-            else:
+                continue
+            if not isinstance(value, Real | torch.Tensor) or isinstance(value, bool):
                 raise RewardError(
                     f"reward function {function.name} ({function.field}) returned "
                     f"{type(value).__name__} {value!r}: each value must be a float (or None)"
                 )
+            number = float(value)
+            if not math.isfinite(number):
+                origin = fields[index].get(ORIGIN_FIELD, "a record whose origin is unknown")
+                raise RewardError(
+                    f"reward function {function.name} ({function.field}) returned {number} for "
+                    f"the completion of the record at {origin}: a reward must be a finite "
+                    "number, or None where the function does not apply; nothing was trained "
+                    "on this batch"
+                )
+            column.append(number)
         columns.append(column)
     return torch.tensor(columns, dtype=torch.float32).t().reshape(len(completions), -1)
 
 
 def weighted_rewards(per_function: torch.Tensor, functions: list[RewardFunction]) -> torch.Tensor:
-    """[completions]: the weighted sum over functions, a None (NaN) adding nothing."""
+    """[completions]: the weighted sum over functions, a None (NaN) adding nothing; NaN where
+    no function scored the completion (TRL's unscorable completion)."""
     weights = torch.tensor([f.weight for f in functions], dtype=per_function.dtype)
-    return torch.nansum(per_function * weights, dim=1)
+    summed = torch.nansum(per_function * weights, dim=1)
+    return summed.masked_fill(per_function.isnan().all(dim=1), math.nan)
