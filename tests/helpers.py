@@ -107,6 +107,13 @@ def save_tiny_model(directory: Path, family: str = "llama", seed: int = 0, **ove
     return model
 
 
+def hf_name_of(adapter, name: str, expert: int | None = None) -> str:
+    """The name of our parameter `name` in transformers' loaded model."""
+    hf_name = adapter.to_hf(name, expert)
+    assert hf_name is not None, name
+    return adapter.runtime_name(hf_name)
+
+
 def save_tiny_llama(directory: Path, seed: int = 0, **overrides):
     return save_tiny_model(directory, "llama", seed, **overrides)
 

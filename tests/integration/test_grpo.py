@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from tests.cli_runs import DEMO, REPO, cli, finish, losses, overrides, torchrun, wait_for_step
-from tuneforge.config import load_config
+from tuneforge.config import ConfigError, load_config
 from tuneforge.runs.files import read_metrics
 from tuneforge.train.loop import Trainer
 from tuneforge.train.objectives.rewards import RewardError
@@ -180,9 +180,10 @@ def test_completions_no_function_scores_are_counted_and_left_out(tmp_path, monke
 
 def test_a_reward_function_that_cannot_be_imported_is_refused_before_training(tmp_path):
     trainer = Trainer(_config(tmp_path, "grpo.rewards=[no_such_module_here:score]"))
-    with pytest.raises(RewardError, match=r"grpo\.rewards\.0\.function: cannot import"):
+    with pytest.raises(ConfigError, match=r"grpo\.rewards\.0\.function: cannot import"):
         trainer.setup()
     trainer.close()
+    assert not (tmp_path / "run").exists()  # refused before the run directory is made
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

@@ -19,8 +19,7 @@ trl_utils = pytest.importorskip("trl.trainer.utils", reason="TRL is the oracle: 
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from tests.helpers import save_tiny_llama  # noqa: E402
-from tests.unit.test_model_parity import hf_name_of  # noqa: E402
+from tests.helpers import hf_name_of, save_tiny_llama  # noqa: E402
 from tuneforge.assets import DEMO_TOKENIZER_DIR  # noqa: E402
 from tuneforge.config.objectives.grpo import GrpoSection  # noqa: E402
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch  # noqa: E402

@@ -4,7 +4,7 @@ import pytest
 import torch
 import transformers
 
-from tests.helpers import FAMILIES, save_tiny_model
+from tests.helpers import FAMILIES, hf_name_of, save_tiny_model
 from tuneforge.models.hf.adapter import adapter_for
 from tuneforge.models.hf.checkpoint import load_hf_model, save_hf_model
 from tuneforge.packed import PackedSequences
@@ -61,13 +61,6 @@ def test_tied_embeddings_match(tmp_path):
         torch.testing.assert_close(
             ours(tokens[None]), hf_model(tokens[None]).logits, atol=2e-5, rtol=1e-5
         )
-
-
-def hf_name_of(adapter, name: str, expert: int | None = None) -> str:
-    """The name of our parameter `name` in transformers' loaded model."""
-    hf_name = adapter.to_hf(name, expert)
-    assert hf_name is not None, name
-    return adapter.runtime_name(hf_name)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

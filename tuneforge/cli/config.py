@@ -27,9 +27,11 @@ def config_validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Check a configuration; every problem is listed at once (exit code 2 if any)."""
     from tuneforge.config.hub import without_weights
     from tuneforge.config.packages import missing_packages
+    from tuneforge.train.preflight import preflight
 
     with without_weights():
         loaded = load_config(config, overrides or [])
+    preflight(loaded)
     missing = missing_packages(loaded)
     if missing:
         for package in missing:

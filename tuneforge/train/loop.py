@@ -46,6 +46,7 @@ from tuneforge.train.objectives.seam import objective_of
 from tuneforge.train.optim import learning_rate
 from tuneforge.train.pending import PendingStep
 from tuneforge.train.planned_pace import planned_pace
+from tuneforge.train.preflight import preflight
 from tuneforge.train.prepare import prepare_model
 from tuneforge.train.progress import Progress
 from tuneforge.train.save_resume import (
@@ -102,6 +103,7 @@ class Trainer:
     def setup(self) -> None:
         """The process group, the run directory, and everything the steps need."""
         config = self.config
+        preflight(config)  # before anything is made: a refusal leaves nothing on disk
         for advisory in advisories(config):
             log.warning(advisory)
         self.world = init_distributed(config.parallel.nccl_max_channels)

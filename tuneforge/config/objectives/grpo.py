@@ -4,6 +4,7 @@ its rules and the reference it holds when `beta` > 0. Each prompt of the trainin
 answered `num_generations` times by the policy, the completions are scored by the reward
 functions, and each completion's advantage is its reward against its group's."""
 
+import re
 from typing import Literal, get_args
 
 from pydantic import Field, field_validator
@@ -19,6 +20,16 @@ from tuneforge.config.sections.base import Section
 GrpoLossName = Literal["grpo", "dr_grpo", "dapo"]
 GRPO_LOSSES: tuple[str, ...] = get_args(GrpoLossName)
 BUILT_IN_REWARDS = ("exact_match", "regex", "length_penalty", "numeric_match")
+REWARD_OPTIONS = {
+    "exact_match": (),
+    "regex": ("pattern",),
+    "length_penalty": ("max_tokens", "buffer_tokens"),
+    "numeric_match": ("field", "tolerance"),
+}
+"""The options of `RewardSpec` each built-in reward reads; a function of yours reads none."""
+REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "answer")
+"""What every reward function is called with; a record field of one of these names is refused
+(`answer` is the record's reference, or its own `answer` field for a prompt alone)."""
 
 
 class RewardSpec(Section):
@@ -142,8 +153,33 @@ GRPO = ObjectiveDeclaration(
 )
 
 
-@rule("train", "grpo", "parallel")
-def grpo_settings(train, grpo: GrpoSection, parallel) -> list[tuple[str, str, str]]:
+def reward_option_problems(spec: RewardSpec, path: str) -> list[tuple[str, str, str]]:
+    """A reward's options that its function does not read, and a pattern that does not compile."""
+    problems = []
+    reads = REWARD_OPTIONS.get(spec.function, ())
+    for option in sorted(spec.model_fields_set - {"function"} - set(reads)):
+        takes = f"reads {', '.join(reads)}" if reads else "takes no option"
+        fix = "drop it" + (
+            "; a function of yours receives every record field as an argument"
+            if spec.function not in REWARD_OPTIONS
+            else ""
+        )
+        problems.append((f"{path}.{option}", f"{spec.function} {takes}", fix))
+    if spec.function == "regex" and not spec.pattern:
+        problems.append((f"{path}.pattern", "a regex reward needs its pattern", "set it"))
+    if spec.function == "regex" and spec.pattern:
+        try:
+            re.compile(spec.pattern)
+        except re.error as error:
+            problems.append(
+                (f"{path}.pattern", f"{spec.pattern!r} is no regular expression: {error}",
+                 "write a Python `re` pattern (in YAML, quote it in single quotes)")
+            )  # fmt: skip
+    return problems
+
+
+@rule("train", "grpo", "parallel", "data")
+def grpo_settings(train, grpo: GrpoSection, parallel, data) -> list[tuple[str, str, str]]:
     if train.objective != GRPO.name:
         return []
     problems = []
@@ -168,16 +204,16 @@ def grpo_settings(train, grpo: GrpoSection, parallel) -> list[tuple[str, str, st
     if not grpo.rewards:
         problems.append(("grpo.rewards", "no reward function", "list at least one"))
     for index, spec in enumerate(grpo.rewards):
-        if spec.function == "regex" and not spec.pattern:
-            problems.append(
-                (f"grpo.rewards.{index}.pattern", "a regex reward needs its pattern", "set it")
-            )
-        if spec.field is not None and spec.function != "numeric_match":
+        problems += reward_option_problems(spec, f"grpo.rewards.{index}")
+    for index, source in enumerate(data.train):
+        if source.format == "preference":
             problems.append(
                 (
-                    f"grpo.rewards.{index}.field",
-                    f"{spec.function} reads no field option (numeric_match does)",
-                    "drop it; a function of yours receives every record field anyway",
+                    f"data.train.{index}.format",
+                    "GRPO samples its own replies and scores them: a preference pair's "
+                    "rejected reply would be ignored",
+                    "give prompts (format prompt) or conversations, whose last reply is the "
+                    "reference; train on pairs with train.objective dpo or orpo",
                 )
             )
     if grpo.epsilon_high is not None and grpo.epsilon_high < grpo.epsilon:

@@ -8,7 +8,6 @@ apply: that function then adds nothing; a completion no function scores is left 
 group's baseline and gets no advantage). A value that is not a finite number stops the run,
 naming the function, the record and the value."""
 
-import importlib
 import math
 import traceback
 from collections.abc import Sequence
@@ -17,7 +16,8 @@ from numbers import Real
 
 import torch
 
-from tuneforge.config.objectives.grpo import GrpoSection, RewardSpec
+from tuneforge.config.objectives.grpo import REWARD_ARGUMENTS, GrpoSection, RewardSpec
+from tuneforge.config.objectives.reward_import import import_reward as import_reward_function
 from tuneforge.data.records import ORIGIN_FIELD
 from tuneforge.errors import TuneforgeError
 from tuneforge.train.objectives.builtin_rewards import (
@@ -43,20 +43,11 @@ class RewardFunction:
     """Where the configuration names it (`grpo.rewards.0.function`)."""
 
 
-def _imported(path: str, field: str) -> RewardFn:
-    module_name, _, name = path.partition(":")
+def import_reward(path: str, field: str) -> RewardFn:
     try:
-        function = getattr(importlib.import_module(module_name), name)
-    except ImportError as error:
-        raise RewardError(
-            f"{field}: cannot import {module_name!r} ({error}); the module must be importable "
-            "from where the run starts (its directory on PYTHONPATH)"
-        ) from None
-    except AttributeError:
-        raise RewardError(f"{field}: module {module_name!r} has no {name!r}") from None
-    if not callable(function):
-        raise RewardError(f"{field}: {path} is not a function")
-    return function
+        return import_reward_function(path, field)  # type: ignore[return-value]
+    except ValueError as error:
+        raise RewardError(str(error)) from None
 
 
 def _built(spec: RewardSpec, grpo: GrpoSection, field: str) -> RewardFn:
@@ -70,7 +61,7 @@ def _built(spec: RewardSpec, grpo: GrpoSection, field: str) -> RewardFn:
     if spec.function == "length_penalty":
         most = spec.max_tokens or grpo.max_new_tokens
         return length_penalty(most, spec.buffer_tokens or max(1, most // 4))
-    return _imported(spec.function, field)
+    return import_reward(spec.function, field)
 
 
 def reward_functions(grpo: GrpoSection) -> list[RewardFunction]:
@@ -93,7 +84,7 @@ def _where(error: BaseException) -> str:
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
-OWN_ARGUMENTS = ("prompts", "completions", "completion_ids")
+OWN_ARGUMENTS = tuple(name for name in REWARD_ARGUMENTS if name != "answer")
 
 
 def reference_answers(replies: list[str | None], fields: list[dict[str, object]]) -> list[object]:

@@ -1,0 +1,73 @@
+"""What a run is checked for before any weights load and before its run directory is made, past
+the configuration's own rules (`config/rules.py`, run as it loads): each check needs at most the
+configuration, the data files and the environment. `tuneforge config validate` runs them, and
+`train` before its setup, so a refusal says the same thing both times and leaves nothing on disk."""
+
+from tuneforge.config.errors import ConfigError, ConfigIssue
+from tuneforge.config.objectives.grpo import REWARD_ARGUMENTS, REWARD_OPTIONS
+from tuneforge.config.objectives.registry import declaration_of
+from tuneforge.config.objectives.reward_import import import_reward
+from tuneforge.config.schema import RunConfig
+from tuneforge.data.reading import read_source
+from tuneforge.data.records import RecordError
+
+
+def preflight(config: RunConfig) -> None:
+    """Raise `ConfigError` listing every problem the checks find."""
+    issues = preflight_issues(config)
+    if issues:
+        raise ConfigError(issues)
+
+
+def preflight_issues(config: RunConfig) -> list[ConfigIssue]:
+    return [*reward_function_issues(config), *sampled_record_issues(config)]
+
+
+def reward_function_issues(config: RunConfig) -> list[ConfigIssue]:
+    """Each reward function of yours imported (as the run will), where the objective samples."""
+    if not declaration_of(config).keeps_record_fields:
+        return []
+    issues = []
+    for index, spec in enumerate(config.grpo.rewards):
+        if spec.function in REWARD_OPTIONS:
+            continue
+        field = f"grpo.rewards.{index}.function"
+        try:
+            import_reward(spec.function, field)
+        except ValueError as error:
+            fix = "put its module's directory on PYTHONPATH, or correct the name"
+            issues.append(ConfigIssue(field, str(error).removeprefix(f"{field}: "), fix))
+    return issues
+
+
+def sampled_record_issues(config: RunConfig) -> list[ConfigIssue]:
+    """The records of an objective that samples its replies (local files; a hub dataset is read
+    when the run starts): no field named as an argument every reward function is called with
+    (the first such record of each source). Preference pairs are refused by the configuration's
+    rules (`format: preference`)."""
+    if not declaration_of(config).keeps_record_fields:
+        return []
+    issues = []
+    for index, source in enumerate(config.data.train):
+        if source.hub is not None:
+            continue
+        try:
+            conversations, _ = read_source(source, config.data.on_bad_record)
+        except RecordError:
+            continue  # the data's own problems are reported where it is read, with their line
+        path = f"data.train.{index}"
+        for conversation in conversations:
+            taken = [name for name in conversation.fields or {} if name in REWARD_ARGUMENTS]
+            taken = [name for name in taken if name != "answer" or not conversation.is_prompt]
+            if taken:
+                issues.append(
+                    ConfigIssue(
+                        path,
+                        f"{conversation.origin}: the record has a field named {taken[0]!r}, "
+                        "which is an argument every reward function is called with "
+                        f"({', '.join(REWARD_ARGUMENTS)})",
+                        "rename the field in the data (field_map can rename it as it is read)",
+                    )
+                )
+                break
+    return issues
