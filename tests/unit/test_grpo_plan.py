@@ -3,6 +3,8 @@ and the key/value cache of the sampling is counted as the generator holds it."""
 
 from dataclasses import replace
 
+import pytest
+
 from tuneforge.config import load_config
 from tuneforge.models.api import load_model
 from tuneforge.plan.memory import generation_cache_bytes, predict_memory
@@ -43,7 +45,11 @@ def test_a_grpo_step_trains_on_its_groups_and_peaks_at_the_larger_of_cache_and_s
 def test_sampling_time_is_the_prefill_then_one_decode_step_per_new_token():
     from tuneforge.hardware.step_rates import H200
     from tuneforge.models.cost import forward_flops_per_token, forward_matmul_flops_per_token
-    from tuneforge.plan.sampling_time import FORWARD_LAUNCHES, sampling_seconds
+    from tuneforge.plan.sampling_time import (
+        FORWARD_LAUNCHES,
+        sampling_bound_seconds,
+        sampling_seconds,
+    )
 
     args = run_model_args(load_config(DEMO, ["model.name=llama-3-8b"]))
     prompts, samples, new = [300, 500], 8, 128
@@ -55,6 +61,13 @@ def test_sampling_time_is_the_prefill_then_one_decode_step_per_new_token():
     expected = prefill / (H200.bf16_tflops * 1e12) + new * max(memory + compute, host)
     assert sampling_seconds(args, prompts, samples, new, 2, H200) == expected
     assert sampling_seconds(args, prompts, samples, 0, 2, H200) == 0.0
+    # a decode step replayed from a CUDA graph waits for no host: its memory and compute alone
+    replayed = prefill / (H200.bf16_tflops * 1e12) + new * (memory + compute)
+    assert sampling_seconds(args, prompts, samples, new, 2, H200, captured=True) == replayed
+    # the bound: the weights and the cache read once a decode step at the spec's bandwidth
+    bound = new * (args.num_params() * 2 + cache) / 4.8e12
+    assert sampling_bound_seconds(args, prompts, samples, new, 2, 4800.0) == pytest.approx(bound)
+    assert 2.9e-3 < bound / new < 4.0e-3  # an 8B model in bf16 at 4.8 TB/s: 3.3 ms and the cache
 
 
 def test_a_grpo_step_trains_on_every_sample_after_sampling_them():

@@ -26,14 +26,16 @@ from tuneforge.data.packing import PackedBatch
 from tuneforge.data.rank_balance import attention_cost, balanced_deal
 from tuneforge.execution.block_wrappers import BlockWrapping
 from tuneforge.hardware.gpus import GIB
+from tuneforge.hardware.step_rates import MEMORY_GBPS
 from tuneforge.models.args import ModelArgs
+from tuneforge.models.captured_decode import why_not_captured
 from tuneforge.models.cost import training_flops_per_token
 from tuneforge.models.decoder import Decoder
 from tuneforge.parallel.distributed import Dist, configured_dims, init_distributed
 from tuneforge.peft.selection import lora_shape
 from tuneforge.plan.frozen_models import frozen_forward_flops_per_token
 from tuneforge.plan.prediction import CPU, Hardware
-from tuneforge.plan.sampling_time import sampling_seconds
+from tuneforge.plan.sampling_time import sampling_bound_seconds, sampling_seconds
 from tuneforge.train.build import build_model
 from tuneforge.train.objectives.component import ObjectiveSetup
 from tuneforge.train.objectives.grpo import GrpoObjective
@@ -222,7 +224,7 @@ def run_ours(
     if sampled:
         sampling_s.append(queued.pop().get()["metrics"]["generation_s"])
         result |= phases(workload, sampling_s[-steps:], result["ms_per_step"] / 1e3)
-        result["predicted_sampling_s"] = predicted_sampling_s(workload, model)
+        result |= sampling_predictions(workload, model)
     if queue_step.captured is not None:  # replays allocate nothing: the captured step's peak
         peak = queue_step.captured.peak_allocated / GIB
         result["peak_alloc_gib"] = max(result["peak_alloc_gib"], peak)
@@ -281,17 +283,22 @@ def phases(workload: Workload, sampling_s: list[float], step_s: float) -> dict:
     }
 
 
-def predicted_sampling_s(workload: Workload, model: Decoder) -> float:
-    """The planner's sampling part for this step's shape (`plan/sampling_time.py`), on this
-    machine's rates: beside the measured `sampling_s`, its check."""
+def sampling_predictions(workload: Workload, model: Decoder) -> dict[str, float]:
+    """Beside the measured `sampling_s`: the planner's sampling part for this step's shape on
+    this machine's rates (`plan/sampling_time.py`, its check), and on a GPU the decode bound
+    (every weight and the cache read once a decode step at the spec sheet's bandwidth)."""
     device = model.lm_head.weight.device
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else CPU
     prompts = [workload.tokens] * workload.prompts
     param_bytes = model.lm_head.weight.element_size()
     rates = Hardware(gpu=gpu).step_rates
-    return sampling_seconds(
-        model.args, prompts, workload.generations, workload.completion_tokens, param_bytes, rates
-    )
+    captured = why_not_captured(model, device) is None
+    shape = (model.args, prompts, workload.generations, workload.completion_tokens, param_bytes)
+    predictions = {"predicted_sampling_s": sampling_seconds(*shape, rates, captured)}
+    bandwidth = next((v for k, v in MEMORY_GBPS.items() if k in gpu), None)
+    if device.type == "cuda" and bandwidth is not None:
+        predictions["sampling_bound_s"] = sampling_bound_seconds(*shape, bandwidth)
+    return predictions
 
 
 def grpo_step_work(workload: Workload, args: ModelArgs) -> dict:

@@ -1,10 +1,12 @@
-"""Decoding for evaluation, the demo and `tuneforge generate`: greedy or sampled, many prompts
-at once, with a key/value cache (prompts are prefilled as one packed batch)."""
+"""Decoding for evaluation, the demo, GRPO's sampling and `tuneforge generate`: greedy or
+sampled, many prompts at once, with a key/value cache (prompts are prefilled as one packed
+batch; on a GPU each decode step is one CUDA graph's replay, `captured_decode.py`)."""
 
 from collections.abc import Iterator, Sequence
 
 import torch
 
+from tuneforge.models.captured_decode import decode_step
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.sampling import next_tokens
 from tuneforge.packed import PackedSequences
@@ -38,22 +40,36 @@ def generate(
         cache = cache.repeat_rows(copies)
         last_hidden = last_hidden.repeat_interleave(copies, dim=0)
     rows = len(prompts) * copies
-    replies: list[list[int]] = [[] for _ in range(rows)]
-    done = [False] * rows
-    step_cu = torch.arange(rows + 1, dtype=torch.int32, device=device)
-    for _ in range(max_new_tokens):
-        logits = model.lm_head(last_hidden).float()
+    # the tokens stay on the device until the end: the host waits for it only every
+    # STOP_CHECK_STEPS steps, to see whether every row has ended
+    drawn = torch.empty(rows, max_new_tokens, dtype=torch.long, device=device)
+    stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
+    ended = torch.zeros(rows, dtype=torch.bool, device=device)
+    decode = decode_step(model, cache)
+    check_every = 1 if device.type == "cpu" else STOP_CHECK_STEPS  # a CPU has nothing to overlap
+    steps = 0
+    logits = model.lm_head(last_hidden).float()
+    for steps in range(1, max_new_tokens + 1):
         next_ids = next_tokens(logits, temperature, generator, top_p, top_k)
-        for row, token in enumerate(next_ids.tolist()):
-            if not done[row]:
-                done[row] = token in stop_ids
-                if keep_stop or not done[row]:
-                    replies[row].append(token)
-        if all(done):
+        drawn[:, steps - 1] = next_ids
+        ended |= torch.isin(next_ids, stops)
+        if steps == max_new_tokens or (steps % check_every == 0 and bool(ended.all())):
             break
-        step = PackedSequences(step_cu, 1, cache.lengths.clone())
-        last_hidden = model.hidden_states(next_ids, step, cache)
-    return replies
+        logits = decode(next_ids)
+    return [replied(row, stop_ids, keep_stop) for row in drawn[:, :steps].tolist()]
+
+
+STOP_CHECK_STEPS = 8
+"""Decode steps between the host's looks at whether every row has ended, on an accelerator
+(each look waits for it; a row that ended meanwhile decodes a few tokens more, dropped)."""
+
+
+def replied(drawn: list[int], stop_ids: set[int], keep_stop: bool) -> list[int]:
+    """A row's reply: its tokens up to its first stop token (with it, where `keep_stop`)."""
+    for index, token in enumerate(drawn):
+        if token in stop_ids:
+            return drawn[: index + 1] if keep_stop else drawn[:index]
+    return drawn
 
 
 @torch.no_grad()

@@ -31,9 +31,10 @@ class LayerCache:
     ) -> torch.Tensor:
         """Store k/v of the new tokens and attend the new queries [T, H, D] to their sequence
         (its last `window` positions only, where given; `scale`: the softmax's)."""
-        new = packed.lengths()
-        if packed.max_seqlen == 1 and all(n == 1 for n in new):
+        if packed.max_seqlen == 1 and q.shape[0] == self.keys.shape[0]:
+            # one new token for every row: decided on the host's shapes, no wait for the device
             return self._decode_step(q, k, v, window, scale)
+        new = packed.lengths()
         out = []
         starts = packed.cu_seqlens.tolist()
         for row, (start, count) in enumerate(zip(starts[:-1], new, strict=True)):

@@ -124,7 +124,7 @@ class Setup:
 
     def shares(self) -> RankShares:
         """The parameters a rank holds, and the ranks FSDP2 shards them over."""
-        dense = self.data_parallel // self.replicate if _fsdp(self) else 1
+        dense = self.data_parallel // self.replicate if sharded_by_fsdp(self) else 1
         routed = max(1, dense // self.expert)
         return rank_shares(self.args, self.tensor, self.expert, dense, routed)
 
@@ -192,7 +192,7 @@ def frozen_weight_bytes(args: ModelArgs, param_bytes: int, ranks: int) -> float:
     return ((args.num_params() - root) / ranks + root) * param_bytes
 
 
-def _fsdp(setup: Setup) -> bool:
+def sharded_by_fsdp(setup: Setup) -> bool:
     return setup.data_parallel > 1 and setup.zero_stage >= 2
 
 
@@ -216,16 +216,16 @@ def static_bytes(setup: Setup) -> tuple[float, float, float]:
     else:
         master = setup.trained.extra_bytes_per_param(b)  # (master or remainder +) m + v
         # FSDP2's fp32 shards are the master the optimizer bytes count; their gradients are fp32
-        fp32_shards = _fsdp(setup) and setup.trained.fp32_shards(True)
+        fp32_shards = sharded_by_fsdp(setup) and setup.trained.fp32_shards(True)
         kept_shards = 0.0 if fp32_shards else total * b / shard
         weights = kept_shards if stage >= 3 else total * b
         gradients = total * (4 if fp32_shards else b) / (shard if stage >= 2 else 1)
         optimizer = total * master / (shard if stage >= 1 else 1)
-    if stage == 2 and _fsdp(setup):
+    if stage == 2 and sharded_by_fsdp(setup):
         # ZeRO-2 keeps the gathered weights from forward to backward beside FSDP2's own shards
         weights += kept_shards
     if setup.frozen_copy:
-        weights += frozen_weight_bytes(args, b, n if _fsdp(setup) else 1)
+        weights += frozen_weight_bytes(args, b, n if sharded_by_fsdp(setup) else 1)
     weights += setup.extra_weight_bytes
     if stage >= 3 and n > 1:
         # the gathered working set: this block and the prefetched next, and the root, which
@@ -307,7 +307,7 @@ def _adapter_casts(setup: Setup) -> float:
 
 def _reduce_bytes(setup: Setup, params: int) -> float:
     """FSDP2 reducing a unit's gradients: the unsharded gradients and their fp32 copy."""
-    if not _fsdp(setup) or setup.lora is not None:
+    if not sharded_by_fsdp(setup) or setup.lora is not None:
         return 0.0
     return params * (setup.param_bytes + 4)
 

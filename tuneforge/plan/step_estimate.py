@@ -9,8 +9,8 @@ from tuneforge.config.objectives.registry import declaration_of
 from tuneforge.hardware.step_rates import FOUR_BIT_FP8, StepRates
 from tuneforge.models.cost import forward_flops_per_token
 from tuneforge.plan.frozen_models import frozen_forward_flops_per_token
-from tuneforge.plan.memory import Setup
-from tuneforge.plan.sampling_time import sampling_seconds
+from tuneforge.plan.memory import Setup, sharded_by_fsdp
+from tuneforge.plan.sampling_time import decode_captured, sampling_seconds
 from tuneforge.plan.step_time import StepTime, step_time
 from tuneforge.plan.step_work import StepWork, step_work
 from tuneforge.plan.traffic import collective_bytes
@@ -44,8 +44,9 @@ def estimate_step(
     time = step_time(configured_work(config, setup, trained), rates, link_gbps)
     if not generated:
         return time
+    captured = decode_captured(setup.args, sharded_by_fsdp(setup), setup.offload_embedding)
     sampling = sum(
-        sampling_seconds(setup.args, m, samples, generated, setup.param_bytes, rates)
+        sampling_seconds(setup.args, m, samples, generated, setup.param_bytes, rates, captured)
         for m in micro_batches
     )
     return replace(time, parts=time.parts | {"sampling": sampling})
