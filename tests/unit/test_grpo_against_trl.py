@@ -95,11 +95,13 @@ def completions(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def packed(inputs: dict[str, torch.Tensor]) -> tuple[PackedBatch, torch.Tensor]:
-    """Our batch of the same documents (each prompt with its completion, no padding), and the
-    flat index of each completion token's label in it, row by row of TRL's grid."""
+def packed(
+    inputs: dict[str, torch.Tensor], lengths: list[int] = LENGTHS
+) -> tuple[PackedBatch, torch.Tensor]:
+    """Our batch of the same documents (each prompt with its completion of `lengths`' tokens,
+    no padding), and the flat index of each completion token's label, row by row of TRL's grid."""
     tokens, labels, where = [], [], []
-    for row, length in enumerate(LENGTHS):
+    for row, length in enumerate(lengths):
         document = torch.cat([inputs["prompt_ids"][row], inputs["completion_ids"][row, :length]])
         target = torch.full_like(document, IGNORE_INDEX)
         target[PROMPT - 1 : -1] = document[PROMPT:]
@@ -107,20 +109,21 @@ def packed(inputs: dict[str, torch.Tensor]) -> tuple[PackedBatch, torch.Tensor]:
         where.append(torch.arange(start + PROMPT - 1, start + PROMPT - 1 + length))
         tokens.append(document)
         labels.append(target)
-    lengths = [PROMPT + length for length in LENGTHS]
     flat_labels = torch.cat(labels)
     batch = PackedBatch(
         torch.cat(tokens),
         flat_labels,
-        PackedSequences.from_lengths(lengths),
+        PackedSequences.from_lengths([PROMPT + length for length in lengths]),
         int((flat_labels != IGNORE_INDEX).sum()),
     )
     return batch, torch.cat(where)
 
 
-def flat(grid: torch.Tensor, batch: PackedBatch, where: torch.Tensor) -> torch.Tensor:
+def flat(
+    grid: torch.Tensor, batch: PackedBatch, where: torch.Tensor, lengths: list[int] = LENGTHS
+) -> torch.Tensor:
     """TRL's [rows, MAX_NEW_TOKENS] values at our packed label rows (0 elsewhere)."""
-    mask = torch.arange(MAX_NEW_TOKENS)[None] < torch.tensor(LENGTHS)[:, None]
+    mask = torch.arange(MAX_NEW_TOKENS)[None] < torch.tensor(lengths)[:, None]
     values = torch.zeros(batch.tokens.numel(), dtype=grid.dtype)
     values[where] = grid[mask]
     return values
@@ -302,3 +305,50 @@ def test_batch_scaling_divides_by_the_deviation_of_the_whole_steps_rewards(tmp_p
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
     alone = group_advantages(weighted_rewards(given[:8], functions), 4, "batch").values
     assert not torch.allclose(got[:8], alone)  # a micro-batch's own deviation differs
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("split", ["accumulation", "ranks"])
+def test_a_step_of_two_parts_is_trls(tmp_path, loss_type, split):
+    """The six completions as two micro-batches of one step (TRL: gradient accumulation over a
+    generation batch of both), or as two ranks' halves (TRL: each rank's loss, the gradients
+    averaged as DDP averages them), at temperature 0.7 with the KL term: the step's gradient
+    is TRL's. Both normalise over the step: the completions (grpo, dr_grpo; equal in number in
+    each part, where TRL's mean of the parts' means is the mean) or every token (dapo)."""
+    hf, ours = models(tmp_path, 0.7)
+    inputs = completions()
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    stub = trl_stub(hf, loss_type, beta=0.04)
+    with torch.no_grad():
+        policy, _, _ = stub._get_per_token_logps_and_entropies(hf, ids, mask, MAX_NEW_TOKENS)
+    generator = torch.Generator().manual_seed(2)
+    old = policy + 0.3 * torch.randn(policy.shape, generator=generator)
+    ref = policy + 0.2 * torch.randn(policy.shape, generator=generator)
+    advantages = torch.tensor([1.1, -0.4, -0.7, 0.5, -1.3, 0.8])
+    whole = dict(inputs, advantages=advantages, old_per_token_logps=old, ref_per_token_logps=ref)
+    whole["num_items_in_batch"] = inputs["completion_mask"].sum().float()
+    if split == "accumulation":
+        stub.current_gradient_accumulation_steps = stub.args.steps_per_generation = 2
+    else:
+        stub.accelerator.num_processes = 2
+    objective = grpo_objective(ours, loss_type, 0.04, 0.7)
+    loss_sums, units = [], 0
+    for part in (slice(0, 3), slice(3, 6)):
+        trl_part = {k: v[part] if v.dim() else v for k, v in whole.items()}
+        trl_loss = trl_grpo.GRPOTrainer._compute_loss(stub, hf, trl_part)
+        (trl_loss / 2 if split == "ranks" else trl_loss).backward()  # DDP's mean over ranks
+        lengths = LENGTHS[part]
+        batch, where = packed(trl_part, lengths)
+        batch.extras = rollout_extras(advantages[part]) | {
+            "old_logps": flat(old[part], batch, where, lengths),
+            "ref_logps": flat(ref[part], batch, where, lengths),
+        }
+        loss_sums.append(objective(batch).loss_sum)
+        units += objective.units(batch)
+    (sum(loss_sums) / units).backward()  # the step's sum over both parts, over their units
+    hf_params = dict(hf.named_parameters())
+    adapter = adapter_for(ours.args.family)
+    for name, param in ours.named_parameters():
+        expected = hf_params[hf_name_of(adapter, name)].grad
+        torch.testing.assert_close(param.grad, expected, rtol=1e-4, atol=1e-7, msg=name)
