@@ -61,7 +61,7 @@ MASTER = ["model.dtype=bfloat16", "precision.master_weights=true"]
 def one_process_master(tmp_path_factory):
     run = tmp_path_factory.mktemp("one-master") / "run"
     finish(launch(run, 1, *MASTER))
-    return losses(run)
+    return step_records(run)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -69,13 +69,21 @@ def test_master_weights_on_two_ranks_train_as_on_one_and_save_bf16(
     tmp_path, one_process_master, strategy
 ):
     """bf16 compute over fp32 masters: MasterAdamW on one process and under DDP, fp32 shards
-    under FSDP2. The ranks' bf16 gradients are summed in another order (DDP) or in fp32 (FSDP2)
-    than one process's accumulation: equal to rounding, not bit for bit."""
+    under FSDP2. FSDP2 reduces the ranks' bf16 gradients in fp32 where one process sums its
+    micro-batches' in bf16: the first step's gradient norms agree to one bf16 unit, and the
+    losses after one update to the rounding of that update. Later steps are not compared: at the
+    demo's learning rate the difference grows with every step (an AVX2 CPU measured 1.5e-3 by
+    the fourth step, 3e-5 at the second)."""
     run = tmp_path / "run"
     process = launch(run, 2, *MASTER, "train.grad_accum_steps=1", f"parallel.strategy={strategy}")
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0, out + err
-    assert losses(run) == pytest.approx(one_process_master, rel=2e-3)
+    got, one = step_records(run), one_process_master
+    assert len(got) == len(one) == STEPS
+    assert got[0]["loss"] == pytest.approx(one[0]["loss"], rel=1e-6)  # the same bf16 weights
+    assert got[0]["grad_norm"] == pytest.approx(one[0]["grad_norm"], rel=2**-7)
+    assert got[1]["loss"] == pytest.approx(one[1]["loss"], rel=3e-4)
+    assert got[1]["loss"] < got[0]["loss"] - 1.0  # the update was taken
     text = " ".join((out + err).split())
     assert "trained weights: fp32 master" in text
     assert ("FSDP2 shards" in text) == (strategy == "fsdp")
