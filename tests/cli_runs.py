@@ -1,6 +1,7 @@
 """Running the command line as a user would, in a child process, and reading what a run left:
 shared by the end-to-end tests."""
 
+import os
 import subprocess
 import sys
 import time
@@ -40,10 +41,18 @@ def overrides(run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
+WIDE_LOG = os.environ | {"COLUMNS": "1000"}
+"""A child's environment whose log lines are not wrapped: rich folds a line at the console's
+width, inside a word where the word is a long path, so a message searched for in the log would
+be found or not by the length of the test's temporary directory."""
+
+
 def cli(run_dir: Path, *extra: str, resume: bool = False) -> subprocess.Popen:
     args = [sys.executable, "-m", "tuneforge", "train", str(DEMO), *overrides(run_dir, *extra)]
     args += ["--resume", "auto"] if resume else ["--overwrite"]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=WIDE_LOG
+    )
 
 
 def losses(run_dir: Path) -> list[float]:

@@ -15,6 +15,7 @@ from tests.cli_runs import (
     DEMO,
     MODES,
     REPO,
+    WIDE_LOG,
     finish,
     losses,
     overrides,
@@ -31,7 +32,9 @@ def launch(run_dir: Path, ranks: int, *extra: str, resume: bool = False) -> subp
     train += [f"train.max_steps={STEPS}", "checkpoint.save_steps=2"]
     train += ["--resume", "auto"] if resume else ["--overwrite"]
     args = [*torchrun(ranks), *train] if ranks > 1 else [sys.executable, *train]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=WIDE_LOG
+    )
 
 
 @pytest.fixture(scope="module")
