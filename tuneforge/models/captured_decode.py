@@ -26,7 +26,6 @@ _said_why: set[str] = set()
 
 def decode_step(model: Decoder, cache: KVCache) -> DecodeStep:
     """The decode step for `cache`'s rows: captured where it can be, else eager."""
-    eager = EagerDecode(model, cache)
     reason = why_not_captured(model, cache.lengths.device)
     if reason is None:
         try:
@@ -36,7 +35,7 @@ def decode_step(model: Decoder, cache: KVCache) -> DecodeStep:
     if cache.lengths.device.type == "cuda" and reason not in _said_why:
         _said_why.add(reason)
         log.info("decoding without a CUDA graph: %s", reason)
-    return eager
+    return EagerDecode(model, cache)
 
 
 def why_not_captured(model: Decoder, device: torch.device) -> str | None:

@@ -27,21 +27,16 @@ class Advantages(NamedTuple):
 def nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """The Bessel-corrected standard deviation of the values that are not NaN; NaN where fewer
     than two are."""
-    dims = () if dim is None else (dim,)
-    scored = ~values.isnan()
-    count = scored.sum(dim=dims) if dims else scored.sum()
-    mean = values.nanmean(dim=dims, keepdim=True) if dims else values.nanmean()
-    squares = ((values - mean) ** 2).nansum(dim=dims) if dims else ((values - mean) ** 2).nansum()
-    variance = squares / (count - 1).clamp(min=1)
+    count = (~values.isnan()).sum(dim=dim)
+    mean = values.nanmean(dim=dim, keepdim=True)
+    variance = ((values - mean) ** 2).nansum(dim=dim) / (count - 1).clamp(min=1)
     return variance.sqrt().masked_fill(count < 2, math.nan)
 
 
-def group_advantages(
-    rewards: torch.Tensor, group: int, scale: str, batch_spread: torch.Tensor | None = None
-) -> Advantages:
+def group_advantages(rewards: torch.Tensor, group: int, scale: str) -> Advantages:
     """`rewards` [completions], a group's `group` completions one after another, NaN where no
-    function scored; `batch_spread`: the step's standard deviation of rewards where it spans
-    more than these (every micro-batch and rank of the step), for `scale` batch."""
+    function scored; `scale` batch divides by these rewards' deviation (the GRPO objective
+    centres each micro-batch's with `none`, then divides by the whole step's)."""
     grouped = rewards.view(-1, group)
     mean = grouped.nanmean(dim=1)
     std = nan_std(grouped, dim=1) if group > 1 else torch.full_like(mean, math.nan)
@@ -49,8 +44,7 @@ def group_advantages(
     if scale == "group":
         values = values / (std.repeat_interleave(group) + STD_FLOOR)
     elif scale == "batch":
-        spread = batch_spread if batch_spread is not None else nan_std(rewards)
-        values = values / (spread + STD_FLOOR)
+        values = values / (nan_std(rewards) + STD_FLOOR)
     zero = torch.isclose(std, torch.zeros_like(std)) | std.isnan()
     unscored = rewards.isnan().sum()
     return Advantages(torch.nan_to_num(values, nan=0.0), std, zero, unscored)

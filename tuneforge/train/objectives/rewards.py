@@ -17,7 +17,7 @@ from numbers import Real
 import torch
 
 from tuneforge.config.objectives.grpo import REWARD_ARGUMENTS, GrpoSection, RewardSpec
-from tuneforge.config.objectives.reward_import import import_reward as import_reward_function
+from tuneforge.config.objectives.reward_import import import_reward
 from tuneforge.data.records import ORIGIN_FIELD
 from tuneforge.errors import TuneforgeError
 from tuneforge.train.objectives.builtin_rewards import (
@@ -43,13 +43,6 @@ class RewardFunction:
     """Where the configuration names it (`grpo.rewards.0.function`)."""
 
 
-def import_reward(path: str, field: str) -> RewardFn:
-    try:
-        return import_reward_function(path, field)  # type: ignore[return-value]
-    except ValueError as error:
-        raise RewardError(str(error)) from None
-
-
 def _built(spec: RewardSpec, grpo: GrpoSection, field: str) -> RewardFn:
     if spec.function == "exact_match":
         return exact_match
@@ -61,7 +54,10 @@ def _built(spec: RewardSpec, grpo: GrpoSection, field: str) -> RewardFn:
     if spec.function == "length_penalty":
         most = spec.max_tokens or grpo.max_new_tokens
         return length_penalty(most, spec.buffer_tokens or max(1, most // 4))
-    return import_reward(spec.function, field)
+    try:
+        return import_reward(spec.function, field)  # type: ignore[return-value]
+    except ValueError as error:  # the preflight said so already; a module can change meanwhile
+        raise RewardError(str(error)) from None
 
 
 def reward_functions(grpo: GrpoSection) -> list[RewardFunction]:
