@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 # Intel MKL's results may differ in the last bit with the memory alignment of their inputs,
 # which differs between processes; the tests compare losses of separate runs exactly (resume,
@@ -9,6 +12,13 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 # the count for itself and every process it starts: OMP_NUM_THREADS, one unless set. Ranks under
 # torchrun compute with one thread each whatever it is (tests.cli_runs.torchrun).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Inductor's on-disk cache does not tell kernels compiled for one CPU capability from another's:
+# kernels written while ATEN_CPU_CAPABILITY held the CPU to AVX2 corrupt the heap of a later
+# process that is not held (glibc aborts). The suite compiles into a directory of its own,
+# shared with the processes it starts and removed at its end.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="tuneforge-tests-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 from pathlib import Path
 
