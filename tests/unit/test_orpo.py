@@ -1,7 +1,8 @@
-"""ORPO, the objective added through the objective seam: its loss against the paper's formula
-(Hong et al. 2024, eq. 6-7: the odds of a reply are P/(1-P), P its mean per-token probability),
-the odds-ratio term against TRL's `odds_ratio_loss`, and the objective on packed pairs against a
-straightforward computation (each reply through the model alone, with its full logits)."""
+"""ORPO, the objective added through the objective seam: its odds-ratio term against the
+paper's formula (Hong et al. 2024, eq. 6-7: the odds of a reply are P/(1-P), P its mean per-token
+probability) and TRL's `odds_ratio_loss`, and the objective on packed pairs against a
+straightforward computation (each reply through the model alone, with its full logits). The
+whole loss against TRL's trainer code is in test_preference_against_trl.py."""
 
 import pytest
 import torch
@@ -13,12 +14,11 @@ from tuneforge.train.objectives.orpo import OrpoObjective, orpo_terms
 from tuneforge.train.objectives.pairs import PairLogps
 
 
-def paper_loss(mean_chosen: float, mean_rejected: float, lam: float) -> float:
-    """L_SFT + λ·L_OR for one pair, in float64 from the paper's definitions."""
+def paper_odds_ratio_loss(mean_chosen: float, mean_rejected: float, lam: float) -> float:
+    """λ·L_OR for one pair, in float64 from the paper's definitions."""
     p_w, p_l = torch.tensor(mean_chosen).double().exp(), torch.tensor(mean_rejected).double().exp()
     odds_w, odds_l = p_w / (1 - p_w), p_l / (1 - p_l)
-    l_or = -torch.log(torch.sigmoid(torch.log(odds_w / odds_l)))
-    return float(-mean_chosen + lam * l_or)
+    return float(-lam * torch.log(torch.sigmoid(torch.log(odds_w / odds_l))))
 
 
 def trl_odds_ratio(chosen_logps: torch.Tensor, rejected_logps: torch.Tensor, beta: float):
@@ -38,10 +38,11 @@ def test_the_loss_is_the_papers_and_the_odds_ratio_term_trls():
     rejected = -torch.rand(4, generator=generator) * torch.tensor([2.0, 0.1, 5.0, 1.0]) * tokens_r
     terms = orpo_terms(PairLogps(chosen, rejected, tokens_c, tokens_r), beta=0.25)
     for pair in range(4):
-        expected = paper_loss(
+        expected = paper_odds_ratio_loss(
             float(chosen[pair] / tokens_c[pair]), float(rejected[pair] / tokens_r[pair]), 0.25
         )
         assert terms["loss"][pair].item() == pytest.approx(expected, rel=1e-5)
+        assert terms["nll"][pair] == pytest.approx(-chosen[pair] / tokens_c[pair])
     trl_losses, trl_log_odds = trl_odds_ratio(chosen / tokens_c, rejected / tokens_r, 0.25)
     assert torch.allclose(0.25 * terms["log_odds_ratio"], trl_losses, rtol=1e-5)
     assert torch.allclose(terms["log_odds"], trl_log_odds, rtol=1e-5)
@@ -57,20 +58,26 @@ def test_packed_pairs_give_the_straightforward_loss_and_gradients():
     batch = collate_from(store, list(range(6)))
     packed = objective(batch)
     assert objective.units(batch) == 3
-    packed.loss_sum.backward()
+    chosen_tokens = objective.token_units(batch)
+    (packed.loss_sum / 3 + packed.token_loss_sum / chosen_tokens).backward()
     packed_grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
     policy.zero_grad()
-    expected = torch.zeros(())
+    odds_term, nll_sum, tokens = torch.zeros(()), torch.zeros(()), 0
     for pair in range(3):
         chosen, rejected = store[2 * pair], store[2 * pair + 1]
         nc = sum(label != IGNORE_INDEX for label in chosen.labels)
         nr = sum(label != IGNORE_INDEX for label in rejected.labels)
-        mean_c = reply_logps(policy, chosen.input_ids, chosen.labels) / nc
+        sum_c = reply_logps(policy, chosen.input_ids, chosen.labels)
+        mean_c = sum_c / nc
         mean_r = reply_logps(policy, rejected.input_ids, rejected.labels) / nr
         odds_ratio = (mean_c.exp() / (1 - mean_c.exp())) / (mean_r.exp() / (1 - mean_r.exp()))
-        expected = expected - mean_c - 0.3 * torch.log(torch.sigmoid(torch.log(odds_ratio)))
-    expected.backward()
-    assert packed.loss_sum.item() == pytest.approx(expected.item(), rel=1e-4)
+        odds_term = odds_term - 0.3 * torch.log(torch.sigmoid(torch.log(odds_ratio)))
+        nll_sum, tokens = nll_sum - sum_c, tokens + nc
+    # the NLL per token over all chosen tokens, the odds-ratio term per pair
+    (odds_term / 3 + nll_sum / tokens).backward()
+    assert int(chosen_tokens) == tokens
+    assert packed.loss_sum.item() == pytest.approx(odds_term.item(), rel=1e-4)
+    assert packed.token_loss_sum.item() == pytest.approx(nll_sum.item(), rel=1e-4)
     assert packed_grads and all(grad.abs().sum() > 0 for grad in packed_grads.values())
     for name, grad in policy.named_parameters():
         if grad.grad is not None:

@@ -1,5 +1,6 @@
 """The preference losses against their papers' formulas, on hand-computed log-probabilities:
-DPO (sigmoid, with conservative DPO's label smoothing), IPO, and reference-free SimPO."""
+DPO (sigmoid, with conservative DPO's label smoothing), IPO on per-token mean log-ratios, and
+reference-free SimPO. Against TRL's own code: test_preference_against_trl.py."""
 
 import math
 
@@ -7,7 +8,11 @@ import pytest
 import torch
 
 from tuneforge.train.objectives.pairs import PairLogps
-from tuneforge.train.objectives.preference_loss import PreferenceLoss, preference_losses
+from tuneforge.train.objectives.preference_loss import (
+    PreferenceLoss,
+    preference_losses,
+    sft_token_loss_sum,
+)
 
 
 def _pair(chosen, rejected, chosen_tokens=5, rejected_tokens=4, grad=False):
@@ -47,11 +52,12 @@ def test_label_smoothing_flips_the_label_with_its_probability():
     assert out.loss.item() == pytest.approx(expected, rel=1e-6)
 
 
-def test_ipo_is_the_squared_distance_of_the_margin_from_one_over_two_beta():
-    policy, _ = _pair(*POLICY)
+def test_ipo_is_the_squared_distance_of_the_mean_margin_from_one_over_two_beta():
+    policy, _ = _pair(*POLICY)  # 5 chosen tokens, 4 rejected
     reference, _ = _pair(*REFERENCE)
     out = preference_losses(PreferenceLoss("ipo", beta=0.1), policy, reference)
-    assert out.loss.item() == pytest.approx((H - 5.0) ** 2, rel=1e-6)
+    h_mean = (POLICY[0] - REFERENCE[0]) / 5 - (POLICY[1] - REFERENCE[1]) / 4
+    assert out.loss.item() == pytest.approx((h_mean - 5.0) ** 2, rel=1e-6)
 
 
 def test_simpo_uses_mean_log_probabilities_and_a_target_margin_without_a_reference():
@@ -63,12 +69,11 @@ def test_simpo_uses_mean_log_probabilities_and_a_target_margin_without_a_referen
     assert out.reward_rejected.item() == pytest.approx(2.0 * -3.0)
 
 
-def test_sft_weight_adds_the_chosen_replys_mean_negative_log_likelihood():
+def test_sft_weight_is_a_term_summed_over_the_chosen_tokens():
     policy, _ = _pair(*POLICY)
-    reference, _ = _pair(*REFERENCE)
-    plain = preference_losses(PreferenceLoss("sigmoid", 0.1), policy, reference).loss
-    mixed = preference_losses(PreferenceLoss("sigmoid", 0.1, sft_weight=0.5), policy, reference)
-    assert (mixed.loss - plain).item() == pytest.approx(0.5 * 10.0 / 5, rel=1e-6)
+    assert sft_token_loss_sum(PreferenceLoss("sigmoid", 0.1), policy) is None
+    term = sft_token_loss_sum(PreferenceLoss("sigmoid", 0.1, sft_weight=0.5), policy)
+    assert term.item() == pytest.approx(0.5 * 10.0)  # the step divides by the chosen tokens
 
 
 def test_before_any_update_dpo_is_ln_2_and_the_rewards_are_zero():

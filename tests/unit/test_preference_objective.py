@@ -76,7 +76,7 @@ def test_packed_pairs_match_each_pair_alone_and_the_straightforward_computation(
         if loss == "simpo":
             expected = expected - F.logsigmoid(0.5 * (pc / nc - pr / nr) - 0.5)
         elif loss == "ipo":
-            expected = expected + ((pc - pr) - (rc - rr) - 1 / (2 * 0.5)) ** 2
+            expected = expected + ((pc - rc) / nc - (pr - rr) / nr - 1 / (2 * 0.5)) ** 2
         else:
             expected = expected - F.logsigmoid(0.5 * ((pc - pr) - (rc - rr)))
     expected.backward()

@@ -35,10 +35,11 @@ MIN_DOCUMENT_SLOTS = 8
 CAPTURABLE_ATTENTION = ("flash4", "varlen")
 
 Update = Callable[[list[PackedBatch], torch.Tensor], torch.Tensor]
-"""(micro-batches on the device, the step's count of loss units [1] on the device) -> the
+"""(micro-batches on the device, the step's units and token units [2] on the device) -> the
 step's numbers on the device, queueing forward, backward and the update without a host wait."""
-Units = Callable[[PackedBatch], int]
-"""What the step's loss is normalised by, counted on the host for one micro-batch."""
+Units = Callable[[list[PackedBatch], torch.device], torch.Tensor]
+"""What the step's loss is normalised by, for its micro-batches: [units, token units] float64
+on the device."""
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
@@ -92,7 +93,8 @@ class CapturedStep:
         self.train, self.device = train, device
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         """The learning rate the captured update kernel reads on the device."""
-        self.unit_total = torch.zeros(1, dtype=torch.float64, device=device)
+        self.unit_total = torch.zeros(2, dtype=torch.float64, device=device)
+        """The step's units and token units, which the captured update reads on the device."""
         self.side_stream = torch.cuda.Stream(device)
         self.slots = 0
         self.inputs: list[PackedBatch] | None = None
@@ -127,7 +129,7 @@ class CapturedStep:
 
     def _load(self, micro_batches: list[PackedBatch], lr: float) -> None:
         self.lr.fill_(lr)
-        self.unit_total.fill_(float(sum(self.units(batch) for batch in micro_batches)))
+        self.unit_total.copy_(self.units(micro_batches, self.device))
         if self.inputs is None:
             self.inputs = [batch.to(self.device) for batch in micro_batches]
             return

@@ -10,7 +10,7 @@ from tuneforge.data.packing import PackedBatch
 from tuneforge.data.records import Conversation
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.generate import generate
-from tuneforge.train.objectives.seam import Metric, metric_values, objective_of
+from tuneforge.train.objectives.seam import Metric, loss_value, metric_values, objective_of
 
 
 @dataclass
@@ -38,15 +38,18 @@ def evaluate_loss(
     objective.eval()
     every = objective_of(objective).metrics
     names = tuple(metric.name for metric in every)
-    total, count = 0.0, 0
+    total, token_total, count, token_count = 0.0, 0.0, 0, 0.0
     sums = dict.fromkeys(names, 0.0)
     for batch in batches:
         batch = batch.to(device)
         output = objective(batch)
         total += float(output.loss_sum)
+        if output.token_loss_sum is not None:
+            token_total += float(output.token_loss_sum)
         for name in names:
             sums[name] += float(output.metrics[name])
         count += objective_of(objective).units(batch)
+        token_count += float(objective_of(objective).token_units(batch))
     objective.train(was_training)
     units = max(count, 1)
     values = metric_values(every, sums, units)
@@ -56,7 +59,8 @@ def evaluate_loss(
         if metric.held_out and (value := values[metric.name]) is not None
     }
     shown = tuple(metric for metric in every if metric.name in averages)
-    return EvalResult(total / units, count, averages, shown)
+    loss = loss_value(total, token_total, units, token_count)
+    return EvalResult(loss, count, averages, shown)
 
 
 @dataclass

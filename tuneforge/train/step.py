@@ -5,7 +5,7 @@ optimizer can skip a non-finite update itself."""
 
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -15,13 +15,16 @@ from tuneforge.config.sections.train import TrainSection
 from tuneforge.data.packing import PackedBatch
 from tuneforge.execution.captured_step import CapturedStep, skips_on_device
 from tuneforge.models.decoder import Decoder
-from tuneforge.packed import to_device
 from tuneforge.parallel.distributed import gradient_sync
 from tuneforge.parallel.grad_norm import clip_grad_norm
 from tuneforge.train.host_values import HostValues, Mark, read_host_values, values_to_host
-from tuneforge.train.objectives.seam import Metric, metric_values, objective_of
-
-Units = Callable[[PackedBatch], int]
+from tuneforge.train.objectives.seam import (
+    Metric,
+    loss_value,
+    metric_values,
+    objective_of,
+    step_units,
+)
 
 
 def optimizer_step(
@@ -49,8 +52,8 @@ def optimizer_step(
         inner.make_batch(read() if inner.reads_batch() else None, read)
         for _ in range(train.grad_accum_steps)
     ]
-    # The sum stays on the device (no wait for the GPU before the forward is queued).
-    unit_total = to_device(unit_count(micro_batches, inner.units), device)
+    # The sums stay on the device (no wait for the GPU before the forward is queued).
+    unit_total = step_units(inner, micro_batches, device)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(unit_total, group=data_group)
     counts = step_counts(micro_batches)
@@ -58,11 +61,6 @@ def optimizer_step(
         objective, model, optimizer, micro_batches, unit_total, train, counts, data_group
     )
     return StepResult(values_to_host(values), lr, counts, inner.metrics)
-
-
-def unit_count(micro_batches: list[PackedBatch], units: Units) -> torch.Tensor:
-    """The objective's units in this rank's micro-batches, float64 [1] on the host."""
-    return torch.tensor([float(sum(units(batch) for batch in micro_batches))], dtype=torch.float64)
 
 
 def step_counts(micro_batches: list[PackedBatch]) -> list[float]:
@@ -84,22 +82,23 @@ def queue_update(
     data_group: ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Forward and backward of the micro-batches, clipping, the update and zeroed gradients;
-    returns [loss sum, *metric sums, (real tokens, documents: summed over ranks), gradient norm,
-    units] on the device. Nothing here waits for the GPU where the optimizer skips non-finite
+    returns [loss sum, token loss sum, *metric sums, (real tokens, documents: summed over ranks),
+    gradient norm, units, token units] on the device. Nothing here waits for the GPU where the optimizer skips non-finite
     updates itself, so the whole of it can also be captured as a CUDA graph."""
     # Normalise by the units of the whole step on every rank (`unit_total`, summed over ranks):
     # any split of the same units over micro-batches and ranks gives the same update. DDP and
     # FSDP average gradients over the data-parallel ranks, hence the factor of their number.
     distributed = torch.distributed.is_initialized()
     ranks = torch.distributed.get_world_size(data_group) if distributed else 1
-    scale = (ranks / unit_total.clamp(min=1)).float().squeeze(0)
+    scale = (ranks / unit_total.clamp(min=1)).float()
     moe = model.args.moe
     local_sums = backward_micro_batches(
         objective,
         micro_batches,
-        scale,
+        scale[0],
         moe.router_aux_loss_coef if moe is not None else 0.0,
         objective_of(objective).metric_names,
+        scale[1],
     )
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = train.clip_grad_norm if train.clip_grad_norm is not None else float("inf")
@@ -113,7 +112,7 @@ def queue_update(
     if skips_on_device(optimizer):
         # The update is skipped by the optimizer's kernel when the loss or the norm is not
         # finite, so nothing waits for the GPU here: the host goes on to queue the next step.
-        setattr(optimizer, "found_inf", _not_finite(totals[0], norm[0], params))  # noqa: B010
+        setattr(optimizer, "found_inf", _not_finite(totals[:2], norm[0], params))  # noqa: B010
         optimizer.step()
     elif all(math.isfinite(value) for value in values.tolist()):
         optimizer.step()
@@ -121,8 +120,8 @@ def queue_update(
     return values
 
 
-def _not_finite(loss_sum: torch.Tensor, norm: torch.Tensor, params: list) -> torch.Tensor:
-    flag = (~(torch.isfinite(loss_sum) & torch.isfinite(norm))).float()
+def _not_finite(loss_sums: torch.Tensor, norm: torch.Tensor, params: list) -> torch.Tensor:
+    flag = (~(torch.isfinite(loss_sums).all() & torch.isfinite(norm))).float()
     if params and hasattr(params[0], "device_mesh"):  # FSDP2: the optimizer sees DTensors
         from torch.distributed.tensor import DTensor, Replicate
 
@@ -156,10 +155,11 @@ class StepResult:
         if self._resolved is None:
             values = read_host_values(self._values)
             count = len(self._metrics)
-            loss_sum, metric_sums = values[0], values[1 : 1 + count]
-            *reduced, grad_norm, units = values[1 + count :]
+            loss_sum, token_loss_sum = values[0], values[1]
+            metric_sums = values[2 : 2 + count]
+            *reduced, grad_norm, units, token_units = values[2 + count :]
             real, documents = reduced or self._counts
-            loss = loss_sum / max(units, 1)
+            loss = loss_value(loss_sum, token_loss_sum, units, token_units)
             names = (metric.name for metric in self._metrics)
             sums = dict(zip(names, metric_sums, strict=True))
             metrics = metric_values(self._metrics, sums, max(units, 1))
@@ -198,7 +198,8 @@ class StepRunner:
             update = functools.partial(
                 queue_update, objective, model, optimizer, train=train, counts=[]
             )
-            self.captured = CapturedStep(update, inner.units, model, optimizer, train, device)
+            units = functools.partial(step_units, inner)
+            self.captured = CapturedStep(update, units, model, optimizer, train, device)
             # fixed shapes: every row is projected to the vocabulary, the ignored ones weighted 0
             inner.every_row_loss = True
 
@@ -226,21 +227,27 @@ def backward_micro_batches(
     scale: float | torch.Tensor,
     aux_weight: float,
     metric_names: tuple[str, ...] = (),
+    token_scale: float | torch.Tensor = 0.0,
 ) -> torch.Tensor:
-    """Backward of `scale x (sum of unit losses)` over the micro-batches, plus the regulariser
-    weighted by `aux_weight` and averaged over them; gradients are reduced across ranks on the
-    last one only. Returns this rank's [loss sum, *metric sums], float64 on the device (reading
-    it waits for the GPU: the caller does so once per step)."""
+    """Backward of `scale x (sum of unit losses)` over the micro-batches, plus `token_scale x
+    (sum of token losses)` where the objective has that term, plus the regulariser weighted by
+    `aux_weight` and averaged over them; gradients are reduced across ranks on the last one
+    only. Returns this rank's [loss sum, token loss sum, *metric sums], float64 on the device
+    (reading it waits for the GPU: the caller does so once per step)."""
     device = micro_batches[0].labels.device
-    total = torch.zeros(1 + len(metric_names), dtype=torch.float64, device=device)
+    total = torch.zeros(2 + len(metric_names), dtype=torch.float64, device=device)
     for index, batch in enumerate(micro_batches):
         with gradient_sync(objective, index == len(micro_batches) - 1):
             output = objective(batch)
             loss = output.loss_sum * scale
+            if output.token_loss_sum is not None:
+                loss = loss + output.token_loss_sum * token_scale
             if aux_weight:
                 loss = loss + aux_weight * output.aux / len(micro_batches)
             loss.backward()
         total[0] += output.loss_sum.detach()  # one in-place add each, no stacking
-        for slot, name in enumerate(metric_names, 1):
+        if output.token_loss_sum is not None:
+            total[1] += output.token_loss_sum.detach()
+        for slot, name in enumerate(metric_names, 2):
             total[slot] += output.metrics[name].detach()
     return total

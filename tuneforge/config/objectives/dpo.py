@@ -21,8 +21,8 @@ REFERENCE_FREE = frozenset({"simpo"})
 
 class DpoSection(Section):
     loss: PreferenceLossName = "sigmoid"
-    """`sigmoid` (DPO), `ipo`, or `simpo` (reference-free, on the replies' mean log-probabilities,
-    with `simpo_gamma`)."""
+    """`sigmoid` (DPO), `ipo` (on the replies' per-token mean log-ratios, as TRL takes it), or
+    `simpo` (reference-free, on the replies' mean log-probabilities, with `simpo_gamma`)."""
     beta: float = Field(0.1, gt=0)
     """Strength of the reference's pull (DPO, IPO), or SimPO's reward scale."""
     label_smoothing: float = Field(0.0, ge=0, lt=0.5)
@@ -30,7 +30,8 @@ class DpoSection(Section):
     simpo_gamma: float = Field(0.5, ge=0)
     """SimPO's target margin between the chosen and rejected rewards."""
     sft_weight: float = Field(0.0, ge=0)
-    """Weight of the chosen reply's mean negative log-likelihood added to each pair's loss."""
+    """Weight of the chosen replies' negative log-likelihood per token, over all the chosen tokens
+    of the step (SFT's normalisation), added to the mean of the pairs' losses."""
     reference: Literal["auto", "adapters_off", "frozen_copy", "precomputed"] = "auto"
     """The model as it was when preference training started: `adapters_off` (LoRA on a fresh
     adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy:
@@ -69,7 +70,10 @@ DPO = ObjectiveDeclaration(
     reads=("lora", "dpo"),
     frozen=frozen_reference,
     title=lambda dpo: f"dpo {dpo.loss}",
-    loss_label=lambda dpo: f"DPO {dpo.loss} loss per pair",
+    loss_label=lambda dpo: (
+        f"DPO {dpo.loss} loss per pair"
+        + (" plus the chosen NLL per token" if dpo.sft_weight else "")
+    ),
     cross_entropy_metric=None,
     refuses_captured_step="a preference step (the reference's pass, then the policy's) is not "
     "captured",

@@ -19,7 +19,7 @@ ORPO = ObjectiveDeclaration(
     "section says; no reference model",
     data_format="pairs",
     settings="orpo",
-    loss_label=lambda _: "ORPO loss per pair (chosen NLL per token minus λ·log σ(log odds ratio))",
+    loss_label=lambda _: "ORPO loss (chosen NLL per token, minus λ·log σ(log odds ratio) per pair)",
     cross_entropy_metric=None,
     refuses_captured_step="a preference step is not captured",
 )

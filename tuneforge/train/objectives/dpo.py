@@ -1,13 +1,16 @@
 """Preference training (DPO, IPO, SimPO) as an objective: a micro-batch holds whole pairs, the
 policy's and the reference's log-probabilities of each reply are summed over its supervised
 tokens, and the loss is summed over the pairs (the step divides by the pairs of all its
-micro-batches).
+micro-batches); `sft_weight`'s term is summed over the chosen tokens (the step divides by the
+chosen tokens of all its micro-batches).
 
 The reference is the model as it was when preference training started (`config/objectives/
 dpo.py` says which is held): for a fresh adapter the base with the adapters disabled (no second
 copy of the model), otherwise a frozen copy, or its values computed in one pass before training."""
 
 from typing import Any
+
+import torch
 
 from tuneforge.config.objectives.dpo import DPO, reference_kind
 from tuneforge.data.packing import PackedBatch
@@ -17,11 +20,16 @@ from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSe
 from tuneforge.train.objectives.pairs import (
     REWARD_METRICS,
     Reference,
+    chosen_tokens,
     pair_logps_of_hidden,
     reward_sums,
     starting_model,
 )
-from tuneforge.train.objectives.preference_loss import PreferenceLoss, preference_losses
+from tuneforge.train.objectives.preference_loss import (
+    PreferenceLoss,
+    preference_losses,
+    sft_token_loss_sum,
+)
 from tuneforge.train.objectives.seam import Objective, ObjectiveOutput, hidden_states_and_aux
 
 
@@ -45,6 +53,9 @@ class PreferenceObjective(Objective):
     def units(self, batch: PackedBatch) -> int:
         return batch.num_documents // 2
 
+    def token_units(self, batch: PackedBatch) -> torch.Tensor | int:
+        return chosen_tokens(batch) if self.setting.sft_weight else 0
+
     def forward(self, batch: PackedBatch) -> ObjectiveOutput:
         reference = None
         if self.setting.needs_reference:
@@ -54,7 +65,8 @@ class PreferenceObjective(Objective):
         policy = pair_logps_of_hidden(hidden, self.model, batch, self.chunk_tokens)
         out = preference_losses(self.setting, policy, reference)
         metrics = reward_sums(out.reward_chosen, out.reward_rejected)
-        return ObjectiveOutput(out.loss.sum(), aux, metrics)
+        token_loss = sft_token_loss_sum(self.setting, policy)
+        return ObjectiveOutput(out.loss.sum(), aux, metrics, token_loss)
 
     def resume_state(self) -> dict[str, Any]:
         return self.reference.resume_state() if self.reference is not None else {}

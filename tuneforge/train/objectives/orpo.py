@@ -1,8 +1,9 @@
 """ORPO (Hong et al. 2024, "ORPO: Monolithic Preference Optimization without Reference Model")
-as an objective: on each pair, the chosen reply's negative log-likelihood per token plus
-λ·(−log σ(log OR)), where OR is the odds ratio of the chosen to the rejected reply and a reply's
-odds are P/(1−P), P its mean per-token probability (exp of the mean log-probability), as TRL's
-`ORPOTrainer` takes it. One forward of the policy; no reference model."""
+as an objective: the chosen replies' negative log-likelihood per token over all the chosen
+tokens of the step, plus λ·(−log σ(log OR)) averaged over the pairs, where OR is the odds ratio
+of the chosen to the rejected reply and a reply's odds are P/(1−P), P its mean per-token
+probability (exp of the mean log-probability), as TRL's `ORPOTrainer` takes it. One forward of
+the policy; no reference model."""
 
 import math
 
@@ -16,6 +17,7 @@ from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSe
 from tuneforge.train.objectives.pairs import (
     REWARD_METRICS,
     PairLogps,
+    chosen_tokens,
     pair_logps_of_hidden,
     reward_sums,
 )
@@ -37,14 +39,15 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
 
 
 def orpo_terms(policy: PairLogps, beta: float) -> dict[str, torch.Tensor]:
-    """Per pair [P], in fp32: `loss`, its `nll` and `log_odds_ratio` (log σ(log OR)) terms, the
-    `log_odds` themselves and the rewards β·(mean log-probability)."""
+    """Per pair [P], in fp32: the odds-ratio `loss` (−β·log σ(log OR)), the chosen reply's `nll`
+    per token, `log_odds_ratio` (log σ(log OR)), the `log_odds` themselves and the rewards
+    β·(mean log-probability). The NLL term of the loss is summed over tokens by the objective."""
     chosen, rejected = policy.chosen_mean, policy.rejected_mean
     log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
     ratio = F.logsigmoid(log_odds)
     nll = -chosen
     return {
-        "loss": nll - beta * ratio,
+        "loss": -beta * ratio,
         "nll": nll,
         "log_odds_ratio": ratio,
         "log_odds": log_odds,
@@ -69,18 +72,21 @@ class OrpoObjective(Objective):
     def units(self, batch: PackedBatch) -> int:
         return batch.num_documents // 2
 
+    def token_units(self, batch: PackedBatch) -> torch.Tensor:
+        return chosen_tokens(batch)
+
     def forward(self, batch: PackedBatch) -> ObjectiveOutput:
         hidden, aux = hidden_states_and_aux(self.model, batch)
-        terms = orpo_terms(
-            pair_logps_of_hidden(hidden, self.model, batch, self.chunk_tokens), self.beta
-        )
+        policy = pair_logps_of_hidden(hidden, self.model, batch, self.chunk_tokens)
+        terms = orpo_terms(policy, self.beta)
         chosen, rejected = terms["reward_chosen"].detach(), terms["reward_rejected"].detach()
         metrics = reward_sums(chosen, rejected) | {
             "nll_loss": terms["nll"].detach().sum(),
             "log_odds_ratio": terms["log_odds_ratio"].detach().sum(),
             "log_odds_chosen": terms["log_odds"].detach().sum(),
         }
-        return ObjectiveOutput(terms["loss"].sum(), aux, metrics)
+        nll_sum = -policy.chosen.float().sum()
+        return ObjectiveOutput(terms["loss"].sum(), aux, metrics, nll_sum)
 
 
 def build(setup: ObjectiveSetup) -> OrpoObjective:

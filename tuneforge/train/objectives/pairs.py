@@ -59,6 +59,11 @@ def token_counts(batch: PackedBatch) -> torch.Tensor:
     return document_sums((batch.labels != IGNORE_INDEX).float(), batch.packed.cu_seqlens)
 
 
+def chosen_tokens(batch: PackedBatch) -> torch.Tensor:
+    """0-d, on the batch's device: the supervised tokens of its chosen replies."""
+    return token_counts(batch)[0::2].sum()
+
+
 def as_pairs(per_document: torch.Tensor, counts: torch.Tensor) -> PairLogps:
     return PairLogps(per_document[0::2], per_document[1::2], counts[0::2], counts[1::2])
 

@@ -3,13 +3,16 @@
 - `sigmoid` (DPO, Rafailov et al. 2023): -log σ(β·h), h = (log π_c - log π_r) - (log ρ_c - log ρ_r)
   with ρ the reference; with label smoothing ε (conservative DPO) the pair's label is flipped
   with probability ε: -(1-ε)·log σ(β·h) - ε·log σ(-β·h).
-- `ipo` (Azar et al. 2023): (h - 1/(2β))², a squared loss that does not push h to infinity.
+- `ipo` (Azar et al. 2023): (h̄ - 1/(2β))², a squared loss that does not push h̄ to infinity,
+  on the per-token mean log-ratios h̄ = (log π_c - log ρ_c)/n_c - (log π_r - log ρ_r)/n_r
+  (n a reply's supervised tokens), as TRL takes it: the IPO paper's results use that mean.
 - `simpo` (Meng et al. 2024): reference-free, on the replies' mean token log-probabilities:
   -log σ(β·(mean log π_c - mean log π_r) - γ), with the same label smoothing.
 
-A reply's log-probability is the sum over its supervised tokens (the mean for SimPO). The
-rewards reported are β·(log π - log ρ) (β·mean log π for SimPO). `sft_weight` adds the chosen
-reply's mean negative log-likelihood per pair."""
+A reply's log-probability is the sum over its supervised tokens (the mean for SimPO and in
+IPO's ratios). The rewards reported are β·(log π - log ρ) (β·mean log π for SimPO).
+`sft_weight` adds the chosen replies' negative log-likelihood per token, over all the chosen
+tokens of the step (`sft_token_loss_sum`: SFT's normalisation, TRL's `sft` loss term)."""
 
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -64,15 +67,23 @@ def preference_losses(
             raise ValueError(f"the {setting.loss} loss needs the reference's log-probabilities")
         chosen_ratio = chosen - reference.chosen.float()
         rejected_ratio = rejected - reference.rejected.float()
-        h = chosen_ratio - rejected_ratio
         if setting.loss == "ipo":
-            loss = (h - 1 / (2 * beta)) ** 2
+            chosen_mean_ratio = chosen_ratio / policy.chosen_tokens.clamp(min=1)
+            rejected_mean_ratio = rejected_ratio / policy.rejected_tokens.clamp(min=1)
+            loss = (chosen_mean_ratio - rejected_mean_ratio - 1 / (2 * beta)) ** 2
         else:
+            h = chosen_ratio - rejected_ratio
             loss = _smoothed_sigmoid_loss(beta * h, setting.label_smoothing)
         reward_chosen, reward_rejected = beta * chosen_ratio, beta * rejected_ratio
-    if setting.sft_weight:
-        loss = loss - setting.sft_weight * policy.chosen_mean
     return PairLosses(loss, reward_chosen.detach(), reward_rejected.detach())
+
+
+def sft_token_loss_sum(setting: PreferenceLoss, policy: PairLogps) -> torch.Tensor | None:
+    """`sft_weight` times the chosen replies' negative log-likelihood summed over their tokens
+    (the step divides it by the chosen tokens of all its micro-batches); None without it."""
+    if not setting.sft_weight:
+        return None
+    return -setting.sft_weight * policy.chosen.float().sum()
 
 
 def _smoothed_sigmoid_loss(margin: torch.Tensor, smoothing: float) -> torch.Tensor:

@@ -16,6 +16,7 @@ from torch import nn
 
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
+from tuneforge.packed import to_device
 from tuneforge.parallel.distributed import unwrap
 
 
@@ -27,6 +28,10 @@ class ObjectiveOutput(NamedTuple):
     """0-d: a regulariser added once per micro-batch (the MoE load-balancing loss, or 0)."""
     metrics: dict[str, torch.Tensor]
     """0-d sums over the batch's units, reported per unit with the step's loss."""
+    token_loss_sum: torch.Tensor | None = None
+    """0-d, where the loss has a second term summed over supervised tokens (a preference loss's
+    chosen-reply cross-entropy): the step divides it by the `token_units` of all its
+    micro-batches on every rank, as it divides SFT's loss."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,11 @@ class Objective(nn.Module, ABC):
     @abstractmethod
     def units(self, batch: PackedBatch) -> int: ...
 
+    def token_units(self, batch: PackedBatch) -> torch.Tensor | int:
+        """What `ObjectiveOutput.token_loss_sum` is summed over (0 without that term); a count
+        on the device may stand here, so that the step does not wait for it."""
+        return 0
+
     @abstractmethod
     def forward(self, batch: PackedBatch) -> ObjectiveOutput: ...
 
@@ -96,6 +106,32 @@ class Objective(nn.Module, ABC):
         """What a resume needs beyond the weights and the optimizer (JSON values), kept with
         each checkpoint's loop state and handed back to the objective's builder."""
         return {}
+
+
+def step_units(
+    objective: Objective, micro_batches: list[PackedBatch], device: torch.device
+) -> torch.Tensor:
+    """float64 [2] on `device`: the micro-batches' units and token units, summed without
+    waiting for the device."""
+    host = [float(sum(objective.units(batch) for batch in micro_batches)), 0.0]
+    on_device = []
+    for batch in micro_batches:
+        count = objective.token_units(batch)
+        if isinstance(count, torch.Tensor):
+            on_device.append(count)
+        else:
+            host[1] += count
+    total = to_device(torch.tensor(host, dtype=torch.float64), device)
+    for count in on_device:
+        total[1] += count.to(device=total.device, dtype=torch.float64)
+    return total
+
+
+def loss_value(loss_sum: float, token_loss_sum: float, units: float, token_units: float) -> float:
+    """The loss of sums over a step (or a held-out pass): per unit, plus the token term per
+    token where there is one."""
+    loss = loss_sum / max(units, 1)
+    return loss + token_loss_sum / token_units if token_units else loss
 
 
 def metric_values(
