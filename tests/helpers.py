@@ -311,3 +311,22 @@ def random_packed_batch(vocab_size: int, tokens: int, one_document: bool, seed: 
     labels[torch.tensor(lengths).cumsum(0) - 1] = IGNORE_INDEX
     supervised = int((labels != IGNORE_INDEX).sum())
     return PackedBatch(ids, labels, PackedSequences.from_lengths(lengths), supervised)
+
+
+def assert_gradients_equal(hf, ours) -> None:
+    """Each parameter of `ours` (a tuneforge model) against its namesake in `hf` (transformers'):
+    each parameter's gradient within 1e-4 relative, or 1e-5 of its largest element (an
+    element where terms cancel keeps only the rounding of its terms)."""
+    from tuneforge.models.hf.adapter import adapter_for
+
+    hf_params = dict(hf.named_parameters())
+    adapter = adapter_for(ours.args.family)
+    for name, param in ours.named_parameters():
+        expected = hf_params[hf_name_of(adapter, name)].grad
+        torch.testing.assert_close(
+            param.grad,
+            expected,
+            rtol=1e-4,
+            atol=1e-5 * float(expected.abs().max()),
+            msg=lambda m, name=name: f"{name}: {m}",
+        )

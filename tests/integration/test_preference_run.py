@@ -71,6 +71,47 @@ def test_orpo_learns_the_chosen_replies_and_to_tell_the_pairs_apart(tmp_path):
     assert "reward accuracy" in stdout and "nll loss" in stdout
 
 
+def test_kto_on_pairs_split_and_unpaired_records_separates_the_rewards(tmp_path):
+    """KTO on the demo's pairs split into labelled replies beside records of format unpaired:
+    every record's loss starts at 1 − σ(0) = 0.5 (the policy is the reference), and the
+    undesirable replies' rewards fall below the desirable ones' on held-out records."""
+    import json
+
+    data = REPO / "tuneforge" / "assets" / "demo_data"
+    _write_pairs(data / "pairs_train.jsonl", tmp_path / "pairs.jsonl", 800)
+    _write_pairs(data / "pairs_eval.jsonl", tmp_path / "eval_pairs.jsonl", 100)
+    unpaired = []
+    for line in (data / "pairs_train.jsonl").read_text().splitlines()[800:1200]:
+        pair = json.loads(line)
+        for reply, label in ((pair["chosen"], True), (pair["rejected"], False)):
+            record = {"prompt": pair["prompt"], "completion": reply, "label": label}
+            unpaired.append(json.dumps(record) + "\n")
+    (tmp_path / "unpaired.jsonl").write_text("".join(unpaired))
+    train = (
+        f"data.train=[{{path: {tmp_path / 'pairs.jsonl'}, format: preference}}, "
+        f"{{path: {tmp_path / 'unpaired.jsonl'}, format: unpaired}}]"
+    )
+    held_out = f"data.eval=[{{path: {tmp_path / 'eval_pairs.jsonl'}, format: preference}}]"
+    run = tmp_path / "run"
+    result = _train(
+        str(DEMO), f"run.output_dir={run}", train, held_out, "train.objective=kto",
+        "train.max_steps=40", "train.lr=2e-3", "train.warmup_steps=2", "kto.beta=0.5",
+        "train.tokens_per_micro_batch=4096",
+        "lora.enabled=true", "lora.rank=8", "lora.alpha=16", "eval.every_steps=20",
+        "eval.num_samples=0", "logging.log_steps=1", f"data.cache_dir={tmp_path / 'cache'}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = read_metrics(run / "metrics.jsonl")
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval_loss" in r]
+    assert steps[0]["loss"] == pyapprox(0.5)
+    assert steps[0]["desirable"] + steps[0]["undesirable"] > 0
+    assert evals[0]["eval_loss"] == pyapprox(0.5)
+    assert evals[-1]["eval_loss"] < 0.47
+    assert evals[-1]["eval_rewards_rejected"] < evals[-1]["eval_rewards_chosen"] - 0.2
+    assert "rewards rejected" in result.stdout
+
+
 def _train(*args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "tuneforge", "train", *args, "logging.progress=false"]
     return subprocess.run(command, capture_output=True, text=True, timeout=600)

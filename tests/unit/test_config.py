@@ -377,6 +377,33 @@ def test_preference_training_needs_pairs_packed_whole_and_a_reference_it_can_hav
     assert config.dpo.reference == "auto" and config.dpo.beta == 0.1
 
 
+def test_kto_reads_labelled_or_paired_records_and_only_kto_reads_labels():
+    demo = REPO / "examples" / "demo.yaml"
+    with pytest.raises(ConfigError) as raised:
+        load_config(demo, ["train.objective=kto", "kto.reference=adapters_off"])
+    found = issues_of(raised.value)
+    assert "format openai has no label" in found["data.train.0.format"]
+    assert "set format: unpaired" in found["data.train.0.format"]
+    assert "needs LoRA" in found["kto.reference"]
+    data = REPO / "tuneforge" / "assets" / "demo_data"
+
+    def records(format_: str) -> list[str]:
+        return [
+            f"data.train=[{{path: {data / 'pairs_train.jsonl'}, format: {format_}}}]",
+            f"data.eval=[{{path: {data / 'pairs_eval.jsonl'}, format: {format_}}}]",
+        ]
+
+    with pytest.raises(ConfigError) as raised:
+        load_config(demo, records("unpaired"))
+    assert "does not read the label" in issues_of(raised.value)["data.train.0.format"]
+    with pytest.raises(ConfigError) as raised:
+        load_config(demo, [*records("unpaired"), "train.objective=dpo"])
+    assert "trains on pairs" in issues_of(raised.value)["data.train.0.format"]
+    for format_ in ("unpaired", "preference"):
+        config = load_config(demo, ["train.objective=kto", *records(format_)])
+        assert config.kto.beta == 0.1 and config.kto.reference == "auto"
+
+
 def test_a_precomputed_reference_needs_a_reference_loss_and_a_cached_teacher_its_top_k():
     demo = REPO / "examples" / "demo.yaml"
     with pytest.raises(ConfigError) as raised:

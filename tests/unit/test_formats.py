@@ -328,3 +328,26 @@ def test_preference_records_train_on_the_chosen_reply(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "q", "chosen": "a"}) + "\n")
     with pytest.raises(DataError, match=r'bad\.jsonl:1: missing field "rejected"'):
         read_conversations(tmp_path / "bad.jsonl", "preference")
+
+
+def test_unpaired_records_carry_their_label_and_a_missing_or_odd_label_fails(tmp_path):
+    file = write_jsonl(
+        tmp_path / "u.jsonl",
+        [
+            {"prompt": "2+2?", "completion": "4", "label": True},
+            {"prompt": [{"role": "user", "content": "3+3?"}], "completion": "7", "label": False},
+        ],
+    )
+    (first, second), _ = read_conversations(file, "unpaired")
+    assert first.messages[-1] == {"role": "assistant", "content": "4"} and first.desirable
+    assert second.messages[0] == {"role": "user", "content": "3+3?"}
+    assert second.desirable is False
+    for label, reason in ((None, 'missing field "label"'), ("yes", 'field "label" must be true')):
+        bad = write_jsonl(
+            tmp_path / "bad.jsonl",
+            [{"prompt": "p", "completion": "c", "label": True},
+             {"prompt": "p", "completion": "c", "label": label}],
+        )  # fmt: skip
+        with pytest.raises(DataError) as raised:
+            read_conversations(bad, "unpaired")
+        assert f"{bad}:2: " in str(raised.value) and reason in str(raised.value)

@@ -19,9 +19,8 @@ with warnings.catch_warnings():  # TRL's experimental trainers say so on import
     trl_cpo = pytest.importorskip("trl.experimental.cpo.cpo_trainer", reason=".[dev]")
     trl_orpo = pytest.importorskip("trl.experimental.orpo.orpo_trainer", reason=".[dev]")
 
-from tests.helpers import hf_name_of, save_tiny_llama  # noqa: E402
+from tests.helpers import assert_gradients_equal, save_tiny_llama  # noqa: E402
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch  # noqa: E402
-from tuneforge.models.hf.adapter import adapter_for  # noqa: E402
 from tuneforge.models.hf.checkpoint import load_hf_model  # noqa: E402
 from tuneforge.packed import PackedSequences  # noqa: E402
 from tuneforge.train.objectives.dpo import PreferenceObjective  # noqa: E402
@@ -92,22 +91,6 @@ def models(directory):
     policy = load_hf_model(directory / "policy", "float32", "sdpa").train()
     reference = load_hf_model(directory / "reference", "float32", "sdpa")
     return policy_hf, reference_hf.eval().requires_grad_(False), policy, reference
-
-
-def assert_gradients_equal(hf, ours) -> None:
-    """Each parameter's gradient within 1e-4 relative, or 1e-5 of its largest element (an
-    element where terms cancel keeps only the rounding of its terms)."""
-    hf_params = dict(hf.named_parameters())
-    adapter = adapter_for(ours.args.family)
-    for name, param in ours.named_parameters():
-        expected = hf_params[hf_name_of(adapter, name)].grad
-        torch.testing.assert_close(
-            param.grad,
-            expected,
-            rtol=1e-4,
-            atol=1e-5 * float(expected.abs().max()),
-            msg=lambda m, name=name: f"{name}: {m}",
-        )
 
 
 def ours_step_loss(objective, batch: PackedBatch) -> torch.Tensor:

@@ -6,6 +6,7 @@ from pydantic import model_validator
 from tuneforge.config.objectives.distill import DistillSection
 from tuneforge.config.objectives.dpo import DpoSection
 from tuneforge.config.objectives.grpo import GrpoSection
+from tuneforge.config.objectives.kto import KtoSection
 from tuneforge.config.objectives.orpo import OrpoSection
 from tuneforge.config.sections.base import Section
 from tuneforge.config.sections.checkpoint import CheckpointSection
@@ -45,6 +46,8 @@ class RunConfig(Section):
     """Odds-ratio preference optimisation (train.objective: orpo)."""
     grpo: GrpoSection = GrpoSection()
     """Reinforcement learning from reward functions (train.objective: grpo)."""
+    kto: KtoSection = KtoSection()
+    """Preference training on replies labelled desirable or not (train.objective: kto)."""
     checkpoint: CheckpointSection = CheckpointSection()
     """Saving."""
     logging: LoggingSection = LoggingSection()

@@ -1,7 +1,8 @@
 """Record formats, each turned into a `Conversation`: alpaca, squad, openai (alias messages),
 sharegpt, text, preference (prompt, chosen, rejected: supervised training uses the chosen
-reply; the rejected one is kept for preference training) and prompt (a prompt alone, for an
-objective that samples its replies). `field_map` renames fields
+reply; the rejected one is kept for preference training), unpaired (prompt, completion, label:
+a reply labelled desirable or not, for KTO) and prompt (a prompt alone, for an objective that
+samples its replies). `field_map` renames fields
 (our name -> the name in the file)."""
 
 import dataclasses
@@ -194,6 +195,24 @@ def _preference(record: dict, field_map: dict[str, str], origin: str) -> Convers
     return Conversation(messages, origin, rejected=rejected)
 
 
+def _unpaired(record: dict, field_map: dict[str, str], origin: str) -> Conversation:
+    prompt = _prompt_messages(
+        _field(record, "prompt", field_map), field_map.get("prompt", "prompt")
+    )
+    key = field_map.get("completion", "completion")
+    completion = _reply(_field(record, "completion", field_map), key)
+    label_key = field_map.get("label", "label")
+    label = _field(record, "label", field_map)
+    if not isinstance(label, bool):
+        raise RecordError(
+            f'field "{label_key}" must be true (a reply to learn) or false (one to avoid), '
+            f"not {label!r}"
+        )
+    messages = [*prompt, {"role": "assistant", "content": completion}]
+    check_turns(messages)
+    return Conversation(messages, origin, desirable=label)
+
+
 def _prompt(record: dict, field_map: dict[str, str], origin: str) -> Conversation:
     key = field_map.get("prompt", "prompt")
     messages = _prompt_messages(_field(record, "prompt", field_map), key)
@@ -216,6 +235,7 @@ FORMAT_FIELDS = {
     "sharegpt": ("conversations",),
     "text": ("text",),
     "preference": ("prompt", "chosen", "rejected"),
+    "unpaired": ("prompt", "completion", "label"),
     "prompt": ("prompt",),
 }
 """The fields each format reads (our names): the record's others are kept beside it."""
@@ -228,6 +248,7 @@ FORMATS: dict[str, Callable[[dict, dict[str, str], str], Conversation]] = {
     "sharegpt": _sharegpt,
     "text": _text_format,
     "preference": _preference,
+    "unpaired": _unpaired,
     "prompt": _prompt,
 }
 

@@ -42,6 +42,25 @@ def pair_examples(
 ) -> tuple[list[Example], DatasetStats]:
     """The pairs' documents (2 per record, chosen first), each supervised on its last reply."""
     documents = pair_conversations(conversations)
+    return two_document_examples(
+        conversations, documents, tokenizer, data, rendering, tokens_per_micro_batch
+    )
+
+
+def two_document_examples(
+    units: list[Conversation],
+    documents: list[Conversation],
+    tokenizer,
+    data: DataSection,
+    rendering: Rendering,
+    tokens_per_micro_batch: int,
+    unit: str = "pair",
+    fields: list[dict[str, object]] | None = None,
+) -> tuple[list[Example], DatasetStats]:
+    """Two documents per unit (`documents` 2u and 2u + 1 for `units[u]`, the record a unit comes
+    from), each supervised on its last reply; a unit too long, unrenderable or without a reply
+    is left out whole. A pair whose replies are the same is left out (it carries no preference);
+    `fields[u]` goes with a unit's first document."""
     reply_only = replace(rendering, train_on="last_assistant")
     workers = worker_count(data.tokenize_workers, len(documents))
     tokenized = list(tokenize_all(tokenizer, documents, reply_only, workers))
@@ -49,7 +68,7 @@ def pair_examples(
     spans: list[tuple[int, ...]] = []
     stats = DatasetStats(records=RecordLengths(lengths, spans))
     examples: list[Example] = []
-    for index, conversation in enumerate(conversations):
+    for index, conversation in enumerate(units):
         pair = tokenized[2 * index : 2 * index + 2]
         stats.num_records += 1
         errors = [t.error for t in pair if t.error is not None]
@@ -65,14 +84,14 @@ def pair_examples(
         if max(sizes) > data.max_seq_len or sum(sizes) > tokens_per_micro_batch:
             if data.on_too_long == "error":
                 raise DataError(
-                    f"{conversation.origin}: its pair has {sizes[0]} + {sizes[1]} tokens, more "
-                    f"than data.max_seq_len={data.max_seq_len} for a reply or "
+                    f"{conversation.origin}: its {unit} has {sizes[0]} + {sizes[1]} tokens, more "
+                    f"than data.max_seq_len={data.max_seq_len} for a document or "
                     f"train.tokens_per_micro_batch={tokens_per_micro_batch} for both; raise "
-                    "them, or set data.on_too_long: drop (pairs are never truncated)"
+                    f"them, or set data.on_too_long: drop ({unit}s are never truncated)"
                 )
             stats.num_dropped_too_long += 1
             continue
-        if pair[0].input_ids == pair[1].input_ids:
+        if unit == "pair" and pair[0].input_ids == pair[1].input_ids:
             stats.num_identical_pairs += 1
             if len(stats.identical_examples) < 5:
                 stats.identical_examples.append(conversation.origin)
@@ -81,16 +100,23 @@ def pair_examples(
             stats.num_without_targets += 1
             stats.dropped_examples.append(conversation.origin)
             continue
-        for t in pair:
-            examples.append(make_example(t.input_ids, t.loss_mask))
+        for position, t in enumerate(pair):
+            example = make_example(t.input_ids, t.loss_mask)
+            if fields is not None:
+                example = replace(example, fields=fields[index] if position == 0 else {})
+            examples.append(example)
             stats.num_tokens += len(t.input_ids)
             stats.num_loss_tokens += sum(t.loss_mask[1:])
     if not examples:
+        identical = (
+            f", {stats.num_identical_pairs} whose chosen and rejected replies are the same"
+            if unit == "pair"
+            else ""
+        )
         raise DataError(
-            f"no trainable pairs among {stats.num_records} records: "
+            f"no trainable {unit}s among {stats.num_records} records: "
             f"{stats.num_dropped_too_long} too long, {stats.num_without_targets} without a reply "
-            f"to train on, {stats.num_identical_pairs} whose chosen and rejected replies are the "
-            f"same, {stats.num_unrenderable} the chat template cannot render"
+            f"to train on{identical}, {stats.num_unrenderable} the chat template cannot render"
         )
     return examples, stats
 

@@ -41,6 +41,8 @@ class Conversation:
     text: str | None = None
     rejected: str | None = None
     """For preference records: the rejected reply (`messages` ends with the chosen one)."""
+    desirable: bool | None = None
+    """For unpaired records (format unpaired): whether the reply is one to learn (KTO's label)."""
     pretokenized: "tuple[np.ndarray, np.ndarray] | None" = None
     """(token ids, loss mask) of a document that comes tokenised (format mlperf)."""
     is_prompt: bool = False

@@ -15,8 +15,12 @@ from tuneforge.data.pairs import pair_examples
 from tuneforge.data.reading import read_source
 from tuneforge.data.records import Conversation
 from tuneforge.data.splits import check_disjoint_files, split_off
+from tuneforge.data.unpaired import unpaired_examples
 
 log = logging.getLogger(__name__)
+
+TWO_DOCUMENTS = {"pairs": pair_examples, "unpaired": unpaired_examples}
+"""The formats whose records are two documents each, packed whole, and what makes them."""
 
 
 @dataclass
@@ -80,9 +84,11 @@ def load_training_data(
 ) -> TrainingData:
     """Read, validate, split, weight, tokenise (through the cache) and pack; raises `DataError`.
     The loader serves data-parallel rank `rank` of `world_size`. In the `pairs` format (the
-    objective's) each record is a pair of documents, packed whole (`data/pairs.py`). With
-    `keep_fields` each document carries its record's other fields (`PackedBatch.record_fields`)."""
-    pairs = data_format == "pairs"
+    objective's) each record is a pair of documents, packed whole (`data/pairs.py`); in the
+    `unpaired` format a labelled reply with its mismatched sample, packed the same way
+    (`data/unpaired.py`). With `keep_fields` each document carries its record's other fields
+    (`PackedBatch.record_fields`)."""
+    pairs = data_format in TWO_DOCUMENTS
     split = training_conversations(data, seed) if data.eval_fraction is not None else None
     if data.eval and split is None:
         check_disjoint_files([s.files for s in data.train], [s.files for s in data.eval])
@@ -91,7 +97,8 @@ def load_training_data(
 
     def tokenise(conversations: list[Conversation]):
         if pairs:
-            return pair_examples(conversations, tokenizer, data, rendering, tokens_per_micro_batch)
+            units = TWO_DOCUMENTS[data_format]
+            return units(conversations, tokenizer, data, rendering, tokens_per_micro_batch)
         return examples_for(conversations, tokenizer, data, rendering, keep_fields)
 
     options = {

@@ -175,7 +175,8 @@ class Trainer:
         data = load_data(self.config, self.tokenizer, self.world)
         self.loader = data.loader
         self.eval_batches = data.eval_batches
-        self.eval_conversations = data.eval_conversations
+        # exact match against replies to learn only (not a KTO record's undesirable one)
+        self.eval_conversations = [c for c in data.eval_conversations if c.desirable is not False]
         return data.stats
 
     def _resume(self, checkpoint: Path) -> None:

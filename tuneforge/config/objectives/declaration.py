@@ -11,8 +11,10 @@ from tuneforge.config.sections.model import ModelSection
 
 CROSS_ENTROPY = "cross-entropy, nats per supervised token"
 
-DataFormat = Literal["conversations", "pairs"]
-"""`pairs`: each record a preference pair, packed as two documents side by side (`data/pairs.py`)."""
+DataFormat = Literal["conversations", "pairs", "unpaired"]
+"""`pairs`: each record a preference pair, packed as two documents side by side (`data/pairs.py`);
+`unpaired`: each record a reply labelled desirable or not, packed beside its mismatched sample
+(`data/unpaired.py`)."""
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,12 @@ from typing import Literal, get_args
 
 from pydantic import Field
 
-from tuneforge.config.objectives.declaration import (
-    FrozenModel,
-    ObjectiveDeclaration,
-    starting_model_kind,
+from tuneforge.config.objectives.declaration import ObjectiveDeclaration
+from tuneforge.config.objectives.reference import (
+    ReferenceChoice,
+    frozen_reference,
+    reference_kind,
+    reference_problems,
 )
 from tuneforge.config.rules import rule
 from tuneforge.config.sections.base import Section
@@ -32,7 +34,7 @@ class DpoSection(Section):
     sft_weight: float = Field(0.0, ge=0)
     """Weight of the chosen replies' negative log-likelihood per token, over all the chosen tokens
     of the step (SFT's normalisation), added to the mean of the pairs' losses."""
-    reference: Literal["auto", "adapters_off", "frozen_copy", "precomputed"] = "auto"
+    reference: ReferenceChoice = "auto"
     """The model as it was when preference training started: `adapters_off` (LoRA on a fresh
     adapter: the base with the adapters disabled, no second copy), `frozen_copy` (a frozen copy:
     full fine-tuning, or LoRA continuing `lora.init_adapter`), `precomputed` (its log-probabilities
@@ -41,25 +43,8 @@ class DpoSection(Section):
     applies)."""
 
 
-def reference_kind(lora, dpo: DpoSection) -> str | None:
-    """The reference held: `adapters_off`, `frozen_copy` or `precomputed`, with `auto` the base
-    without its adapters for LoRA on a fresh adapter, a frozen copy otherwise (full fine-tuning,
-    or an adapter continued from `lora.init_adapter`); None for a reference-free loss."""
-    if dpo.loss in REFERENCE_FREE:
-        return None
-    if dpo.reference != "auto":
-        return dpo.reference
-    return starting_model_kind(lora)
-
-
-def frozen_reference(lora, dpo: DpoSection) -> tuple[FrozenModel, ...]:
-    kind = reference_kind(lora, dpo)
-    if kind is None:
-        return ()
-    if kind == "precomputed":
-        note = "its log-probability of each reply cached: none per step"
-        return (FrozenModel("reference", kind, forward_every_step=False, note=note),)
-    return (FrozenModel("reference", kind, holds_weights=kind == "frozen_copy"),)
+def dpo_reference_kind(lora, dpo: DpoSection) -> str | None:
+    return reference_kind(lora, dpo.reference, dpo.loss in REFERENCE_FREE)
 
 
 DPO = ObjectiveDeclaration(
@@ -68,7 +53,7 @@ DPO = ObjectiveDeclaration(
     data_format="pairs",
     settings="dpo",
     reads=("lora", "dpo"),
-    frozen=frozen_reference,
+    frozen=lambda lora, dpo: frozen_reference(dpo_reference_kind(lora, dpo)),
     title=lambda dpo: f"dpo {dpo.loss}",
     loss_label=lambda dpo: (
         f"DPO {dpo.loss} loss per pair"
@@ -84,15 +69,7 @@ DPO = ObjectiveDeclaration(
 def preference_reference(train, lora, dpo: DpoSection) -> list[tuple[str, str, str]]:
     if train.objective != DPO.name:
         return []
-    problems = []
-    if dpo.reference == "adapters_off" and not lora.enabled:
-        problems.append(
-            (
-                "dpo.reference",
-                "adapters_off is the base without its adapters: it needs LoRA",
-                "set lora.enabled: true, or dpo.reference: frozen_copy (or auto)",
-            )
-        )
+    problems = reference_problems("dpo.reference", dpo.reference, lora)
     if dpo.reference == "precomputed" and dpo.loss in REFERENCE_FREE:
         problems.append(
             (
@@ -107,15 +84,6 @@ def preference_reference(train, lora, dpo: DpoSection) -> list[tuple[str, str, s
                 "dpo.label_smoothing",
                 "label smoothing applies to the sigmoid and simpo losses; ipo has none",
                 "drop dpo.label_smoothing, or use dpo.loss: sigmoid (conservative DPO)",
-            )
-        )
-    if dpo.reference == "adapters_off" and lora.enabled and lora.init_adapter is not None:
-        problems.append(
-            (
-                "dpo.reference",
-                "with lora.init_adapter the run starts from that adapter, and adapters_off would "
-                "compare with the base without it",
-                "set dpo.reference: frozen_copy (or auto)",
             )
         )
     return problems

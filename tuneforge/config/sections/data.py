@@ -31,12 +31,14 @@ class DataSource(Section):
         "sharegpt",
         "text",
         "preference",
+        "unpaired",
         "prompt",
         "mlperf",
     ] = "openai"
     """Record format: openai/messages, alpaca, squad, sharegpt, text (every token trained),
-    preference, prompt (a prompt alone, answered by GRPO's sampling), or mlperf (pre-tokenised
-    packs: input_ids, loss_mask, seq_start_id)."""
+    preference (prompt, chosen, rejected), unpaired (prompt, completion, label: true for a reply
+    to learn, false for one to avoid; KTO's), prompt (a prompt alone, answered by GRPO's
+    sampling), or mlperf (pre-tokenised packs: input_ids, loss_mask, seq_start_id)."""
     weight: float = Field(1.0, gt=0)
     """Share of this source in the mix: 2 repeats each record twice per epoch, 0.5 keeps a seeded
     half."""

@@ -4,18 +4,15 @@ tokens, and the loss is summed over the pairs (the step divides by the pairs of 
 micro-batches); `sft_weight`'s term is summed over the chosen tokens (the step divides by the
 chosen tokens of all its micro-batches).
 
-The reference is the model as it was when preference training started (`config/objectives/
-dpo.py` says which is held): for a fresh adapter the base with the adapters disabled (no second
-copy of the model), otherwise a frozen copy, or its values computed in one pass before training."""
+The reference is the model as it was when preference training started (`reference.py`)."""
 
 from typing import Any
 
 import torch
 
-from tuneforge.config.objectives.dpo import DPO, reference_kind
+from tuneforge.config.objectives.dpo import DPO, dpo_reference_kind
 from tuneforge.data.packing import PackedBatch
 from tuneforge.models.decoder import Decoder
-from tuneforge.train.frozen.precomputed_reference import precomputed_reference
 from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
 from tuneforge.train.objectives.pairs import (
     REWARD_METRICS,
@@ -23,13 +20,13 @@ from tuneforge.train.objectives.pairs import (
     chosen_tokens,
     pair_logps_of_hidden,
     reward_sums,
-    starting_model,
 )
 from tuneforge.train.objectives.preference_loss import (
     PreferenceLoss,
     preference_losses,
     sft_token_loss_sum,
 )
+from tuneforge.train.objectives.reference import reference_of
 from tuneforge.train.objectives.seam import Objective, ObjectiveOutput, hidden_states_and_aux
 
 
@@ -72,26 +69,14 @@ class PreferenceObjective(Objective):
         return self.reference.resume_state() if self.reference is not None else {}
 
 
-def reference_of(setup: ObjectiveSetup) -> Reference | None:
-    config = setup.config
-    kind = reference_kind(config.lora, config.dpo)
-    if kind is None:
-        return None
-    if kind == "precomputed":
-        assert setup.passes is not None, "a precomputed reference needs the training data"
-        return precomputed_reference(
-            setup.model, setup.passes, config.train.loss_chunk_tokens, setup.resumed
-        )
-    return starting_model(setup.model, kind, setup.dims.sharded)
-
-
 def build(setup: ObjectiveSetup) -> PreferenceObjective:
     dpo = setup.config.dpo
     setting = PreferenceLoss(
         dpo.loss, dpo.beta, dpo.label_smoothing, dpo.simpo_gamma, dpo.sft_weight
     )
     chunk = setup.config.train.loss_chunk_tokens
-    return PreferenceObjective(setup.model, setting, reference_of(setup), chunk)
+    reference = reference_of(setup, dpo_reference_kind(setup.config.lora, dpo))
+    return PreferenceObjective(setup.model, setting, reference, chunk)
 
 
 COMPONENT = ObjectiveComponent(DPO, build)
