@@ -83,8 +83,9 @@ def queue_update(
 ) -> torch.Tensor:
     """Forward and backward of the micro-batches, clipping, the update and zeroed gradients;
     returns [loss sum, token loss sum, *metric sums, (real tokens, documents: summed over ranks),
-    gradient norm, units, token units] on the device. Nothing here waits for the GPU where the optimizer skips non-finite
-    updates itself, so the whole of it can also be captured as a CUDA graph."""
+    gradient norm, units, token units] on the device. Nothing here waits for the GPU where the
+    optimizer skips non-finite updates itself, so the whole of it can also be captured as a CUDA
+    graph."""
     # Normalise by the units of the whole step on every rank (`unit_total`, summed over ranks):
     # any split of the same units over micro-batches and ranks gives the same update. DDP and
     # FSDP average gradients over the data-parallel ranks, hence the factor of their number.
