@@ -85,7 +85,7 @@ def test_checkpointed_moe_blocks_keep_nothing_after_backward():
         wrap_blocks(model, BlockWrapping(checkpointing))
         objective = NextTokenObjective(model)
         tokens = torch.randint(0, 64, (24,), generator=torch.Generator().manual_seed(1))
-        loss_sum, aux, _ = objective(
+        loss_sum, aux, *_ = objective(
             packed_batch(tokens, tokens, PackedSequences.from_lengths([10, 14]))
         )
         (loss_sum + 0.1 * aux).backward()

@@ -107,7 +107,7 @@ def test_padding_stays_out_of_the_moe_load_balancing_loss(tmp_path):
             objective.every_row_loss = True
             batch = to_fixed_shape(batch, 64, 8)
         real = None if fixed == "padding counted" else batch.real_tokens
-        loss_sum, aux, _ = objective(dataclasses.replace(batch, real_tokens=real))
+        loss_sum, aux, *_ = objective(dataclasses.replace(batch, real_tokens=real))
         (loss_sum + aux).backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         results.append((loss_sum.detach(), aux.detach(), grads))

@@ -53,7 +53,7 @@ def measured_peak(args, lora, checkpointing, micro_batches) -> int:
 
     def step():
         for _ in range(micro_batches):
-            loss_sum, aux, _ = objective(packed_batch(tokens, tokens, packed))
+            loss_sum, aux, *_ = objective(packed_batch(tokens, tokens, packed))
             (loss_sum / TOKENS + 0.001 * aux).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
