@@ -330,3 +330,18 @@ def assert_gradients_equal(hf, ours) -> None:
             atol=1e-5 * float(expected.abs().max()),
             msg=lambda m, name=name: f"{name}: {m}",
         )
+
+
+def trl_trainer_state() -> dict:
+    """What TRL's preference trainers' `_compute_loss` reads of a trainer beyond its settings
+    (gradient checkpointing's arguments, the metrics it appends to, the token count it keeps),
+    for a stub `self` of one process."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    return {
+        "args": SimpleNamespace(gradient_checkpointing_kwargs=None),
+        "_metrics": {"train": defaultdict(list), "eval": defaultdict(list)},
+        "_total_train_tokens": 0,
+        "_tp_size": 1,
+    }

@@ -5,13 +5,12 @@ step of one micro-batch and every parameter's gradient are compared. Skipped whe
 installed (the `dev` extra installs it). The records' documents (`data/unpaired.py`) are checked
 here too."""
 
-from collections import defaultdict
 from types import MethodType, SimpleNamespace
 
 import pytest
 import torch
 
-from tests.helpers import assert_gradients_equal, save_tiny_llama
+from tests.helpers import assert_gradients_equal, save_tiny_llama, trl_trainer_state
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
 from tuneforge.data.records import Conversation, DataError
 from tuneforge.data.unpaired import LABEL, labelled_records, with_mismatched
@@ -100,10 +99,7 @@ def kto_stub(model, reference, beta: float, weights: tuple[float, float]):
         beta=beta,
         desirable_weight=weights[0],
         undesirable_weight=weights[1],
-        args=SimpleNamespace(gradient_checkpointing_kwargs=None),
-        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        _total_train_tokens=0,
-        _tp_size=1,
+        **trl_trainer_state(),
     )
     stub._compute_kl_logps = MethodType(trl_kto.KTOTrainer._compute_kl_logps, stub)
     return stub, trl_kto.KTOTrainer._compute_loss

@@ -6,7 +6,6 @@ one micro-batch and every parameter's gradient are compared. Skipped where TRL i
 (the `dev` extra installs it)."""
 
 import warnings
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +18,11 @@ with warnings.catch_warnings():  # TRL's experimental trainers say so on import
     trl_cpo = pytest.importorskip("trl.experimental.cpo.cpo_trainer", reason=".[dev]")
     trl_orpo = pytest.importorskip("trl.experimental.orpo.orpo_trainer", reason=".[dev]")
 
-from tests.helpers import assert_gradients_equal, save_tiny_llama  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    assert_gradients_equal,
+    save_tiny_llama,
+    trl_trainer_state,
+)
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch  # noqa: E402
 from tuneforge.models.hf.checkpoint import load_hf_model  # noqa: E402
 from tuneforge.packed import PackedSequences  # noqa: E402
@@ -120,10 +123,7 @@ def dpo_stub(model, reference, loss_types: list[str], weights: list[float], beta
         beta=beta,
         label_smoothing=0.0,
         use_weighting=False,
-        args=SimpleNamespace(gradient_checkpointing_kwargs=None),
-        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        _total_train_tokens=0,
-        _tp_size=1,
+        **trl_trainer_state(),
     )
 
 

@@ -27,10 +27,15 @@ def pair_conversations(conversations: list[Conversation]) -> list[Conversation]:
                 f"{conversation.origin}: preference training needs pairs, and this record has no "
                 "rejected reply: use data format preference (prompt, chosen, rejected)"
             )
-        rejected = {"role": "assistant", "content": conversation.rejected}
-        documents.append(conversation)
-        documents.append(replace(conversation, messages=[*conversation.messages[:-1], rejected]))
+        documents += [conversation, with_rejected_reply(conversation)]
     return documents
+
+
+def with_rejected_reply(conversation: Conversation) -> Conversation:
+    """A preference record's conversation ending with its rejected reply instead of the chosen."""
+    assert conversation.rejected is not None
+    rejected = {"role": "assistant", "content": conversation.rejected}
+    return replace(conversation, messages=[*conversation.messages[:-1], rejected])
 
 
 def pair_examples(
@@ -56,11 +61,13 @@ def two_document_examples(
     tokens_per_micro_batch: int,
     unit: str = "pair",
     fields: list[dict[str, object]] | None = None,
+    preference: bool = True,
 ) -> tuple[list[Example], DatasetStats]:
     """Two documents per unit (`documents` 2u and 2u + 1 for `units[u]`, the record a unit comes
-    from), each supervised on its last reply; a unit too long, unrenderable or without a reply
-    is left out whole. A pair whose replies are the same is left out (it carries no preference);
-    `fields[u]` goes with a unit's first document."""
+    from; `unit` names it in messages), each supervised on its last reply; a unit too long,
+    unrenderable or without a reply is left out whole. With `preference` (the units are pairs)
+    one whose replies are the same is left out: it carries no preference. `fields[u]` goes with
+    a unit's first document."""
     reply_only = replace(rendering, train_on="last_assistant")
     workers = worker_count(data.tokenize_workers, len(documents))
     tokenized = list(tokenize_all(tokenizer, documents, reply_only, workers))
@@ -91,7 +98,7 @@ def two_document_examples(
                 )
             stats.num_dropped_too_long += 1
             continue
-        if unit == "pair" and pair[0].input_ids == pair[1].input_ids:
+        if preference and pair[0].input_ids == pair[1].input_ids:
             stats.num_identical_pairs += 1
             if len(stats.identical_examples) < 5:
                 stats.identical_examples.append(conversation.origin)
@@ -110,7 +117,7 @@ def two_document_examples(
     if not examples:
         identical = (
             f", {stats.num_identical_pairs} whose chosen and rejected replies are the same"
-            if unit == "pair"
+            if preference
             else ""
         )
         raise DataError(

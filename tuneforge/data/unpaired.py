@@ -16,7 +16,7 @@ from dataclasses import replace
 from tuneforge.config.sections.data import DataSection
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import DatasetStats
-from tuneforge.data.pairs import two_document_examples
+from tuneforge.data.pairs import two_document_examples, with_rejected_reply
 from tuneforge.data.records import Conversation, DataError
 from tuneforge.data.token_store import Example
 
@@ -34,9 +34,7 @@ def labelled_records(conversations: list[Conversation]) -> list[Conversation]:
             unpaired.append(conversation)
         elif conversation.rejected is not None:
             chosen = replace(conversation, desirable=True, rejected=None)
-            reply = {"role": "assistant", "content": conversation.rejected}
-            messages = [*conversation.messages[:-1], reply]
-            rejected = replace(conversation, messages=messages, desirable=False, rejected=None)
+            rejected = replace(with_rejected_reply(conversation), desirable=False, rejected=None)
             # pair p gives the first half its chosen reply where p is even, its rejected one
             # where odd, and the second half the other: neighbours never share a prompt
             flip = len(halves[0]) % 2
@@ -81,4 +79,5 @@ def unpaired_examples(
         tokens_per_micro_batch,
         unit="labelled record",
         fields=fields,
+        preference=False,
     )
