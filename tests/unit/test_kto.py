@@ -106,16 +106,20 @@ def kto_stub(model, reference, beta: float, weights: tuple[float, float]):
 
 
 @pytest.mark.parametrize(
-    ("beta", "weights", "labels"),
+    ("beta", "weights", "labels", "seeds"),
     [
-        (0.1, (1.0, 1.0), LABELS),
-        (0.5, (1.33, 0.7), LABELS),
-        (0.3, (1.0, 1.0), [True, True, True, False]),
+        (0.1, (1.0, 1.0), LABELS, (0, 1)),
+        (0.5, (1.33, 0.7), LABELS, (0, 1)),
+        (0.3, (1.0, 1.0), [True, True, True, False], (0, 1)),
+        (0.5, (1.33, 0.7), LABELS, (1, 0)),
     ],
 )
-def test_the_loss_and_every_gradient_are_trls(tmp_path, beta, weights, labels):
-    policy_hf = save_tiny_llama(tmp_path / "policy", seed=0, vocab_size=VOCAB).float().train()
-    reference_hf = save_tiny_llama(tmp_path / "reference", seed=1, vocab_size=VOCAB).float()
+def test_the_loss_and_every_gradient_are_trls(tmp_path, beta, weights, labels, seeds):
+    """The policy and reference seeds (0, 1) give a negative KL estimate, clamped to 0; (1, 0)
+    a positive one, so the reference point z is in the loss."""
+    policy_hf = save_tiny_llama(tmp_path / "policy", seed=seeds[0], vocab_size=VOCAB)
+    policy_hf = policy_hf.float().train()
+    reference_hf = save_tiny_llama(tmp_path / "reference", seed=seeds[1], vocab_size=VOCAB).float()
     reference_hf.eval().requires_grad_(False)
     policy = load_hf_model(tmp_path / "policy", "float32", "sdpa").train()
     reference = load_hf_model(tmp_path / "reference", "float32", "sdpa")
@@ -133,6 +137,7 @@ def test_the_loss_and_every_gradient_are_trls(tmp_path, beta, weights, labels):
     loss.backward()
     torch.testing.assert_close(loss, trl_loss, rtol=1e-5, atol=1e-7)
     assert out.metrics["kl"].item() / 4 == pytest.approx(stub._metrics["train"]["kl"][0], rel=1e-5)
+    assert (out.metrics["kl"].item() > 0) == (seeds == (1, 0))
     assert out.metrics["desirable"].item() == sum(labels)
     assert_gradients_equal(policy_hf, policy)
 
