@@ -1,7 +1,7 @@
 """GRPO's sampling on the bench's `llama3-8b-lora-grpo` shape, decoded step by step from Python
 (`EagerDecode`) and by replaying a CUDA graph (`CapturedDecode`), beside the decode bound: 4
 prompts of 128 tokens, 8 completions each, 256 new tokens (no stop token, so every row decodes
-them all), LoRA r16 on every linear, random bf16 weights. `python bench/decode_probe.py`."""
+them all), LoRA r16 on every linear, random bf16 weights; the captured step also with compiled blocks. `python bench/decode_probe.py`."""
 
 import json
 import sys
@@ -13,6 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tuneforge.models.generate as generate_module
+from tuneforge.execution.block_wrappers import BlockWrapping, wrap_blocks
 from tuneforge.hardware.step_rates import MEMORY_GBPS
 from tuneforge.models.api import load_model
 from tuneforge.models.captured_decode import EagerDecode, decode_step
@@ -51,7 +52,9 @@ def main() -> None:
     with torch.no_grad():
         result["eager_s"] = timed(model, prompts, EagerDecode)
         result["captured_s"] = timed(model, prompts, decode_step)
-    for name in ("eager_s", "captured_s"):
+        wrap_blocks(model, BlockWrapping(compile=True))
+        result["captured_compiled_s"] = timed(model, prompts, decode_step)
+    for name in ("eager_s", "captured_s", "captured_compiled_s"):
         result[name.replace("_s", "_ms_per_token")] = result[name] / NEW * 1e3
         result[name.replace("_s", "_over_bound")] = result[name] / bound
     print(json.dumps(result, indent=1))

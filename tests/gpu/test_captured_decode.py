@@ -39,7 +39,21 @@ def test_replayed_steps_give_the_eager_steps_tokens(monkeypatch, compiled, tempe
         generator = torch.Generator("cuda").manual_seed(3)
         return generate(model, PROMPTS, 24, {2}, temperature, generator, copies=4)
 
+    # compiled blocks first meet each shape here: Dynamo recompiles the second shape it sees
+    # with dynamic sizes, whose kernels round differently from the first, static ones
+    answers(EagerDecode)
     captured = answers(decode_step)
     eager = answers(EagerDecode)
-    assert captured == eager
+    differing = [
+        (row, first_difference(a, b))
+        for row, (a, b) in enumerate(zip(captured, eager, strict=True))
+    ]
+    assert captured == eager, [d for d in differing if d[1] is not None]
     assert all(len(reply) > 0 for reply in captured)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+        None if a == b else min(len(a), len(b)),
+    )
