@@ -24,6 +24,7 @@ DecodeStep = Callable[[torch.Tensor], torch.Tensor]
 _said_why: set[str] = set()
 
 
+@torch.no_grad()  # as `generate` calls it: a capture under autograd records other kernels
 def decode_step(model: Decoder, cache: KVCache) -> DecodeStep:
     """The decode step for `cache`'s rows: captured where it can be, else eager."""
     reason = why_not_captured(model, cache.lengths.device)
@@ -59,6 +60,7 @@ class EagerDecode:
         rows = cache.lengths.shape[0]
         self.cu_seqlens = torch.arange(rows + 1, dtype=torch.int32, device=cache.lengths.device)
 
+    @torch.no_grad()
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         step = PackedSequences(self.cu_seqlens, 1, self.cache.lengths.clone())
         return self.model.lm_head(self.model.hidden_states(ids, step, self.cache)).float()
