@@ -8,6 +8,7 @@ from tuneforge.config.objectives.dpo import DpoSection
 from tuneforge.config.objectives.grpo import GrpoSection
 from tuneforge.config.objectives.kto import KtoSection
 from tuneforge.config.objectives.orpo import OrpoSection
+from tuneforge.config.objectives.reward import RewardSection
 from tuneforge.config.sections.base import Section
 from tuneforge.config.sections.checkpoint import CheckpointSection
 from tuneforge.config.sections.data import DataSection
@@ -48,6 +49,8 @@ class RunConfig(Section):
     """Reinforcement learning from reward functions (train.objective: grpo)."""
     kto: KtoSection = KtoSection()
     """Preference training on replies labelled desirable or not (train.objective: kto)."""
+    reward: RewardSection = RewardSection()
+    """A reward model on preference pairs (train.objective: reward)."""
     checkpoint: CheckpointSection = CheckpointSection()
     """Saving."""
     logging: LoggingSection = LoggingSection()

@@ -28,7 +28,7 @@ from tuneforge.file_modes import follow_umask
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4  # 4: a preference pair carries its margin
 FIELDS_FILE = "fields.jsonl"
 TOKENIZER_FILES = (
     "tokenizer.json",

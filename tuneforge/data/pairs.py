@@ -45,11 +45,33 @@ def pair_examples(
     rendering: Rendering,
     tokens_per_micro_batch: int,
 ) -> tuple[list[Example], DatasetStats]:
-    """The pairs' documents (2 per record, chosen first), each supervised on its last reply."""
+    """The pairs' documents (2 per record, chosen first), each supervised on its last reply;
+    where a record has a `margin` field, every pair carries its margin (0 where it has none)."""
     documents = pair_conversations(conversations)
+    margins = [pair_margin(c) for c in conversations]
+    fields: list[dict[str, object]] | None = None
+    if any(m is not None for m in margins):
+        fields = [{MARGIN: m} for m in margins]
     return two_document_examples(
-        conversations, documents, tokenizer, data, rendering, tokens_per_micro_batch
+        conversations, documents, tokenizer, data, rendering, tokens_per_micro_batch, fields=fields
     )
+
+
+MARGIN = "margin"
+"""A preference record's field holding how much more its chosen reply is preferred (a reward
+model's margin; TRL's column of that name)."""
+
+
+def pair_margin(conversation: Conversation) -> float | None:
+    value = (conversation.fields or {}).get(MARGIN)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DataError(
+            f"{conversation.origin}: its field {MARGIN} is {value!r}; a margin is a number (how "
+            "much more the chosen reply is preferred), or leave the field out"
+        )
+    return float(value)
 
 
 def two_document_examples(

@@ -226,3 +226,29 @@ def merge_lora(model: nn.Module) -> nn.Module:
         _add_in_fp32(getattr(bank, projection), module.delta_weight())
         del bank.adapters[projection]
     return model
+
+
+SCORER_MERGE = (
+    "a reward model's adapters are folded into its weights when it is saved, which takes dense "
+    "LoRA on a base in the model's dtype (not DoRA, expert adapters or a 4-bit or FP8 base)"
+)
+
+
+def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights by their plain names, every adapter folded in (in fp32, then cast to
+    its base's dtype), each gathered whole where sharded: every rank calls it under FSDP2."""
+    from tuneforge.models.hf.checkpoint import gathered
+
+    state = dict(model.state_dict())
+    for name, module in lora_modules(model).items():
+        dense = isinstance(module, LoRALinear) and isinstance(module.base, nn.Linear)
+        if not dense or cast(LoRALinear, module).lora_magnitude is not None:
+            raise TypeError(SCORER_MERGE)
+        base = gathered(state.pop(f"{name}.base.weight").detach())
+        down = gathered(state.pop(f"{name}.lora_A").detach()).float()
+        up = gathered(state.pop(f"{name}.lora_B").detach()).float()
+        merged = base.float() + (up @ down) * cast(LoRALinear, module).scaling
+        state[f"{name}.weight"] = merged.to(base.dtype)
+        if f"{name}.base.bias" in state:
+            state[f"{name}.bias"] = state.pop(f"{name}.base.bias")
+    return state

@@ -13,8 +13,9 @@ from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.gpus import GIB
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.checkpoint import save_hf_model
+from tuneforge.models.score_head import score_head_of
 from tuneforge.peft.adapter_io import save_adapter
-from tuneforge.peft.apply import lora_modules
+from tuneforge.peft.apply import lora_modules, merged_state
 from tuneforge.runs.files import ADAPTER_DIR, BASE_DIR, FINAL_DIR
 
 
@@ -27,13 +28,17 @@ def save_final(
     dtype: str | None = None,
 ) -> Path:
     """The adapter (PEFT layout) for LoRA runs, else the full model (HF layout with tokenizer),
-    its weights in `dtype` (the model's: FSDP2's fp32 master shards are saved rounded to it).
-    Under FSDP every rank calls it and one writes (`write`)."""
-    out = run_dir / (ADAPTER_DIR if lora_modules(model) else FINAL_DIR)
+    its weights in `dtype` (the model's: FSDP2's fp32 master shards are saved rounded to it); a
+    reward model whole, as a sequence classifier, its adapters folded in. Under FSDP every rank
+    calls it and one writes (`write`)."""
+    scorer = score_head_of(model) is not None
+    out = run_dir / (ADAPTER_DIR if lora_modules(model) and not scorer else FINAL_DIR)
     carry_on = "run the same command with --resume auto to redo the steps since the last checkpoint"
     with _written(out, "the trained weights", carry_on):
         if out.name == ADAPTER_DIR:
             save_adapter(model, out, base_model, write=write)
+        elif scorer:
+            save_hf_model(model, out, dtype, write=write, state=merged_state(model))
         else:
             save_hf_model(model, out, dtype, write=write)
         if write:

@@ -175,8 +175,12 @@ class Trainer:
         data = load_data(self.config, self.tokenizer, self.world)
         self.loader = data.loader
         self.eval_batches = data.eval_batches
-        # exact match against replies to learn only (not a KTO record's undesirable one)
-        self.eval_conversations = [c for c in data.eval_conversations if c.desirable is not False]
+        # exact match against replies to learn only (not a KTO record's undesirable one), of
+        # a model that writes them (not a reward model)
+        writes = component_of(self.config).declaration.writes_replies
+        self.eval_conversations = [
+            c for c in data.eval_conversations if writes and c.desirable is not False
+        ]
         return data.stats
 
     def _resume(self, checkpoint: Path) -> None:

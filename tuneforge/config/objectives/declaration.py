@@ -77,6 +77,8 @@ class ObjectiveDeclaration:
     generated_tokens: Callable[[Any], int] = lambda _: 0
     """Tokens it samples after each prompt before training on them (their key/value cache is
     the step's other peak), from its settings."""
+    writes_replies: bool = True
+    """Its model writes replies (held-out exact match is measured); False: it scores them."""
 
     @property
     def per_token_loss(self) -> bool:

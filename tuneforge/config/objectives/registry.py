@@ -9,11 +9,12 @@ from tuneforge.config.objectives.dpo import DPO
 from tuneforge.config.objectives.grpo import GRPO
 from tuneforge.config.objectives.kto import KTO
 from tuneforge.config.objectives.orpo import ORPO
+from tuneforge.config.objectives.reward import REWARD
 from tuneforge.config.objectives.sft import SFT
 from tuneforge.config.rules import rule
 
 OBJECTIVES: dict[str, ObjectiveDeclaration] = {
-    d.name: d for d in (SFT, DPO, DISTILL, ORPO, GRPO, KTO)
+    d.name: d for d in (SFT, DPO, DISTILL, ORPO, GRPO, KTO, REWARD)
 }
 
 ObjectiveName = Literal[tuple(OBJECTIVES)]  # type: ignore[valid-type]

@@ -13,8 +13,15 @@ from tuneforge.file_modes import save_tensors
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.errors import ModelError
-from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.models.hf.adapter import Place, adapter_for
 from tuneforge.models.meta import on_meta
+from tuneforge.models.score_head import (
+    SCORE_WEIGHT,
+    ScoreHead,
+    is_scorer_config,
+    score_head_of,
+    scorer_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +85,12 @@ def load_hf_model(
     model.to_empty(device="cpu")
     model.tie_weights()
     model.to(DTYPES[dtype])
+    config = read_hf_config(model_dir)
+    scorer = is_scorer_config(config)
+    if scorer:  # a reward model: the score head in place of the output layer
+        model.score = ScoreHead(args.dim, config.get("pad_token_id"), DTYPES[dtype])
     params = dict(model.named_parameters(remove_duplicate=False))
-    expected = set(params) - ({"lm_head.weight"} if args.tie_embeddings else set())
+    expected = set(params) - ({"lm_head.weight"} if args.tie_embeddings or scorer else set())
     loaded: set[str] = set()
     unexpected: list[str] = []
     experts_loaded: dict[str, set[tuple[int, int | None]]] = {}
@@ -90,7 +101,11 @@ def load_hf_model(
             raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from None
         with handle_context as handle:
             for hf_name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                translated = adapter.from_hf(hf_name)
+                translated = (
+                    Place(SCORE_WEIGHT)
+                    if scorer and hf_name == SCORE_WEIGHT
+                    else adapter.from_hf(hf_name)
+                )
                 if translated is None:
                     unexpected.append(hf_name)
                     continue
@@ -151,19 +166,27 @@ def save_hf_model(
     dtype: str | None = None,
     max_shard_bytes: int = 5 * 2**30,
     write: bool = True,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Write config.json and safetensors shards (with an index when there is more than one).
-    Under FSDP every rank calls it (to gather the shards) and one writes (`write`)."""
+    Under FSDP every rank calls it (to gather the shards) and one writes (`write`). `state`:
+    the weights to write by our names (default: the model's state dict). A model with a score
+    head is written as a one-label sequence classifier (a reward model), without its output
+    layer."""
     args = model.args
     adapter = adapter_for(args.family)
+    head = score_head_of(model)
     tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and args.tie_embeddings:
+    for name, tensor in (model.state_dict() if state is None else state).items():
+        if name == "lm_head.weight" and (args.tie_embeddings or head is not None):
             continue
         tensor = gathered(tensor.detach())
         if not write:
             continue
         tensor = tensor.to(DTYPES[dtype] if dtype else tensor.dtype).cpu()
+        if name == SCORE_WEIGHT:
+            tensors[name] = tensor.contiguous()
+            continue
         stacked = ".mlp.experts." in name
         for expert, part in enumerate(tensor.unbind(0) if stacked else [tensor]):
             for half in adapter.halves(name):
@@ -189,6 +212,8 @@ def save_hf_model(
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
     config = adapter.config_from_args(args, dtype_name)
+    if head is not None:
+        config = scorer_config(config, head.pad_token_id)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
 
 

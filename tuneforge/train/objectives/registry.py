@@ -2,7 +2,7 @@
 training side (`config/objectives/registry.py` lists their declarations)."""
 
 from tuneforge.config.schema import RunConfig
-from tuneforge.train.objectives import distill, dpo, grpo, kto, orpo, sft
+from tuneforge.train.objectives import distill, dpo, grpo, kto, orpo, reward, sft
 from tuneforge.train.objectives.component import ObjectiveComponent, ObjectiveSetup
 from tuneforge.train.objectives.seam import Objective
 
@@ -15,6 +15,7 @@ COMPONENTS: dict[str, ObjectiveComponent] = {
         orpo.COMPONENT,
         grpo.COMPONENT,
         kto.COMPONENT,
+        reward.COMPONENT,
     )
 }
 
