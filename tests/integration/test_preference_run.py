@@ -160,3 +160,53 @@ def pyapprox(value):
     import pytest
 
     return pytest.approx(value, abs=1e-5)
+
+
+def test_a_reward_model_trains_saves_as_a_classifier_and_rewards_grpo(tmp_path):
+    """A reward model with LoRA on the demo's pairs (margins on some records): the held-out
+    loss falls from ln 2's neighbourhood; `final/` loads in transformers as a one-label sequence
+    classifier; GRPO then runs two steps with it as its reward."""
+    import json
+
+    import torch
+    import transformers
+
+    data = REPO / "tuneforge" / "assets" / "demo_data"
+    lines = (data / "pairs_train.jsonl").read_text().splitlines()[:1500]
+    records = [
+        json.loads(line) | ({"margin": 0.5} if i % 3 == 0 else {}) for i, line in enumerate(lines)
+    ]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    _write_pairs(data / "pairs_eval.jsonl", tmp_path / "eval_pairs.jsonl", 100)
+    run = tmp_path / "reward"
+    result = _train(
+        str(DEMO), f"run.output_dir={run}", "train.objective=reward",
+        f"data.train=[{{path: {tmp_path / 'pairs.jsonl'}, format: preference}}]",
+        f"data.eval=[{{path: {tmp_path / 'eval_pairs.jsonl'}, format: preference}}]",
+        "train.max_steps=30", "train.lr=3e-3", "train.warmup_steps=2", "lora.enabled=true",
+        "lora.rank=8", "lora.alpha=16", "eval.every_steps=30", "logging.log_steps=1",
+        "reward.center_rewards_coefficient=0.01", f"data.cache_dir={tmp_path / 'cache'}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    evals = [r for r in read_metrics(run / "metrics.jsonl") if "eval_loss" in r]
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+    assert "eval_reward_accuracy" in evals[-1] and "eval_accuracy" not in evals[-1]
+    final = run / "final"
+    classifier = transformers.AutoModelForSequenceClassification.from_pretrained(final)
+    assert classifier.config.num_labels == 1
+    with torch.no_grad():
+        assert classifier(input_ids=torch.tensor([[5, 6, 7]])).logits.shape == (1, 1)
+
+    grpo = tmp_path / "grpo"
+    result = _train(
+        str(REPO / "examples" / "demo-grpo.yaml"), f"run.output_dir={grpo}",
+        "model.path=null", "model.name=demo-tiny",
+        f"grpo.rewards=[{{function: model, path: {final}}}]", "train.max_steps=2",
+        "eval.every_steps=null", "eval.num_samples=0", "logging.log_steps=1",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = [r for r in read_metrics(grpo / "metrics.jsonl") if "loss" in r]
+    assert len(steps) == 2 and all("reward_model" in r for r in steps)
+    refused = _train(str(REPO / "examples" / "demo.yaml"), f"model.path={final}")
+    assert refused.returncode != 0 and "is a reward model" in refused.stdout + refused.stderr

@@ -210,3 +210,55 @@ def test_settings_a_reward_model_cannot_save_are_refused(override, field):
     with pytest.raises(ConfigError) as error:
         reward_config("lora.enabled=true", override)
     assert field in issues_of(error.value)
+
+
+def test_a_model_reward_scores_the_conversation_the_chat_template_renders(tmp_path, monkeypatch):
+    """GRPO's `model` reward: a prompt (rendered for the reply, as GRPO decodes it) and a
+    completion score as AutoModelForSequenceClassification scores the conversation the chat
+    template renders, for several completions at once, batched in runs of documents."""
+    import shutil
+
+    import tuneforge.train.objectives.model_reward as model_reward
+    from tuneforge.assets import DEMO_TOKENIZER_DIR
+
+    save_tiny_llama(tmp_path / "base", vocab_size=512)
+    model = load_hf_model(tmp_path / "base", "float32")
+    attach_score_head(model, 0, torch.Generator().manual_seed(2))
+    save_hf_model(model, tmp_path / "rm")
+    for file in DEMO_TOKENIZER_DIR.iterdir():
+        shutil.copy(file, tmp_path / "rm" / file.name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "rm")
+    asked = ["add: 2 + 1", "sort: 3 1 2", "max: 9 1 6"]
+    replies = ["3", "1 2 3", "1"]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in asked
+    ]
+    reward = model_reward.ModelReward(tmp_path / "rm", torch.device("cpu"), "float32")
+    monkeypatch.setattr(model_reward, "TOKENS_PER_BATCH", 40)  # two batches
+    ours = reward(prompts=prompts, completions=replies, completion_ids=[[0]] * 3)
+
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")
+    expected = []
+    for question, reply in zip(asked, replies, strict=True):
+        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            expected.append(float(hf(input_ids=ids).logits[0, 0]))
+    assert ours == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert len(set(ours)) == 3
+
+
+def test_a_model_reward_needs_a_reward_models_directory(tmp_path):
+    save_tiny_llama(tmp_path / "causal")
+    grpo = REPO / "examples" / "demo-grpo.yaml"
+    for path, says in ((tmp_path / "causal", "not a sequence classifier"), (tmp_path, "no config")):
+        with pytest.raises(ConfigError) as error:
+            load_config(grpo, [f"grpo.rewards=[{{function: model, path: {path}}}]"])
+        assert says in issues_of(error.value)["grpo.rewards.0.path"]
+    with pytest.raises(ConfigError) as error:
+        load_config(grpo, ["grpo.rewards=[{function: model}]"])
+    assert "needs the reward model" in issues_of(error.value)["grpo.rewards.0.path"]

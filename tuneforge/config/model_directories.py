@@ -5,7 +5,9 @@ any data is read."""
 from pathlib import Path
 
 from tuneforge.config.objectives.distill import DISTILL
+from tuneforge.config.objectives.reward import REWARD
 from tuneforge.config.rules import rule
+from tuneforge.sequence_classifier import not_a_reward_model
 
 RUN_CONFIG = "config.yaml"
 """What a tuneforge run directory holds (`runs/files.py` names it too)."""
@@ -42,6 +44,18 @@ def model_directories(model, train, distill) -> list[tuple[str, str, str]]:
     problems = []
     if model.path is not None:
         problems.append(_not_a_model("model.path", Path(model.path), teacher=False))
+        directory = Path(model.path)
+        trains_a_policy = train.objective != REWARD.name and (directory / "config.json").is_file()
+        if trains_a_policy and not_a_reward_model(directory) is None:
+            problems.append(
+                (
+                    "model.path",
+                    f"{directory} is a reward model (a sequence classifier): it has no output "
+                    f"layer to train with train.objective: {train.objective}",
+                    "give the model it was trained from, or use it as a GRPO reward "
+                    "({function: model, path: DIR})",
+                )
+            )
     teacher = distill.teacher
     if train.objective == DISTILL.name and teacher is not None and teacher.path is not None:
         problems.append(_not_a_model("distill.teacher.path", Path(teacher.path), teacher=True))

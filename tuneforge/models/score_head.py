@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from tuneforge.models.decoder import Decoder
+from tuneforge.sequence_classifier import ARCHITECTURE_SUFFIX
 
-SCORER_ARCHITECTURE_SUFFIX = "ForSequenceClassification"
 SCORE_WEIGHT = "score.weight"
 INITIALIZER_RANGE = 0.02
 """The standard deviation of a fresh head (transformers' default `initializer_range`)."""
@@ -63,17 +63,10 @@ def sequence_scores(
     return head(last.to(head.weight.dtype)).squeeze(-1).float()
 
 
-def is_scorer_config(config: dict[str, Any]) -> bool:
-    """A Hugging Face config.json of a sequence classifier (a reward model)."""
-    return any(
-        str(name).endswith(SCORER_ARCHITECTURE_SUFFIX) for name in config.get("architectures", [])
-    )
-
-
 def scorer_config(config: dict[str, Any], pad_token_id: int | None) -> dict[str, Any]:
     """`config` (a causal LM's config.json) as a one-label sequence classifier's."""
     architectures = [
-        str(name).removesuffix("ForCausalLM") + SCORER_ARCHITECTURE_SUFFIX
+        str(name).removesuffix("ForCausalLM") + ARCHITECTURE_SUFFIX
         for name in config.get("architectures", [])
     ]
     return config | {

@@ -19,15 +19,16 @@ DataFormat = Literal["conversations", "pairs", "unpaired"]
 
 @dataclass(frozen=True)
 class FrozenModel:
-    """A model held frozen beside the trained one (a preference run's reference, a teacher)."""
+    """A model held frozen beside the trained one (a preference run's reference, a teacher, a
+    GRPO reward model)."""
 
     role: str
-    """`reference` or `teacher`, as the run's log names it."""
+    """`reference`, `teacher` or `reward model`, as the run's log names it."""
     kind: str
-    """How it is held: `adapters_off`, `frozen_copy`, `precomputed` (a reference), `online`,
-    `cached` (a teacher)."""
+    """How it is held: `adapters_off`, `frozen_copy`, `precomputed` (a reference), `online`
+    (a teacher, a reward model), `cached` (a teacher)."""
     model: ModelSection | None = None
-    """Its own weights (a teacher's section); None: the trained model's."""
+    """Its own weights (a teacher's section, a reward model's); None: the trained model's."""
     field: str = ""
     """The configuration field of `model` (`distill.teacher`)."""
     forward_every_step: bool = True

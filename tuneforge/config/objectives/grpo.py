@@ -15,16 +15,19 @@ from tuneforge.config.objectives.declaration import (
     starting_model_kind,
 )
 from tuneforge.config.rules import rule
-from tuneforge.config.sections.base import Section
+from tuneforge.config.sections.base import InputPath, Section
+from tuneforge.config.sections.model import ModelSection
+from tuneforge.sequence_classifier import not_a_reward_model
 
 GrpoLossName = Literal["grpo", "dr_grpo", "dapo"]
 GRPO_LOSSES: tuple[str, ...] = get_args(GrpoLossName)
-BUILT_IN_REWARDS = ("exact_match", "regex", "length_penalty", "numeric_match")
+BUILT_IN_REWARDS = ("exact_match", "regex", "length_penalty", "numeric_match", "model")
 REWARD_OPTIONS = {
     "exact_match": (),
     "regex": ("pattern",),
     "length_penalty": ("max_tokens", "buffer_tokens"),
     "numeric_match": ("field", "tolerance"),
+    "model": ("path",),
 }
 """The options of `RewardSpec` each built-in reward reads; a function of yours reads none."""
 REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "answer")
@@ -37,8 +40,9 @@ class RewardSpec(Section):
     """`exact_match` (the completion, stripped, equals the record's reference reply), `regex` (1
     where `pattern` matches the completion), `length_penalty` (DAPO's soft overlong penalty: 0 up
     to `max_tokens` - `buffer_tokens` tokens, falling to -1 at `max_tokens`), `numeric_match` (1
-    where the completion's last number is the reference's within `tolerance`), or a function of
-    yours as `module:function` (run as trusted code, like the configuration itself)."""
+    where the completion's last number is the reference's within `tolerance`), `model` (a reward
+    model's score of the prompt and completion, `path`), or a function of yours as
+    `module:function` (run as trusted code, like the configuration itself)."""
     pattern: str | None = None
     """`regex`: the pattern, searched in the completion (`re.search`, with `re.DOTALL`)."""
     max_tokens: int | None = Field(None, ge=1)
@@ -51,6 +55,10 @@ class RewardSpec(Section):
     record's answer: its reference reply, or for a prompt alone its `answer` field)."""
     tolerance: float = Field(1e-6, ge=0)
     """`numeric_match`: the largest difference still counted a match."""
+    path: InputPath | None = None
+    """`model`: the reward model's directory, a one-label `...ForSequenceClassification`
+    checkpoint (a `train.objective: reward` run's `final/`). It scores each prompt with its
+    completion, rendered as the training conversations are, on the policy's device."""
 
     @field_validator("function")
     @classmethod
@@ -129,11 +137,19 @@ class GrpoSection(Section):
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
-def grpo_reference(lora, grpo: GrpoSection) -> tuple[FrozenModel, ...]:
-    if grpo.beta == 0:
-        return ()
-    kind = starting_model_kind(lora)
-    return (FrozenModel("reference", kind, holds_weights=kind == "frozen_copy"),)
+def grpo_frozen_models(lora, grpo: GrpoSection) -> tuple[FrozenModel, ...]:
+    """The reference (with `beta` > 0) and the reward models, each held on the policy's device
+    and run over every completion of a step (a reward model as a teacher is counted)."""
+    found = []
+    if grpo.beta > 0:
+        kind = starting_model_kind(lora)
+        found.append(FrozenModel("reference", kind, holds_weights=kind == "frozen_copy"))
+    for index, spec in enumerate(grpo.rewards):
+        if spec.function == "model" and spec.path is not None:
+            section = ModelSection(path=spec.path)
+            field = f"grpo.rewards.{index}.path"
+            found.append(FrozenModel("reward model", "online", section, field, holds_weights=True))
+    return tuple(found)
 
 
 GRPO = ObjectiveDeclaration(
@@ -142,7 +158,7 @@ GRPO = ObjectiveDeclaration(
     "GRPO, DAPO), as the `grpo` section says",
     settings="grpo",
     reads=("lora", "grpo"),
-    frozen=grpo_reference,
+    frozen=grpo_frozen_models,
     title=lambda grpo: f"grpo {grpo.loss_type}",
     loss_label=lambda grpo: f"GRPO {grpo.loss_type} policy loss (held out: minus the mean reward)",
     cross_entropy_metric=None,
@@ -165,6 +181,12 @@ def reward_option_problems(spec: RewardSpec, path: str) -> list[tuple[str, str, 
             else ""
         )
         problems.append((f"{path}.{option}", f"{spec.function} {takes}", fix))
+    if spec.function == "model":
+        if spec.path is None:
+            problems.append((f"{path}.path", "a model reward needs the reward model", "set it"))
+        elif (why := not_a_reward_model(spec.path)) is not None:
+            fix = "give a train.objective: reward run's final/ directory"
+            problems.append((f"{path}.path", why, fix))
     if spec.function == "regex" and not spec.pattern:
         problems.append((f"{path}.pattern", "a regex reward needs its pattern", "set it"))
     if spec.function == "regex" and spec.pattern:

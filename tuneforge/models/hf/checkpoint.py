@@ -18,10 +18,10 @@ from tuneforge.models.meta import on_meta
 from tuneforge.models.score_head import (
     SCORE_WEIGHT,
     ScoreHead,
-    is_scorer_config,
     score_head_of,
     scorer_config,
 )
+from tuneforge.sequence_classifier import is_sequence_classifier
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def load_hf_model(
     model.tie_weights()
     model.to(DTYPES[dtype])
     config = read_hf_config(model_dir)
-    scorer = is_scorer_config(config)
+    scorer = is_sequence_classifier(config)
     if scorer:  # a reward model: the score head in place of the output layer
         model.score = ScoreHead(args.dim, config.get("pad_token_id"), DTYPES[dtype])
     params = dict(model.named_parameters(remove_duplicate=False))

@@ -400,14 +400,14 @@ def build(setup: ObjectiveSetup) -> GrpoObjective:
     grpo = config.grpo
     if setup.tokenizer is None:
         raise ValueError("GRPO decodes its completions: the setup needs the run's tokenizer")
-    frozen = GRPO.frozen_models(config)
-    reference = starting_model(setup.model, frozen[0].kind, setup.dims.sharded) if frozen else None
+    held = [f for f in GRPO.frozen_models(config) if f.role == "reference"]
+    reference = starting_model(setup.model, held[0].kind, setup.dims.sharded) if held else None
     rank = dist.get_rank() if dist.is_initialized() else 0
     objective = GrpoObjective(
         setup.model,
         grpo,
         setup.tokenizer,
-        reward_functions(grpo),
+        reward_functions(grpo, setup.device, config.model.dtype),
         reference,
         config.train.grad_accum_steps,
         config.train.seed + GENERATOR_SEED_OFFSET + rank,

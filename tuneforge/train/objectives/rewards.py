@@ -43,7 +43,14 @@ class RewardFunction:
     """Where the configuration names it (`grpo.rewards.0.function`)."""
 
 
-def _built(spec: RewardSpec, grpo: GrpoSection, field: str) -> RewardFn:
+def _built(
+    spec: RewardSpec, grpo: GrpoSection, field: str, device: torch.device, dtype: str
+) -> RewardFn:
+    if spec.function == "model":
+        from tuneforge.train.objectives.model_reward import ModelReward
+
+        assert spec.path is not None  # the configuration's rules ask for it
+        return ModelReward(spec.path, device, dtype)
     if spec.function == "exact_match":
         return exact_match
     if spec.function == "numeric_match":
@@ -60,12 +67,18 @@ def _built(spec: RewardSpec, grpo: GrpoSection, field: str) -> RewardFn:
         raise RewardError(str(error)) from None
 
 
-def reward_functions(grpo: GrpoSection) -> list[RewardFunction]:
+def reward_functions(
+    grpo: GrpoSection, device: torch.device | None = None, dtype: str = "float32"
+) -> list[RewardFunction]:
+    """The functions of `grpo.rewards`; a reward model is loaded on `device` in `dtype` (the
+    policy's)."""
     functions = []
+    device = device or torch.device("cpu")
     for index, (spec, weight) in enumerate(zip(grpo.rewards, grpo.reward_weights, strict=True)):
         field = f"grpo.rewards.{index}.function"
         name = spec.function.rpartition(":")[2]
-        functions.append(RewardFunction(name, _built(spec, grpo, field), weight, field))
+        built = _built(spec, grpo, field, device, dtype)
+        functions.append(RewardFunction(name, built, weight, field))
     names = [f.name for f in functions]
     for index, function in enumerate(functions):  # two of one name: the metrics keep both
         if names.count(function.name) > 1:
