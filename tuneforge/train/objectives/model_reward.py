@@ -42,7 +42,10 @@ class ModelReward:
     def __init__(self, directory: Path, device: torch.device, dtype: str) -> None:
         from transformers import AutoTokenizer
 
-        self.model = load_hf_model(directory, dtype).to(device).eval().requires_grad_(False)
+        model = load_hf_model(directory, dtype)
+        if not model.args.tie_embeddings:  # a classifier saves no output layer: hold none
+            model.lm_head.weight = torch.nn.Parameter(torch.empty(0, model.args.dim))
+        self.model = model.to(device).eval().requires_grad_(False)
         head = score_head_of(self.model)
         assert head is not None  # the configuration's rules checked its config.json
         self.head = head
