@@ -8,7 +8,15 @@ from pathlib import Path
 import tuneforge
 
 PACKAGE = Path(tuneforge.__file__).parent
-LEAVES = {"errors", "packed", "hardware", "file_modes", "parallel_dims", "mesh_rules"}
+LEAVES = {
+    "errors",
+    "packed",
+    "hardware",
+    "file_modes",
+    "parallel_dims",
+    "mesh_rules",
+    "sequence_classifier",
+}
 """Small modules of shared facts: anyone may import them; they import nothing of ours but each other."""
 TRAINER_IMPORTS = {
     "parallel", "execution", "plan", "runs", "peft", "models", "data", "config", "doctor",
@@ -21,7 +29,8 @@ ALLOWED = {
     "file_modes": set(),
     "parallel_dims": set(),
     "mesh_rules": set(),
-    "config": {"errors"},
+    "sequence_classifier": set(),
+    "config": {"errors", "sequence_classifier"},  # a reward model's path is checked as a classifier
     "models": LEAVES,
     "data": {"config"} | LEAVES,
     "assets": LEAVES,
