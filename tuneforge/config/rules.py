@@ -11,6 +11,19 @@ Rule = Callable[..., list[tuple[str, str, str]]]
 RULES: list[tuple[tuple[str, ...], Rule]] = []
 
 
+def model_split_refused(parallel, why: str) -> list[tuple[str, str, str]]:
+    """Tensor and expert parallelism refused by an objective, for `why` (a sentence)."""
+    return [
+        (
+            f"parallel.{field}",
+            why,
+            f"drop parallel.{field} (FSDP2 shards the model across the ranks)",
+        )
+        for field in ("tensor_parallel", "expert_parallel")
+        if getattr(parallel, field) > 1
+    ]
+
+
 def rule(*sections: str) -> Callable[[Rule], Rule]:
     """Register a rule that needs the named sections; it returns (path, message, fix) triples."""
 

@@ -14,6 +14,7 @@ from torch import nn
 from tuneforge.config.sections.lora import LoraSection
 from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.adapter import adapter_for
+from tuneforge.models.hf.checkpoint import gathered
 from tuneforge.models.moe import ExpertBank
 from tuneforge.peft.decomposed_init import METHODS as DECOMPOSED
 from tuneforge.peft.expert_lora import ExpertLoRA
@@ -237,8 +238,6 @@ SCORER_MERGE = (
 def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights by their plain names, every adapter folded in (in fp32, then cast to
     its base's dtype), each gathered whole where sharded: every rank calls it under FSDP2."""
-    from tuneforge.models.hf.checkpoint import gathered
-
     state = dict(model.state_dict())
     for name, module in lora_modules(model).items():
         dense = isinstance(module, LoRALinear) and isinstance(module.base, nn.Linear)

@@ -14,7 +14,7 @@ from tuneforge.config.objectives.declaration import (
     ObjectiveDeclaration,
     starting_model_kind,
 )
-from tuneforge.config.rules import rule
+from tuneforge.config.rules import model_split_refused, rule
 from tuneforge.config.sections.base import InputPath, Section
 from tuneforge.config.sections.model import ModelSection
 from tuneforge.sequence_classifier import not_a_reward_model
@@ -204,17 +204,11 @@ def reward_option_problems(spec: RewardSpec, path: str) -> list[tuple[str, str, 
 def grpo_settings(train, grpo: GrpoSection, parallel, data) -> list[tuple[str, str, str]]:
     if train.objective != GRPO.name:
         return []
-    problems = []
-    for field in ("tensor_parallel", "expert_parallel"):
-        if getattr(parallel, field) > 1:
-            problems.append(
-                (
-                    f"parallel.{field}",
-                    "GRPO samples on each rank's own prompts through the whole model: tensor "
-                    "and expert parallelism are not supported for it yet",
-                    f"drop parallel.{field} (FSDP2 shards the model across the ranks)",
-                )
-            )
+    problems = model_split_refused(
+        parallel,
+        "GRPO samples on each rank's own prompts through the whole model: tensor and expert "
+        "parallelism are not supported for it yet",
+    )
     if grpo.weights is not None and len(grpo.weights) != len(grpo.rewards):
         problems.append(
             (

@@ -6,7 +6,7 @@ conversation with a scalar head on its last token and is saved as a one-label
 from pydantic import Field
 
 from tuneforge.config.objectives.declaration import ObjectiveDeclaration
-from tuneforge.config.rules import rule
+from tuneforge.config.rules import model_split_refused, rule
 from tuneforge.config.sections.base import Section
 
 
@@ -36,16 +36,9 @@ REWARD = ObjectiveDeclaration(
 def reward_model_settings(train, lora, model, precision, parallel) -> list[tuple[str, str, str]]:
     if train.objective != REWARD.name:
         return []
-    problems = []
-    for field in ("tensor_parallel", "expert_parallel"):
-        if getattr(parallel, field) > 1:
-            problems.append(
-                (
-                    f"parallel.{field}",
-                    "a reward model's score head is not split across ranks yet",
-                    f"drop parallel.{field} (FSDP2 shards the model across the ranks)",
-                )
-            )
+    problems = model_split_refused(
+        parallel, "a reward model's score head is not split across ranks yet"
+    )
     if not lora.enabled:
         return problems
     folded = "its adapters are folded into the saved sequence classifier"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
+from tuneforge.data.chat import MARKER
 from tuneforge.errors import TuneforgeError
 from tuneforge.models.hf.checkpoint import load_hf_model
 from tuneforge.models.score_head import score_head_of, sequence_scores
 from tuneforge.packed import PackedSequences
 
-MARKER = "\u2063reply\u2063"
 TOKENS_PER_BATCH = 16384
 """Tokens scored in one forward (a batch holds whole documents, at least one)."""
 
