@@ -118,6 +118,21 @@ def save_tiny_llama(directory: Path, seed: int = 0, **overrides):
     return save_tiny_model(directory, "llama", seed, **overrides)
 
 
+def save_tiny_reward_llama(directory: Path, seed: int = 0, vocab_size: int = 96, pad: int = 0):
+    """A random transformers reward model (a one-label Llama sequence classifier), saved."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        **(COMMON | {"vocab_size": vocab_size, "num_labels": 1, "pad_token_id": pad})
+    )
+    model = transformers.LlamaForSequenceClassification(config).float()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(1.0, 0.1)
+    model.save_pretrained(directory)
+    return model
+
+
 def save_tiny_chat_model(directory: Path):
     """A tiny Llama with the demo tokenizer (and its chat template) beside it."""
     import shutil

@@ -234,11 +234,13 @@ def test_resolved_config_round_trips(data_dir):
     "example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name
 )
 def test_every_example_validates(example, tmp_path, monkeypatch):
-    from tests.helpers import save_tiny_llama
+    from tests.helpers import save_tiny_llama, save_tiny_reward_llama
 
     save_tiny_llama(tmp_path / "model")
+    save_tiny_reward_llama(tmp_path / "reward")
     monkeypatch.setenv("MODEL_DIR", str(tmp_path / "model"))
     monkeypatch.setenv("DEMO_SFT", str(tmp_path / "model"))  # the SFT demo's model, elsewhere
+    monkeypatch.setenv("DEMO_REWARD", str(tmp_path / "reward"))  # the reward demo's model
     monkeypatch.setenv("DATA", str(REPO / "tuneforge" / "assets" / "demo_data" / "train.jsonl"))
     load_config(example)
 

@@ -13,7 +13,12 @@ import pytest
 import torch
 import transformers
 
-from tests.helpers import COMMON, issues_of, save_tiny_llama, trl_trainer_state
+from tests.helpers import (
+    issues_of,
+    save_tiny_llama,
+    save_tiny_reward_llama,
+    trl_trainer_state,
+)
 from tuneforge.config import load_config
 from tuneforge.config.errors import ConfigError
 from tuneforge.data.packing import IGNORE_INDEX, PackedBatch
@@ -36,21 +41,6 @@ with warnings.catch_warnings():
 VOCAB, PAD = 96, 0
 REPO = Path(__file__).resolve().parents[2]
 LENGTHS = [(7, 5), (4, 9), (6, 6)]  # (chosen, rejected) document lengths of three pairs
-
-
-def save_reward_llama(directory, seed: int = 0):
-    """A random transformers reward model (one-label sequence classifier), saved."""
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(
-        **(COMMON | {"vocab_size": VOCAB, "num_labels": 1, "pad_token_id": PAD})
-    )
-    model = transformers.LlamaForSequenceClassification(config).float()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.normal_(1.0, 0.1)
-    model.save_pretrained(directory)
-    return model
 
 
 def documents(seed: int = 0) -> list[torch.Tensor]:
@@ -98,7 +88,7 @@ def reward_stub(model, center: float | None):
     ("margins", "center"), [(None, None), ([0.5, -1.0, 2.0], None), ([0.0, 1.5, 0.25], 0.01)]
 )
 def test_the_loss_and_gradients_are_reward_trainers(tmp_path, margins, center):
-    hf = save_reward_llama(tmp_path / "rm").train()
+    hf = save_tiny_reward_llama(tmp_path / "rm").train()
     ours = load_hf_model(tmp_path / "rm", "float32", "sdpa").train()
     assert score_head_of(ours) is not None
     found = documents()
@@ -133,7 +123,7 @@ def test_the_loss_and_gradients_are_reward_trainers(tmp_path, margins, center):
 def test_the_pad_rule_moves_the_score_a_token_back(tmp_path):
     """The document ending in the padding token is scored at the token before it (as
     transformers reads it), which differs from the score at its last token."""
-    save_reward_llama(tmp_path / "rm")
+    save_tiny_reward_llama(tmp_path / "rm")
     load = load_hf_model(tmp_path / "rm", "float32")
     found = documents()
     batch = packed(found, None)
@@ -262,3 +252,9 @@ def test_a_model_reward_needs_a_reward_models_directory(tmp_path):
     with pytest.raises(ConfigError) as error:
         load_config(grpo, ["grpo.rewards=[{function: model}]"])
     assert "needs the reward model" in issues_of(error.value)["grpo.rewards.0.path"]
+    with pytest.raises(ConfigError) as error:  # a missing directory is one problem, said once
+        load_config(grpo, [f"grpo.rewards=[{{function: model, path: {tmp_path / 'none'}}}]"])
+    assert [str(issue) for issue in error.value.issues if issue.path == "grpo.rewards.0.path"] == [
+        issues_of(error.value)["grpo.rewards.0.path"]
+    ]
+    assert "no such file or directory" in issues_of(error.value)["grpo.rewards.0.path"]

@@ -184,7 +184,8 @@ def reward_option_problems(spec: RewardSpec, path: str) -> list[tuple[str, str, 
     if spec.function == "model":
         if spec.path is None:
             problems.append((f"{path}.path", "a model reward needs the reward model", "set it"))
-        elif (why := not_a_reward_model(spec.path)) is not None:
+        elif spec.path.exists() and (why := not_a_reward_model(spec.path)) is not None:
+            # a missing path is already reported where paths resolve
             fix = "give a train.objective: reward run's final/ directory"
             problems.append((f"{path}.path", why, fix))
     if spec.function == "regex" and not spec.pattern:
