@@ -493,3 +493,24 @@ def test_a_teacher_given_as_one_string_is_a_directory_a_hub_id_or_a_catalog_name
     with pytest.raises(ConfigError) as raised:
         load_config(config_file, ["distill.teacher=./missing"])
     assert "distill.teacher.path" in issues_of(raised.value)
+
+
+def test_an_override_replaces_a_value_before_its_variable_is_read(data_dir, monkeypatch):
+    monkeypatch.delenv("UNSET_MODEL", raising=False)
+    text = MINIMAL.replace("name: demo-tiny", "path: ${UNSET_MODEL}")
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(data_dir / "run.yaml", text))
+    assert list(issues_of(raised.value)) == ["model.path"]  # the variable, said once
+    assert "UNSET_MODEL is not set" in issues_of(raised.value)["model.path"]
+    config = load_config(data_dir / "run.yaml", ["model.path=null", "model.name=demo-tiny"])
+    assert config.model.name == "demo-tiny"
+
+
+def test_an_override_names_a_list_item_by_its_index(data_dir):
+    (data_dir / "other.jsonl").write_text((data_dir / "data" / "train.jsonl").read_text())
+    config = load_config(
+        write(data_dir / "run.yaml", MINIMAL), [f"data.train.0.path={data_dir / 'other.jsonl'}"]
+    )
+    assert config.data.train[0].path == data_dir / "other.jsonl"
+    with pytest.raises(ConfigError, match=r"data\.train is a list of 1 item; 'x' is none"):
+        load_config(data_dir / "run.yaml", ["data.train.x.path=a"])

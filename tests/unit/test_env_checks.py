@@ -109,3 +109,22 @@ def test_the_optional_extras_installed_are_listed_from_the_packages_metadata(mon
     assert describe_extras(extras) == (
         "gguf (gguf 0.19.0); not installed: qlora (pip install 'tuneforge[NAME]')"
     )
+
+
+def test_doctor_env_names_the_platform_without_a_blank_version(monkeypatch):
+    """A CPU build has no platform version: `(cpu)`, not `(cpu )`."""
+    from typer.testing import CliRunner
+
+    import tuneforge.doctor.env as env
+    from tuneforge.cli.main import app
+
+    report = env.EnvReport(torch="2.13.0+cpu", platform="cpu", platform_version=None)
+    monkeypatch.setattr(env, "inspect_environment", lambda: report)
+    monkeypatch.setattr("tuneforge.doctor.extras.describe_extras", lambda *_: [])
+    result = CliRunner().invoke(app, ["doctor", "env"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == "torch 2.13.0+cpu (cpu)"
+    report.platform, report.platform_version = "cuda", "12.8"
+    assert (
+        CliRunner().invoke(app, ["doctor", "env"]).output.startswith("torch 2.13.0+cpu (cuda 12.8)")
+    )

@@ -169,9 +169,8 @@ def env(as_json: JsonOption = False) -> None:
     if as_json:
         _print(report.as_dict())
         return
-    console.print(
-        f"torch {report.torch} ({report.platform} {report.platform_version or ''})", markup=False
-    )
+    platform = " ".join(filter(None, (report.platform, report.platform_version)))
+    console.print(f"torch {report.torch} ({platform})", markup=False)
     for gpu in report.gpus:
         power = (
             f", power limit {gpu['power_limit_w']:.0f} W (default "

@@ -1,6 +1,8 @@
 """`tuneforge plan`: memory per GPU, step time, ETA and jobs, and what-if comparisons."""
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -69,11 +71,10 @@ def plan_command(
 ) -> None:
     """Predict per-GPU memory, step time, ETA and jobs needed, before launching."""
     from tuneforge.config import load_config
-    from tuneforge.config.hub import without_weights
 
     if master_weights is not None:
         overrides = [*(overrides or []), f"precision.master_weights={str(master_weights).lower()}"]
-    with without_weights():  # a configuration's mistakes reported before the heavy imports
+    with _reading(no_data):  # a configuration's mistakes reported before the heavy imports
         load_config(config, overrides or [])
     from tuneforge.config.durations import format_duration, parse_duration
     from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB
@@ -105,12 +106,19 @@ def plan_command(
     if fit is not None:
         from tuneforge.plan.recipe_search import search_recipes
 
-        with without_weights():
+        capacity = gpu_mem if gpu_mem is not None else GPU_MEMORY_GIB.get(gpu)
+        if capacity is not None and fit > capacity:
+            raise TuneforgeError(
+                f"--fit {fit:g}: more than the {capacity:g} GiB a {gpu} has; give at most "
+                f"{capacity:g} (or --gpu / --gpu-mem for a larger GPU)"
+            )
+
+        with _reading(no_data):
             lengths = None if no_data else record_lengths(config, overrides or [])
             found = search_recipes(config, overrides or [], hardware, lengths, fit)
         _print_recipes(found, fit, as_json)
         return
-    with without_weights():  # a hub model's configuration and tokenizer are enough to plan
+    with _reading(no_data):  # a hub model's configuration and tokenizer are enough to plan
         lengths = None if no_data else record_lengths(config, overrides or [])
         plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
         layouts = []
@@ -142,8 +150,13 @@ def plan_command(
         f"{verdict}: {plan.gpu_memory_gib - plan.memory.total / GIB:+.1f} GiB headroom{sharding}"
     )
     console.print(
-        f"step {plan.step_time_s:.3f} s, {plan.steps} steps, ETA "
-        f"{format_duration(plan.eta_h * 3600)}"
+        f"step {plan.step_time_s:.3f} s, "
+        + (
+            f"{plan.steps} steps, ETA {format_duration(plan.eta_h * 3600)}"
+            if plan.steps is not None and plan.eta_h is not None
+            else "steps unknown without the data (set train.max_steps, or plan with the data): "
+            "no ETA"
+        )
         + (f", {plan.jobs_needed} job(s) under the limit" if plan.jobs_needed else ""),
         markup=False,
         highlight=False,
@@ -202,6 +215,17 @@ def plan_command(
             f"({item['memory_gib']:.1f} GiB, {'fits' if item['fits'] else 'does not fit'})",
             markup=False,
         )
+
+
+@contextlib.contextmanager
+def _reading(no_data: bool) -> Iterator[None]:
+    """Configurations read for a plan: a hub model's configuration without its weights, and,
+    with --no-data, without the data files or a tokenizer."""
+    from tuneforge.config.hub import without_weights
+    from tuneforge.config.loading import without_data
+
+    with without_weights(), without_data() if no_data else contextlib.nullcontext():
+        yield
 
 
 def _load_rates(file: Path):

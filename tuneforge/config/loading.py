@@ -4,8 +4,11 @@ Every problem found (syntax, unknown keys, types, ranges, missing files, cross-f
 collected and raised together as one `ConfigError`.
 """
 
+import contextlib
+import contextvars
 import glob
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +26,31 @@ from tuneforge.config.schema import RunConfig
 from tuneforge.config.sections.base import RelativeToConfigFile, section_type
 from tuneforge.config.validation_messages import describe_validation_error, unknown_key_issue
 from tuneforge.config.yaml_source import (
+    ENV_REFERENCE,
     KeyPath,
     Location,
     SourceMap,
     dotted,
     expand_env,
+    expand_references,
     read_yaml,
 )
 
 EXTENDS_KEY = "extends"
+DATA_FIELDS = ("data.train.", "data.eval.", "tokenizer.path")
+"""What a plan without data (`plan --no-data`) neither reads nor needs."""
+needs_data: contextvars.ContextVar[bool] = contextvars.ContextVar("needs_data", default=True)
+
+
+@contextlib.contextmanager
+def without_data() -> Iterator[None]:
+    """Load configurations whose data files and tokenizer are not read: problems with those
+    fields (a missing file, an unset variable, no tokenizer) are not reported."""
+    token = needs_data.set(False)
+    try:
+        yield
+    finally:
+        needs_data.reset(token)
 
 
 def load_config(file: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -46,6 +65,7 @@ def load_config(file: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(issues, str(file))
     for override in overrides:
         apply_override(raw, source_map, override, issues)
+    raw = expand_references(raw, (), issues)  # after the overrides: what they replace is gone
     resolve_input_paths(raw, source_map, RunConfig, (), issues)
     config = validate(raw, source_map, issues)
     if issues or config is None:
@@ -67,7 +87,7 @@ def load_merged_yaml(
     raw, source_map = read_yaml(file, issues)
     if not isinstance(raw, dict) or EXTENDS_KEY not in raw:
         return raw, source_map
-    parents = raw.pop(EXTENDS_KEY)
+    parents = expand_references(raw.pop(EXTENDS_KEY), (EXTENDS_KEY,), issues)
     parent_list = [parents] if isinstance(parents, str) else parents
     if not isinstance(parent_list, list) or not all(isinstance(p, str) for p in parent_list):
         issues.append(
@@ -155,9 +175,24 @@ def apply_override(
         return
     if isinstance(value, str) and "${" in value:
         value = expand_env(value, True, path, location, issues)
+    path = _with_list_indices(raw, path)
     node: Any = raw
-    for part in path[:-1]:
-        if not isinstance(node.get(part), dict):
+    for depth, part in enumerate(path):
+        if isinstance(node, list) and not isinstance(part, int):
+            issues.append(
+                ConfigIssue(
+                    key,
+                    f"{dotted(path[:depth])} is a list of {len(node)} item{'s' if len(node) != 1 else ''}; {part!r} is none of "
+                    "its indices",
+                    f"name an item by its index, 0 to {len(node) - 1}, or replace the whole list "
+                    f"({dotted(path[:depth])}=[...])",
+                    str(location),
+                )
+            )
+            return
+        if depth == len(path) - 1:
+            break
+        if isinstance(node, dict) and not isinstance(node.get(part), dict | list):
             node[part] = {}
         node = node[part]
     node[path[-1]] = value
@@ -165,6 +200,20 @@ def apply_override(
     source_map[path] = location
     if isinstance(value, dict | list):
         _mark_subtree(source_map, value, path, location)
+
+
+def _with_list_indices(raw: dict, path: KeyPath) -> KeyPath:
+    """`path` with the parts that index an existing list (`data.train.0.path`) as integers."""
+    found: list[str | int] = []
+    node: Any = raw
+    for part in path:
+        if isinstance(node, list) and str(part).isdigit() and int(part) < len(node):
+            found.append(int(part))
+            node = node[int(part)]
+            continue
+        found.append(part)
+        node = node.get(part) if isinstance(node, dict) else None
+    return tuple(found)
 
 
 def _mark_subtree(source_map: SourceMap, value: Any, path: KeyPath, location: Location) -> None:
@@ -189,6 +238,8 @@ def resolve_input_paths(
         if name not in raw or raw[name] is None:
             continue
         key_path = (*path, name)
+        if isinstance(raw[name], str) and ENV_REFERENCE.search(raw[name]):
+            continue  # its unset variable is the problem, reported where it was expanded
         hub = next((meta for meta in _metadata(field) if isinstance(meta, HubName)), None)
         if hub is not None and isinstance(raw[name], str):
             _resolve_hub(raw, name, key_path, source_map, issues, hub.repo_type)
@@ -332,6 +383,8 @@ def validate(raw: dict, source_map: SourceMap, issues: list[ConfigIssue]) -> Run
                 path: KeyPath = (name, *detail["loc"])
                 issues.append(describe_validation_error(detail, path, section_class, source_map))
     issues.extend(check_rules(sections, source_map))
+    if not needs_data.get():
+        issues[:] = [issue for issue in issues if not f"{issue.path}.".startswith(DATA_FIELDS)]
     if issues or len(sections) != len(RunConfig.model_fields):
         return None
     return RunConfig(**sections)

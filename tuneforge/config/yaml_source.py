@@ -1,7 +1,9 @@
 """Read YAML into plain dicts while remembering the file and line of every value.
 
-Also expands `${VAR}` / `${VAR:default}` from the environment: a plain scalar that is one
-whole reference is typed as YAML would type the substituted text; anything else stays a string.
+A scalar holding `${VAR}` / `${VAR:default}` is read as an `EnvReference`, expanded from the
+environment only once the command line's overrides have replaced what they replace
+(`expand_references`): a value that is overridden is never interpolated. A plain scalar that is
+one whole reference is typed as YAML would type the substituted text; anything else stays a string.
 """
 
 import os
@@ -40,6 +42,16 @@ class Location:
 
 
 SourceMap = dict[KeyPath, Location]
+
+
+@dataclass(frozen=True)
+class EnvReference:
+    """A scalar that names environment variables, not expanded yet."""
+
+    text: str
+    retype: bool
+    """A plain (unquoted) scalar: its expansion is typed as YAML would type it."""
+    location: Location
 
 
 def dotted(path: KeyPath) -> str:
@@ -111,8 +123,19 @@ class _NodeConverter:
         if isinstance(node, yaml.SequenceNode):
             return [self.convert(item, (*path, index)) for index, item in enumerate(node.value)]
         if node.tag == STR_TAG and "${" in node.value:
-            return expand_env(node.value, node.style is None, path, location, self.issues)
+            return EnvReference(node.value, node.style is None, location)
         return self.loader.construct_object(node, deep=True)
+
+
+def expand_references(value: Any, path: KeyPath, issues: list[ConfigIssue]) -> Any:
+    """`value` with every `EnvReference` in it expanded (an unset variable is an issue)."""
+    if isinstance(value, EnvReference):
+        return expand_env(value.text, value.retype, path, value.location, issues)
+    if isinstance(value, dict):
+        return {key: expand_references(item, (*path, key), issues) for key, item in value.items()}
+    if isinstance(value, list):
+        return [expand_references(item, (*path, index), issues) for index, item in enumerate(value)]
+    return value
 
 
 def expand_env(

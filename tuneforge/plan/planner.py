@@ -244,8 +244,8 @@ def plan_run(
         per_step = train.grad_accum_steps * hardware.data_parallel
         steps = max(1, math.ceil((train.epochs or 1) * micro_batches_per_epoch / per_step))
     else:
-        steps = 0
-    eta_s = steps * step_time
+        steps = None  # epochs of data the plan has not read
+    eta_s = steps * step_time if steps is not None else None
     plan = Plan(
         memory=memory,
         gpu_memory_gib=capacity,
@@ -260,7 +260,7 @@ def plan_run(
         step_bound=timed.bound,
         clock=timed.clock,
         rates=timed.rates,
-        eta_h=eta_s / 3600,
+        eta_h=eta_s / 3600 if eta_s is not None else None,
         jobs_needed=None,
         epoch=epoch,
         collective_gb_per_step=sum(collectives.values()) / 1e9,
@@ -290,8 +290,8 @@ def plan_run(
         parse_duration(train.time_limit) if train.time_limit else None
     )
     if limit is not None:
-        plan.jobs_needed = jobs_needed(eta_s, limit, margin)
-        steps_per_job = int((limit - margin) / step_time) if step_time > 0 else steps
+        plan.jobs_needed = jobs_needed(eta_s, limit, margin) if eta_s is not None else None
+        steps_per_job = int((limit - margin) / step_time) if step_time > 0 else steps or 1
         save_steps = config.checkpoint.save_steps
         if save_steps is not None and save_steps > steps_per_job:
             plan.problems.append(

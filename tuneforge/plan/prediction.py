@@ -66,8 +66,9 @@ class Plan:
     gradient_checkpointing_needed: bool
     largest_micro_batch_tokens: int
     step_time_s: float
-    steps: int
-    eta_h: float
+    steps: int | None
+    """None where the run is counted in epochs of data the plan did not read."""
+    eta_h: float | None
     jobs_needed: int | None
     epoch: Workload | None
     collective_gb_per_step: float = 0.0

@@ -200,8 +200,12 @@ def search_recipes(
     # the model may not see: host memory, allocator pressure), then the one that holds less
     scored.sort(key=lambda item: (math.floor(math.log(item[0]) / math.log(1 + TIE)), *item[1:3]))
     recipes: list[Recipe] = []
+    seen: set[tuple[str, ...]] = set()
     for *_, choice in scored:
         pasted = _overrides(config, choice)
+        if tuple(sorted(pasted)) in seen:
+            continue  # another choice that changes the configuration the same way
+        seen.add(tuple(sorted(pasted)))
         try:
             changed = load_config(config_file, [*overrides, *pasted])
         except ConfigError:
@@ -221,4 +225,6 @@ def search_recipes(
         )
         if len(recipes) == SHOWN:
             break
+    # planned in full, the shown ones are listed fastest first
+    recipes.sort(key=lambda recipe: -recipe.tokens_per_s)
     return Search(recipes, len(choices), rates.name, least)
