@@ -284,3 +284,24 @@ def test_runs_that_sample_replies_show_their_reward(tmp_path):
         .output
     )
     assert "reward" in output and "0.7500" in output and f"{second.final_reward:.4f}" in output
+
+
+def test_the_table_into_a_pipe_is_as_wide_as_its_cells(tmp_path):
+    """Into a pipe or a file (no terminal) an 80-column default would cut every cell to "…"."""
+    reference = write_run(tmp_path / "a-long-run-name", [3.0, 2.0, 1.5, 0.1], [(4, 1.3)])
+    other = write_run(tmp_path / "b-long-run-name", [3.1, 2.1, 1.6, 0.2], [(4, 1.4)])
+    result = CliRunner().invoke(app, ["compare", str(reference), str(other)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    table = [line for line in result.output.splitlines() if line.startswith(("┃", "│"))]
+    assert table and not any("…" in line for line in table), result.output
+    assert "gap mean/max" in table[0] and "b-long-run-name (4)" in result.output
+
+
+def test_a_metrics_file_cut_short_is_read_with_a_warning(tmp_path, caplog):
+    from tuneforge.runs.files import read_metrics
+
+    file = tmp_path / "metrics.jsonl"
+    file.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo')
+    with caplog.at_level("WARNING"):
+        assert read_metrics(file) == [{"step": 1, "loss": 1.0}]
+    assert "its last line is cut short" in caplog.text and str(file) in caplog.text

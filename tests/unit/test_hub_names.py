@@ -156,3 +156,13 @@ def test_a_mistyped_relative_directory_is_no_such_directory_not_a_hub_id(tmp_pat
     (tmp_path / "models").mkdir()
     with pytest.raises(ConfigError, match=r"no such file or directory: .*models/llama-3-8b"):
         load_config(write_config(tmp_path, "models/llama-3-8b"))
+
+
+def test_a_path_without_its_directory_is_said_to_be_no_such_directory(tmp_path, hub_cache):
+    """`models/llama-3-8b` with no `models/` beside the configuration could be a hub id or a
+    mistyped path: the refusal names both readings, the missing directory first."""
+    with pytest.raises(ConfigError) as error:
+        load_config(write_config(tmp_path, "models/llama-3-8b"))
+    said = str(error.value)
+    assert f"no such directory: {tmp_path / 'models' / 'llama-3-8b'}" in said
+    assert "read as a hub id" in said and "not in the Hugging Face cache" in said

@@ -8,12 +8,26 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.measure import Measurement
+from rich.table import Table
 
 EXIT_USAGE = 2
 EXIT_NONFINITE = 3
+UNBOUNDED_WIDTH = 10_000
+"""Columns a table may take where nothing bounds them (a pipe, a file)."""
 
 console = Console()
 error_console = Console(stderr=True)
+
+def print_table(table: Table) -> None:
+    """`table` whole: into a pipe or a file (no terminal's width to keep to) it is printed as
+    wide as its cells are, not squeezed into 80 columns of "…"."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = Measurement.get(console, console.options.update_width(UNBOUNDED_WIDTH), table)
+    Console(width=max(natural.maximum, console.width)).print(table)
+
 
 ConfigArg = Annotated[Path, typer.Argument(help="Run configuration (YAML).")]
 OverridesArg = Annotated[

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tuneforge.cli.common import console
+from tuneforge.cli.common import console, print_table
 
 
 def compare(
@@ -78,7 +78,7 @@ def compare(
         row += [_percent(summary.final_exact_match, signed=False)] if matches else []
         row += [_number(summary.final_reward)] if rewarded else []
         table.add_row(*row)
-    console.print(table)
+    print_table(table)
     what = "training loss" if shared else "training cross-entropy"
     console.print(
         f"run (steps); {loss}: {loss_label(runs)}: the smoothed {what} at the last step "
@@ -126,7 +126,7 @@ def _print_groups(groups) -> None:
             _percent(group.spread, signed=False),
             gap,
         )
-    console.print(table)
+    print_table(table)
     console.print(
         "runs grouped by precision (and any other setting but the seed); gap: mean held-out "
         f"loss against {groups[0].precision}'s, within or beyond its spread over its runs",

@@ -317,7 +317,12 @@ def _resolve_hub(
     try:
         folder, commit = resolve_snapshot(raw[name], raw.get("revision"), repo_type)
     except HubError as error:
-        issues.append(ConfigIssue(dotted(path), error.what, error.fix, str(location)))
+        what, fix = error.what, error.fix
+        if name == "path":  # `models/llama-3-8b` may as well be a local directory's path
+            local = (location.base_dir / raw[name]).resolve()
+            what = f"no such directory: {local}; read as a hub id, {raw[name]}: {what}"
+            fix = f"a local model: check the path (a relative one resolves against {location.base_dir}); a hub id: {fix}"
+        issues.append(ConfigIssue(dotted(path), what, fix, str(location)))
         return
     raw["path"], raw["revision"] = str(folder), commit
 

@@ -2,12 +2,15 @@
 writes a run directory takes its names from here."""
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tuneforge.errors import TuneforgeError
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -55,6 +58,11 @@ def read_metrics(file: Path) -> list[dict[str, Any]]:
             records.append(json.loads(line))
         except ValueError as error:
             if number == len(lines):  # no newline after it: cut short
+                log.warning(
+                    "%s: its last line is cut short (a run writing it, or one killed while it "
+                    "did) and is left out",
+                    file,
+                )
                 break
             raise TuneforgeError(f"{file}, line {number}: not a JSON record ({error})") from None
     return records
