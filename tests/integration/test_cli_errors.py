@@ -141,11 +141,16 @@ def test_simple_mistakes_get_a_message_not_a_traceback(tmp_path):
 
 
 def test_fp8_is_refused_on_a_machine_without_fp8_before_the_run_directory_exists(tmp_path):
+    """`config validate` says the configuration is valid and this machine cannot run it, in the
+    words `train` refuses it with."""
     settings = ["precision.fp8=e4m3", "model.dtype=bfloat16", "lora.enabled=true"]
-    assert run_cli("config", "validate", "examples/demo.yaml", *settings).returncode == 0
+    validated = run_cli("config", "validate", "examples/demo.yaml", *settings)
+    assert validated.returncode == 2
+    said = "precision.fp8 needs a GPU with FP8 tensor cores"
+    assert said in validated.stdout and "valid, but this machine cannot run it" in validated.stdout
     run_dir = tmp_path / "run"
     result = run_cli("train", "examples/demo.yaml", *settings, f"run.output_dir={run_dir}")
-    assert_clean_failure(result, "precision.fp8 needs a GPU with FP8 tensor cores")
+    assert_clean_failure(result, said)
     assert not run_dir.exists()
 
 

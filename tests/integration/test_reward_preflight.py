@@ -70,12 +70,13 @@ def test_validate_and_train_refuse_alike_before_any_work(tmp_path, data, case):
 
 
 def test_validate_loads_no_torch(tmp_path):
-    """The checks import the reward functions and read the records, nothing heavier."""
+    """Without the data (`--no-data`: no tokenizer to load), the checks import the reward
+    functions and read the records, nothing heavier."""
     import subprocess
 
     probe = (
         "import sys; from tuneforge.cli.main import main; sys.argv = ['tuneforge', 'config', "
-        f"'validate', {str(GRPO)!r}, 'model.path=null', 'model.name=demo-tiny'];\n"
+        f"'validate', '--no-data', {str(GRPO)!r}, 'model.path=null', 'model.name=demo-tiny'];\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print('torch' in sys.modules)"
     )

@@ -100,7 +100,7 @@ def test_a_missing_tracker_package_is_refused_by_name(monkeypatch):
 @pytest.mark.parametrize(
     ("overrides", "module", "said"),
     [
-        (["model.quantize=nf4"], "bitsandbytes", "model.quantize needs the bitsandbytes package"),
+        (["model.quantize=nf4"], "bitsandbytes", "model.quantize: needs the bitsandbytes package"),
         (["logging.report_to=[wandb]"], "wandb", "tuneforge[wandb]"),
         (["precision.fp8=e4m3", "precision.fp8_implementation=torchao", "model.dtype=bfloat16"],
          "torchao",

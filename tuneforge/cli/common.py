@@ -19,6 +19,7 @@ UNBOUNDED_WIDTH = 10_000
 console = Console()
 error_console = Console(stderr=True)
 
+
 def print_table(table: Table) -> None:
     """`table` whole: into a pipe or a file (no terminal's width to keep to) it is printed as
     wide as its cells are, not squeezed into 80 columns of "…"."""

@@ -23,19 +23,31 @@ def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
 
 
 @config_app.command("validate")
-def config_validate(config: ConfigArg, overrides: OverridesArg = None) -> None:
-    """Check a configuration; every problem is listed at once (exit code 2 if any)."""
+def config_validate(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    no_data: Annotated[
+        bool, typer.Option(help="Skip the checks that read the tokenizer and the data files.")
+    ] = False,
+) -> None:
+    """Check a configuration as `train` checks it before any weights load: its rules, then the
+    preflight's checks (mesh sizes against the model's config.json, the tokenizer, the data,
+    reward functions, this machine). Every problem is listed at once (exit code 2 if any)."""
+    from tuneforge.config.errors import ConfigError
     from tuneforge.config.hub import without_weights
-    from tuneforge.config.packages import missing_packages
-    from tuneforge.train.preflight import preflight
 
     with without_weights():
         loaded = load_config(config, overrides or [])
-    preflight(loaded)
-    missing = missing_packages(loaded)
-    if missing:
-        for package in missing:
-            console.print(f"missing: {package.message()}", style="red", markup=False)
+    from tuneforge.train.preflight import Inputs, issues_of
+
+    inputs = Inputs(loaded)
+    found = issues_of(inputs, not no_data, machine=False)
+    if found:
+        raise ConfigError(found, str(config))
+    machine = issues_of(inputs, machine=True)
+    if machine:
+        for issue in machine:
+            console.print(f"this machine: {issue}", style="red", markup=False)
         console.print(f"{config} is valid, but this machine cannot run it as it is")
         raise typer.Exit(2)
     console.print(f"[green]ok[/green]: {config} is valid")

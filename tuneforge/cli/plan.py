@@ -75,7 +75,8 @@ def plan_command(
     if master_weights is not None:
         overrides = [*(overrides or []), f"precision.master_weights={str(master_weights).lower()}"]
     with _reading(no_data):  # a configuration's mistakes reported before the heavy imports
-        load_config(config, overrides or [])
+        loaded = load_config(config, overrides or [])
+    _preflight(loaded, config, no_data)
     from tuneforge.config.durations import format_duration, parse_duration
     from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB
     from tuneforge.plan.planner import plan_config
@@ -215,6 +216,19 @@ def plan_command(
             f"({item['memory_gib']:.1f} GiB, {'fits' if item['fits'] else 'does not fit'})",
             markup=False,
         )
+
+
+def _preflight(loaded, config: Path, no_data: bool) -> None:
+    """What `train` would refuse before any weights load, refused here first (this machine's
+    packages and GPU aside: a plan is often made elsewhere)."""
+    from tuneforge.config.errors import ConfigError
+    from tuneforge.train.preflight import Inputs, issues_of
+
+    with _reading(no_data):
+        inputs = Inputs(loaded)
+        found = issues_of(inputs, not no_data, machine=False)
+    if found:
+        raise ConfigError(found, str(config))
 
 
 @contextlib.contextmanager

@@ -76,18 +76,22 @@ def set_aside(run_dir: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def replacing(run_dir: Path, is_main: bool, replaced: bool) -> Iterator[None]:
+def replacing(run_dir: Path, is_main: bool, replaced: bool, made: bool = False) -> Iterator[None]:
     """Around the new run's setup, where `--overwrite` has just set a run aside (`replaced`):
-    should the setup stop (bad data, a model that does not load, an interrupt), what it wrote
-    goes and the previous run comes back; once it is set up, the previous run is removed."""
+    should the setup stop (a model that does not load, an interrupt), what it wrote goes and
+    the previous run comes back; once it is set up, the previous run is removed. Where the
+    setup `made` the run directory, a setup that stops removes it."""
     aside = run_dir / SET_ASIDE_DIR
-    if not (replaced and is_main):
+    if not is_main or not (replaced or made):
         yield
         return
     try:
         yield
     except BaseException:
-        if aside.is_dir():
+        if made:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            log.info("%s: the run did not start; its directory is removed", run_dir)
+        elif aside.is_dir():
             clear_run(run_dir)
             for entry in aside.iterdir():
                 entry.rename(run_dir / entry.name)

@@ -97,6 +97,23 @@ def build_model(section: ModelSection, device: torch.device, seed: int) -> Built
     return BuiltModel(model, arrived)
 
 
+def read_training_data(
+    config: RunConfig, tokenizer, rank: int = 0, world_size: int = 1
+) -> TrainingData:
+    """The training data data-parallel rank `rank` of `world_size` reads, as the objective
+    reads it (pairs, unpaired records or conversations)."""
+    return load_training_data(
+        config.data,
+        tokenizer,
+        config.train.tokens_per_micro_batch,
+        config.train.seed,
+        rank=rank,
+        world_size=world_size,
+        data_format=declaration_of(config).data_format,
+        keep_fields=declaration_of(config).keeps_record_fields,
+    )
+
+
 def load_data(config: RunConfig, tokenizer, world: Dist) -> TrainingData:
     """This rank's training data; the first rank tokenises into the cache, then the others read
     it. A data problem is a `TuneforgeError` on every rank."""
@@ -104,15 +121,8 @@ def load_data(config: RunConfig, tokenizer, world: Dist) -> TrainingData:
     dims = configured_dims(config.parallel, world)  # tensor-parallel ranks read the same data
 
     def load() -> TrainingData:
-        return load_training_data(
-            config.data,
-            tokenizer,
-            config.train.tokens_per_micro_batch,
-            config.train.seed,
-            rank=dims.data_rank(world.rank),
-            world_size=dims.data_parallel_size,
-            data_format=declaration_of(config).data_format,
-            keep_fields=declaration_of(config).keeps_record_fields,
+        return read_training_data(
+            config, tokenizer, dims.data_rank(world.rank), dims.data_parallel_size
         )
 
     data, problem = None, None

@@ -15,12 +15,12 @@ import torch.distributed as dist
 from tuneforge.config import RunConfig, advisories, dump_config
 from tuneforge.data.dataset import DatasetStats
 from tuneforge.data.records import DataError
+from tuneforge.data.training_data import TrainingData
 from tuneforge.errors import TuneforgeError
 from tuneforge.hardware.cpu import choose_cpu_threads
 from tuneforge.hardware.gpus import peak_tflops
-from tuneforge.parallel.distributed import barrier, configured_dims, init_distributed
+from tuneforge.parallel.distributed import barrier, init_distributed
 from tuneforge.peft.selection import lora_shape
-from tuneforge.precision.refusals import refuse_unsupported_precision
 from tuneforge.runs.files import CONFIG_FILE, FINISHED_FILE
 from tuneforge.runs.outputs import save_base, save_final
 from tuneforge.runs.pace import WARMUP_STEPS
@@ -34,7 +34,7 @@ from tuneforge.runs.run_dir import (
     run_settings,
 )
 from tuneforge.runs.time_budget import Deadline, StopSignals, find_deadline, training_share
-from tuneforge.train.build import build_model, load_data, load_tokenizer
+from tuneforge.train.build import build_model
 from tuneforge.train.device_watch import DeviceWatch
 from tuneforge.train.evaluate import AccuracyResult, EvalResult, evaluate_loss, exact_match
 from tuneforge.train.frozen.passes import FrozenPassData
@@ -46,7 +46,7 @@ from tuneforge.train.objectives.seam import objective_of
 from tuneforge.train.optim import learning_rate
 from tuneforge.train.pending import PendingStep
 from tuneforge.train.planned_pace import planned_pace
-from tuneforge.train.preflight import preflight
+from tuneforge.train.preflight import Inputs, preflight
 from tuneforge.train.prepare import prepare_model
 from tuneforge.train.progress import Progress
 from tuneforge.train.save_resume import (
@@ -58,7 +58,6 @@ from tuneforge.train.save_resume import (
 from tuneforge.train.step import StepRunner
 from tuneforge.train.step_events import EventSchedule
 from tuneforge.train.stopping import StopCheck
-from tuneforge.train.trackers import require_packages_and_trackers
 
 log = logging.getLogger(__name__)
 
@@ -103,43 +102,40 @@ class Trainer:
     def setup(self) -> None:
         """The process group, the run directory, and everything the steps need."""
         config = self.config
-        preflight(config)  # before anything is made: a refusal leaves nothing on disk
-        for advisory in advisories(config):
-            log.warning(advisory)
         self.world = init_distributed(config.parallel.nccl_max_channels)
         self.device = self.world.device
-        require_packages_and_trackers(config)
-        refuse_unsupported_precision(config.precision, self.device, config.model)
         if self.device.type == "cpu":
             threads = choose_cpu_threads(self.world.world_size)
             torch.set_num_threads(threads.threads)
             log.info(threads.describe())
-        configured_dims(config.parallel, self.world)  # refuses `single` on several processes early
+        # before anything is made: a refusal leaves nothing on disk (config validate runs it too)
+        checked = preflight(config, self.world)
+        for advisory in advisories(config):
+            log.warning(advisory)
         replaced = self.overwrite and (self.run_dir / CONFIG_FILE).exists()
+        made = not self.run_dir.exists()
         checkpoint = self._prepare_run_dir()
-        # a setup that stops (bad data, a model that does not load, Ctrl-C) brings the old run back
-        with replacing(self.run_dir, self.world.is_main, replaced):
-            self._build(checkpoint)
+        # a setup that stops (a model that does not load, Ctrl-C) brings the old run back, or
+        # leaves no directory where there was none
+        with replacing(self.run_dir, self.world.is_main, replaced, made):
+            self._build(checkpoint, checked)
 
-    def _build(self, checkpoint: Path | None) -> None:
-        """Data, model, adapters, wrappers, optimizer and the first files of the run."""
+    def _build(self, checkpoint: Path | None, checked: Inputs) -> None:
+        """Model, adapters, wrappers, optimizer and the first files of the run, with the
+        tokenizer and data the preflight read."""
         config = self.config
         seed = config.train.seed
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed)
-        self.tokenizer = load_tokenizer(config)
-        self.train_stats = self._load_data()
+        self.tokenizer = checked.tokenizer
+        assert checked.data is not None
+        self.train_stats = self._take_data(checked.data)
         self.dims = choose_dims(config, self.world, self.train_stats.records)
         # only the first rank projects the run's time
         main = self.world.is_main
         self.planned = planned_pace(config, self.world, self.train_stats.records) if main else None
         self.model, arrived = build_model(config.model, self.device, seed)
-        if len(self.tokenizer) > self.model.args.vocab_size:
-            raise TuneforgeError(
-                f"the tokenizer has {len(self.tokenizer)} tokens but the model's vocabulary holds "
-                f"{self.model.args.vocab_size}: use the model's own tokenizer"
-            )
         self.base_model = str(config.model.path) if config.model.path else ""
         if config.lora.enabled and config.model.path is None:  # the adapter's base, saved once
             self.base_model = str(self.run_dir / "base")
@@ -171,8 +167,7 @@ class Trainer:
             self.run_dir, self.resume, self.overwrite, self.world.is_main, barrier
         )
 
-    def _load_data(self) -> DatasetStats:
-        data = load_data(self.config, self.tokenizer, self.world)
+    def _take_data(self, data: TrainingData) -> DatasetStats:
         self.loader = data.loader
         self.eval_batches = data.eval_batches
         # exact match against replies to learn only (not a KTO record's undesirable one), of

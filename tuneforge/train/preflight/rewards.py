@@ -1,30 +1,18 @@
-"""What a run is checked for before any weights load and before its run directory is made, past
-the configuration's own rules (`config/rules.py`, run as it loads): each check needs at most the
-configuration, the data files and the environment. `tuneforge config validate` runs them, and
-`train` before its setup, so a refusal says the same thing both times and leaves nothing on disk."""
+"""GRPO's reward functions, checked before any work: each function of yours imported as the
+run will import it, and no record field named as an argument every reward function receives."""
 
-from tuneforge.config.errors import ConfigError, ConfigIssue
+from tuneforge.config.errors import ConfigIssue
 from tuneforge.config.objectives.grpo import REWARD_ARGUMENTS, REWARD_OPTIONS
 from tuneforge.config.objectives.registry import declaration_of
 from tuneforge.config.objectives.reward_import import import_reward
-from tuneforge.config.schema import RunConfig
 from tuneforge.data.reading import read_source
 from tuneforge.data.records import RecordError
+from tuneforge.train.preflight.check import Inputs
 
 
-def preflight(config: RunConfig) -> None:
-    """Raise `ConfigError` listing every problem the checks find."""
-    issues = preflight_issues(config)
-    if issues:
-        raise ConfigError(issues)
-
-
-def preflight_issues(config: RunConfig) -> list[ConfigIssue]:
-    return [*reward_function_issues(config), *sampled_record_issues(config)]
-
-
-def reward_function_issues(config: RunConfig) -> list[ConfigIssue]:
+def reward_function_issues(inputs: Inputs) -> list[ConfigIssue]:
     """Each reward function of yours imported (as the run will), where the objective samples."""
+    config = inputs.config
     if not declaration_of(config).keeps_record_fields:
         return []
     issues = []
@@ -40,11 +28,11 @@ def reward_function_issues(config: RunConfig) -> list[ConfigIssue]:
     return issues
 
 
-def sampled_record_issues(config: RunConfig) -> list[ConfigIssue]:
+def record_field_issues(inputs: Inputs) -> list[ConfigIssue]:
     """The records of an objective that samples its replies (local files; a hub dataset is read
     when the run starts): no field named as an argument every reward function is called with
-    (the first such record of each source). Preference pairs are refused by the configuration's
-    rules (`format: preference`)."""
+    (the first such record of each source)."""
+    config = inputs.config
     if not declaration_of(config).keeps_record_fields:
         return []
     issues = []
@@ -54,15 +42,14 @@ def sampled_record_issues(config: RunConfig) -> list[ConfigIssue]:
         try:
             conversations, _ = read_source(source, config.data.on_bad_record)
         except RecordError:
-            continue  # the data's own problems are reported where it is read, with their line
-        path = f"data.train.{index}"
+            continue  # the data's own problems are the data check's, with their line
         for conversation in conversations:
             taken = [name for name in conversation.fields or {} if name in REWARD_ARGUMENTS]
             taken = [name for name in taken if name != "answer" or not conversation.is_prompt]
             if taken:
                 issues.append(
                     ConfigIssue(
-                        path,
+                        f"data.train.{index}",
                         f"{conversation.origin}: the record has a field named {taken[0]!r}, "
                         "which is an argument every reward function is called with "
                         f"({', '.join(REWARD_ARGUMENTS)})",

@@ -1,0 +1,41 @@
+"""The mesh the `parallel:` section asks for, against the model's config.json (heads, KV heads,
+MLP width, experts) and, where the processes are known, against their number."""
+
+import os
+
+from tuneforge.config.errors import ConfigIssue
+from tuneforge.mesh_rules import MeshSizes, mesh_problems
+from tuneforge.train.preflight.check import Inputs
+
+
+def world_size_of(inputs: Inputs) -> int | None:
+    """The processes of the run: torchrun's, or `WORLD_SIZE` where it is set; None if unknown."""
+    if inputs.world is not None:
+        return inputs.world.world_size
+    size = os.environ.get("WORLD_SIZE")
+    return int(size) if size and size.isdigit() else None
+
+
+def mesh_issues(inputs: Inputs) -> list[ConfigIssue]:
+    parallel = inputs.config.parallel
+    world = world_size_of(inputs)
+    issues = []
+    if parallel.strategy == "single" and world is not None and world > 1:
+        issues.append(
+            ConfigIssue(
+                "parallel.strategy",
+                f"parallel.strategy=single with {world} processes",
+                "use ddp or fsdp (or auto)",
+            )
+        )
+    asked = (parallel.tensor_parallel, parallel.expert_parallel, parallel.data_parallel_replicate)
+    if asked == (1, 1, 1):
+        return issues
+    tensor, expert, replicate = asked
+    # unknown processes: the fewest the mesh takes, so that only the model's rules speak
+    ranks = world if world is not None else tensor * expert * replicate
+    sizes = MeshSizes(ranks, tensor, expert, replicate)
+    for problem in mesh_problems(sizes, inputs.model_args.split_sizes()):
+        field = "parallel." + problem.removeprefix("parallel.").split("=")[0]
+        issues.append(ConfigIssue(field, problem, "choose a size the rule names as valid"))
+    return issues
