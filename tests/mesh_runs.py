@@ -90,12 +90,14 @@ def _record_held_bytes(trainer) -> None:
         (trainer.run_dir / "held.json").write_text(json.dumps(ranks))
 
 
-def launch(ranks: int, runs: list[dict], spec: Path) -> None:
-    """`runs` trained by `ranks` processes started by torchrun (one process: in a child)."""
+def launch(ranks: int, runs: list[dict], spec: Path) -> str:
+    """`runs` trained by `ranks` processes started by torchrun (one process: in a child); what
+    they wrote to stderr."""
     spec.write_text(json.dumps(runs))
     command = [*(torchrun(ranks) if ranks > 1 else [sys.executable]), __file__, str(spec)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=REPO)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+    return done.stderr
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def layout_runs(tmp_path_factory, models):
             if count == ranks
             for mode in MODES
         ]  # fmt: skip
-        launch(ranks, runs, root / f"spec{ranks}.json")
+        (root / f"stderr{ranks}.txt").write_text(launch(ranks, runs, root / f"spec{ranks}.json"))
     return root
 
 
@@ -78,6 +78,15 @@ def one_process(tmp_path_factory, models):
 
     losses_of.root = root  # type: ignore[attr-defined]
     return losses_of
+
+
+@pytest.mark.parametrize("ranks", [4, 8])
+def test_mesh_runs_print_no_torch_warnings(layout_runs, ranks):
+    """Neither a deprecated mesh slice nor a redistribution torch calls suboptimal (several
+    collectives where one flattened dimension takes one), in any layout."""
+    said = (layout_runs / f"stderr{ranks}.txt").read_text()
+    warned = [line for line in said.splitlines() if "Warning" in line or "suboptimal" in line]
+    assert not warned, "\n".join(warned[:12])
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -33,7 +33,9 @@ def build_meshes(dims: ParallelDims, device: torch.device) -> Meshes:
     names = ("dp_replicate", "efsdp", "ep", "tp")
     world = init_device_mesh(device.type, shape, mesh_dim_names=names)
     world["efsdp", "ep"]._flatten("dp_shard")
-    world["dp_replicate", "efsdp", "ep"]._flatten("dp")
+    data = world["dp_replicate", "efsdp", "ep"]._flatten("dp")  # kept: slicing it would warn
+    # one all-reduce, not one per dimension, for a norm or sum over every sharded dimension
+    world["efsdp", "ep", "tp"]._flatten("dp_shard_tp")
     with warnings.catch_warnings():
         # torch ≥ 2.11 warns that slicing a flattened dim will go; its successor (`_unflatten`)
         # is not in every torch this supports
@@ -45,5 +47,5 @@ def build_meshes(dims: ParallelDims, device: torch.device) -> Meshes:
         tensor=world["tp"],
         expert=world["ep"],
         expert_data=world["dp_replicate", "efsdp"],
-        data=world["dp"],
+        data=data,
     )
