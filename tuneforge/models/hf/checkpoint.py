@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
+from torch.distributed.tensor import DTensor, Replicate
 
 from tuneforge.file_modes import save_tensors
 from tuneforge.models.args import ModelArgs
@@ -153,8 +154,18 @@ def load_hf_model(
 
 def gathered(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a sharded (FSDP2 DTensor) one, as a plain tensor; every rank must
-    call it."""
-    whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    call it. One mesh dimension at a time, outermost first (FSDP2's shard of a tensor-parallel
+    shard, then that shard): each step one all-gather, where a single redistribution of
+    several dimensions is several sequential ones that torch warns of."""
+    whole = tensor
+    if isinstance(tensor, DTensor):
+        placements = list(tensor.placements)
+        sharded = tensor
+        for dim, placement in enumerate(placements):
+            if not placement.is_replicate():
+                placements[dim] = Replicate()
+                sharded = sharded.redistribute(placements=placements)
+        whole = sharded.to_local()
     inner = getattr(whole, "_tensor", None)
     # torchao's float8 training wraps a weight gathered in FP8 around its bf16 value
     return inner if type(whole) is not torch.Tensor and isinstance(inner, torch.Tensor) else whole
