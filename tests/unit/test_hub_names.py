@@ -36,7 +36,10 @@ def write_config(directory, model: str, extra: str = "") -> object:
         f"model:\n  path: {model}\n  dtype: float32\n{extra}"
         "data:\n  train:\n    - path: train.jsonl\ntrain:\n  max_steps: 1\n"
     )
-    (directory / "train.jsonl").write_text('{"text": "hello"}\n')
+    record = {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    }
+    (directory / "train.jsonl").write_text(json.dumps(record) + "\n")
     return config
 
 
