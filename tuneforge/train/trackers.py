@@ -141,25 +141,24 @@ def mlflow_problem(environ: dict[str, str]) -> str | None:
     return None
 
 
-def check_trackers(config: RunConfig, environ: dict[str, str] | None = None) -> None:
-    """Refuse, before any work, a tracker that could not log from here."""
+def tracker_problems(config: RunConfig, environ: dict[str, str] | None = None) -> list[str]:
+    """Why each tracker the configuration asks for could not log from here."""
     environ = dict(os.environ) if environ is None else environ
     checks = {"wandb": wandb_problem, "mlflow": mlflow_problem}
     problems = [checks[name](environ) for name in config.logging.report_to if name in checks]
-    if any(problems):
-        raise TuneforgeError("; ".join(p for p in problems if p))
+    return [problem for problem in problems if problem]
+
+
+def check_trackers(config: RunConfig, environ: dict[str, str] | None = None) -> None:
+    """Refuse a tracker that could not log from here."""
+    problems = tracker_problems(config, environ)
+    if problems:
+        raise TuneforgeError("; ".join(problems))
 
 
 def require_packages(config: RunConfig) -> None:
     """Refuse a run whose optional packages (a tracker's, bitsandbytes, torchao, ...) are
-    missing, before the run directory is touched."""
+    missing."""
     missing = missing_packages(config)
     if missing:
         raise TuneforgeError("; ".join(package.message() for package in missing))
-
-
-def require_packages_and_trackers(config: RunConfig) -> None:
-    """Before the run directory is touched: the packages the configuration needs, and trackers
-    that can log from here."""
-    require_packages(config)
-    check_trackers(config)

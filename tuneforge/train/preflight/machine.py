@@ -2,13 +2,11 @@
 trackers that can log from here, and FP8 tensor cores where FP8 is asked for. `config
 validate` says these apart: the configuration is valid, and this machine cannot run it."""
 
-import os
-
 from tuneforge.config.errors import ConfigIssue
 from tuneforge.config.packages import missing_packages
 from tuneforge.errors import TuneforgeError
 from tuneforge.train.preflight.check import Inputs
-from tuneforge.train.trackers import mlflow_problem, wandb_problem
+from tuneforge.train.trackers import tracker_problems
 
 
 def fp8_issues(inputs: Inputs) -> list[ConfigIssue]:
@@ -36,11 +34,6 @@ def machine_issues(inputs: Inputs) -> list[ConfigIssue]:
         ConfigIssue(package.field, package.message().removeprefix(f"{package.field} "))
         for package in missing_packages(config)
     ]
-    probes = {"wandb": wandb_problem, "mlflow": mlflow_problem}
-    for name in config.logging.report_to:
-        problem = probes[name](dict(os.environ)) if name in probes else None
-        if problem:
-            issues.append(
-                ConfigIssue("logging.report_to", problem.removeprefix("logging.report_to: "))
-            )
+    for problem in tracker_problems(config):
+        issues.append(ConfigIssue("logging.report_to", problem.removeprefix("logging.report_to: ")))
     return issues + fp8_issues(inputs)
