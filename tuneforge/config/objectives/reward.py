@@ -14,9 +14,6 @@ class RewardSection(Section):
     center_rewards_coefficient: float | None = Field(None, ge=0)
     """Adds this times the mean of (r_chosen + r_rejected)² over the pairs to the loss, pulling
     the scores towards mean zero (Eisenstein et al. 2023; TRL's recommended value 0.01)."""
-    margin_field: str = "margin"
-    """The record field holding a pair's margin m, if it has one: the loss of that pair is
-    −log σ(r_chosen − r_rejected − m) (a pair without the field: m = 0)."""
 
 
 REWARD = ObjectiveDeclaration(
