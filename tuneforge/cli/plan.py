@@ -5,7 +5,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -13,6 +13,10 @@ from rich.table import Table
 from tuneforge.cli.common import console
 from tuneforge.cli.data_lengths import record_lengths
 from tuneforge.errors import TuneforgeError
+
+if TYPE_CHECKING:
+    from tuneforge.config import RunConfig
+    from tuneforge.train.preflight import Inputs
 
 
 def plan_command(
@@ -76,7 +80,9 @@ def plan_command(
         overrides = [*(overrides or []), f"precision.master_weights={str(master_weights).lower()}"]
     with _reading(no_data):  # a configuration's mistakes reported before the heavy imports
         loaded = load_config(config, overrides or [])
-    _preflight(loaded, config, no_data)
+    checked = _preflight(loaded, config, no_data)
+    # the training records' lengths, as the preflight's data check read them
+    lengths = checked.data.stats.records if checked.data is not None else None
     from tuneforge.config.durations import format_duration, parse_duration
     from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB
     from tuneforge.plan.planner import plan_config
@@ -115,12 +121,10 @@ def plan_command(
             )
 
         with _reading(no_data):
-            lengths = None if no_data else record_lengths(config, overrides or [])
             found = search_recipes(config, overrides or [], hardware, lengths, fit)
         _print_recipes(found, fit, as_json)
         return
     with _reading(no_data):  # a hub model's configuration and tokenizer are enough to plan
-        lengths = None if no_data else record_lengths(config, overrides or [])
         plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
         layouts = []
         if hardware.data_parallel > 1:
@@ -218,7 +222,7 @@ def plan_command(
         )
 
 
-def _preflight(loaded, config: Path, no_data: bool) -> None:
+def _preflight(loaded: "RunConfig", config: Path, no_data: bool) -> "Inputs":
     """What `train` would refuse before any weights load, refused here first (this machine's
     packages and GPU aside: a plan is often made elsewhere)."""
     from tuneforge.config.errors import ConfigError
@@ -229,6 +233,7 @@ def _preflight(loaded, config: Path, no_data: bool) -> None:
         found = issues_of(inputs, not no_data, machine=False)
     if found:
         raise ConfigError(found, str(config))
+    return inputs
 
 
 @contextlib.contextmanager
