@@ -95,6 +95,13 @@ KEYS = {
 def mesh_problems(sizes: MeshSizes, split: SplitSizes | None = None) -> list[str]:
     """Every broken rule, as `parallel.KEY=N RULE (nearest valid KEY: a or b)`; none when the
     layout works. Without `split` only the rank counts are checked."""
+    return [problem for _, problem in mesh_problems_by_key(sizes, split)]
+
+
+def mesh_problems_by_key(
+    sizes: MeshSizes, split: SplitSizes | None = None
+) -> list[tuple[str, str]]:
+    """`mesh_problems`, each with the key it is about (`parallel.tensor_parallel`)."""
     problems = []
     for rule in _rank_rules(sizes):
         options = "; ".join(
@@ -102,8 +109,11 @@ def mesh_problems(sizes: MeshSizes, split: SplitSizes | None = None) -> list[str
             for field in ("tensor", "replicate")
         )
         problems.append(
-            f"parallel.tensor_parallel={sizes.tensor} × parallel.data_parallel_replicate="
-            f"{sizes.replicate} {rule} ({options})"
+            (
+                f"parallel.{KEYS['tensor']}",
+                f"parallel.tensor_parallel={sizes.tensor} × parallel.data_parallel_replicate="
+                f"{sizes.replicate} {rule} ({options})",
+            )
         )
     for field, rules in (
         ("tensor", _tensor_rules(sizes, split)),
@@ -111,7 +121,10 @@ def mesh_problems(sizes: MeshSizes, split: SplitSizes | None = None) -> list[str
     ):
         for rule in rules:
             problems.append(
-                f"parallel.{KEYS[field]}={getattr(sizes, field)} {rule} "
-                f"(nearest valid: {_nearest(sizes, split, field)})"
+                (
+                    f"parallel.{KEYS[field]}",
+                    f"parallel.{KEYS[field]}={getattr(sizes, field)} {rule} "
+                    f"(nearest valid: {_nearest(sizes, split, field)})",
+                )
             )
     return problems

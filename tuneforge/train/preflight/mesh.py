@@ -4,7 +4,7 @@ MLP width, experts) and, where the processes are known, against their number."""
 import os
 
 from tuneforge.config.errors import ConfigIssue
-from tuneforge.mesh_rules import MeshSizes, mesh_problems
+from tuneforge.mesh_rules import MeshSizes, mesh_problems_by_key
 from tuneforge.train.preflight.check import Inputs
 
 
@@ -35,7 +35,6 @@ def mesh_issues(inputs: Inputs) -> list[ConfigIssue]:
     # unknown processes: the fewest the mesh takes, so that only the model's rules speak
     ranks = world if world is not None else tensor * expert * replicate
     sizes = MeshSizes(ranks, tensor, expert, replicate)
-    for problem in mesh_problems(sizes, inputs.model_args.split_sizes()):
-        field = "parallel." + problem.removeprefix("parallel.").split("=")[0]
+    for field, problem in mesh_problems_by_key(sizes, inputs.model_args.split_sizes()):
         issues.append(ConfigIssue(field, problem, "choose a size the rule names as valid"))
     return issues
