@@ -95,13 +95,14 @@ KEYS = {
 def mesh_problems(sizes: MeshSizes, split: SplitSizes | None = None) -> list[str]:
     """Every broken rule, as `parallel.KEY=N RULE (nearest valid KEY: a or b)`; none when the
     layout works. Without `split` only the rank counts are checked."""
-    return [problem for _, problem in mesh_problems_by_key(sizes, split)]
+    return [f"{key}={problem}" for key, problem in mesh_problems_by_key(sizes, split)]
 
 
 def mesh_problems_by_key(
     sizes: MeshSizes, split: SplitSizes | None = None
 ) -> list[tuple[str, str]]:
-    """`mesh_problems`, each with the key it is about (`parallel.tensor_parallel`)."""
+    """`mesh_problems`, each as the key it is about (`parallel.tensor_parallel`) and the rest
+    of its text (`4 must divide the 6 attention heads (nearest valid: 3 or 6)`)."""
     problems = []
     for rule in _rank_rules(sizes):
         options = "; ".join(
@@ -111,8 +112,8 @@ def mesh_problems_by_key(
         problems.append(
             (
                 f"parallel.{KEYS['tensor']}",
-                f"parallel.tensor_parallel={sizes.tensor} × parallel.data_parallel_replicate="
-                f"{sizes.replicate} {rule} ({options})",
+                f"{sizes.tensor} × parallel.data_parallel_replicate={sizes.replicate} {rule} "
+                f"({options})",
             )
         )
     for field, rules in (
@@ -123,7 +124,7 @@ def mesh_problems_by_key(
             problems.append(
                 (
                     f"parallel.{KEYS[field]}",
-                    f"parallel.{KEYS[field]}={getattr(sizes, field)} {rule} "
+                    f"{getattr(sizes, field)} {rule} "
                     f"(nearest valid: {_nearest(sizes, split, field)})",
                 )
             )

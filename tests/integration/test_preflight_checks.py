@@ -53,7 +53,7 @@ CASES = {
     "mesh sizes": (
         DEMO,
         lambda root: ["parallel.strategy=fsdp", "parallel.tensor_parallel=4"],
-        "parallel.tensor_parallel=4 must divide the 6 attention heads",
+        "parallel.tensor_parallel: 4 must divide the 6 attention heads",
     ),
     "tokenizer": (
         DEMO,
