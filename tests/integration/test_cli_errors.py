@@ -140,6 +140,22 @@ def test_simple_mistakes_get_a_message_not_a_traceback(tmp_path):
     assert not one_process.exists()
 
 
+@pytest.mark.parametrize("command", ["config validate", "plan", "train"])
+def test_an_unknown_catalog_shape_is_named_not_a_traceback(command, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        *command.split(), "examples/demo.yaml", "model.name=no-such-shape",
+        f"run.output_dir={run_dir}",
+    )  # fmt: skip
+    assert_clean_failure(result, "unknown model shape 'no-such-shape'", "llama-3-8b")
+    assert not run_dir.exists()
+
+
+def test_a_zero_slurm_time_limit_is_refused(tmp_path):
+    result = run_cli("slurm", "examples/demo.yaml", "--time", "0", f"run.output_dir={tmp_path}/r")
+    assert_clean_failure(result, "--time: '0' is no time")
+
+
 def test_fp8_is_refused_on_a_machine_without_fp8_before_the_run_directory_exists(tmp_path):
     """`config validate` says the configuration is valid and this machine cannot run it, in the
     words `train` refuses it with."""

@@ -38,6 +38,19 @@ def test_durations_in_user_and_slurm_forms(text, seconds):
     assert parse_duration(text) == seconds
 
 
+@pytest.mark.parametrize("text", ["0", "00:00:00", "0m"])
+def test_a_zero_duration_is_refused(text):
+    # SLURM reads --time=0 as no limit: a chain written with it would never resume
+    with pytest.raises(ValueError, match="is no time"):
+        parse_duration(text)
+
+
+def test_a_time_limit_in_seconds_is_a_number_or_text():
+    assert load_config(DEMO, ["train.time_limit=600"]).train.time_limit == "600"
+    with pytest.raises(ConfigError, match=r"train\.time_limit.*'0' is no time"):
+        load_config(DEMO, ["train.time_limit=0"])
+
+
 def test_a_bad_time_limit_is_a_config_error():
     with pytest.raises(ConfigError, match=r"train\.time_limit.*cannot read 'soon'"):
         load_config(DEMO, ["train.time_limit=soon"])

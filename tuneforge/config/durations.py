@@ -6,7 +6,15 @@ UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in `text`; ValueError with the accepted forms otherwise."""
+    """Seconds in `text`, more than 0; ValueError with the accepted forms otherwise."""
+    seconds = _seconds(text)
+    if seconds <= 0:
+        # SLURM reads 0 as no limit at all; a time limit here is one the run must stop before
+        raise ValueError(f"{text!r} is no time: give a limit above 0, e.g. 4h or 01:30:00")
+    return seconds
+
+
+def _seconds(text: str) -> float:
     value = text.strip()
     match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd]?)", value)
     if match:

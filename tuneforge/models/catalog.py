@@ -3,6 +3,7 @@
 Shapes copy the published `config.json` of each model; `tuneforge models` lists them.
 """
 
+from tuneforge.errors import TuneforgeError
 from tuneforge.models.args import (
     GemmaArgs,
     LatentAttentionArgs,
@@ -162,9 +163,17 @@ CATALOG: dict[str, ModelArgs] = {
 }
 
 
+class UnknownShapeError(TuneforgeError, KeyError):
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return str(self.args[0])
+
+
 def catalog_shape(name: str) -> ModelArgs:
     try:
         return CATALOG[name]
     except KeyError:
         known = ", ".join(sorted(CATALOG))
-        raise KeyError(f"unknown model shape '{name}'; known shapes: {known}") from None
+        raise UnknownShapeError(
+            f"unknown model shape '{name}' (a model name without a slash is a catalog shape); "
+            f"known shapes: {known}. For a model directory, give model.path"
+        ) from None

@@ -85,6 +85,14 @@ class TrainSection(Section):
     """Wall-clock budget of this job (`90m`, `4h`, `01:30:00`, `2-00:00:00`); under SLURM the job's
     end time is used when sooner. The run saves and exits before it."""
 
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _seconds_as_text(cls, value: object) -> object:
+        # `time_limit: 600` (YAML) or `train.time_limit=600` reads as a number of seconds
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        return value
+
     @field_validator("time_limit")
     @classmethod
     def _parse_time_limit(cls, value: str | None) -> str | None:
