@@ -85,6 +85,8 @@ def _nearest(sizes: MeshSizes, split: SplitSizes | None, field: str) -> str:
     return " or ".join(str(value) for value in nearest)
 
 
+MESH_FIX = "choose a size the rule names as valid"
+
 KEYS = {
     "tensor": "tensor_parallel",
     "expert": "expert_parallel",

@@ -98,6 +98,12 @@ def test_a_directory_without_metrics_is_named(tmp_path):
         compare_runs([tmp_path], smoothing=1.0)
 
 
+def test_a_run_given_twice_is_refused_not_counted_twice(tmp_path):
+    run = write_run(tmp_path / "a", [2.0, 1.0], [(2, 1.5)])
+    with pytest.raises(TuneforgeError, match="is given twice"):
+        compare_runs([run, tmp_path / "." / "a"])
+
+
 def test_runs_of_one_precision_are_grouped_and_gaps_judged_against_the_references_spread(
     tmp_path,
 ):

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tuneforge.cli.main import app
+from tuneforge.config.errors import ConfigError
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3-8b-lora-16gb.yaml")
 CATALOG = ["model.path=null", "model.name=llama-3-8b"]
@@ -26,6 +27,7 @@ class Planned:
         result = CliRunner().invoke(app, ["plan", EXAMPLE, *args], env={"COLUMNS": "200"})
         self.exit_code = result.exit_code
         self.output = result.output
+        self.exception = result.exception
         # what `tuneforge`'s entry point prints of a refusal
         self.text = result.output + (str(result.exception) if result.exception else "")
 
@@ -71,3 +73,19 @@ def test_fit_beyond_the_gpus_memory_is_refused():
     result = plan(*CATALOG, "--gpu", "H100", "--no-data", "--fit", "200")
     assert result.exit_code != 0
     assert "--fit 200: more than the 80 GiB" in result.text
+
+
+def test_a_mesh_the_gpus_cannot_hold_is_refused_as_train_would():
+    # the plan's GPUs are the run's processes: 3 cannot hold tensor_parallel 2
+    result = plan(
+        *CATALOG, "--gpu", "H100", "--no-data", "--gpus", "3", "parallel.tensor_parallel=2"
+    )
+    assert isinstance(result.exception, ConfigError), result.text
+    assert "parallel.tensor_parallel: 2 × parallel.data_parallel_replicate=1 must divide the 3" in (
+        result.text
+    )
+    # a --what-if is not preflighted: the planner refuses it before predicting anything
+    asked = plan(*CATALOG, "--gpu", "H100", "--no-data", "--gpus", "4", "--what-if",
+                 "parallel.tensor_parallel=3")  # fmt: skip
+    assert isinstance(asked.exception, ConfigError), asked.text
+    assert "parallel.tensor_parallel: 3 must divide the 32 attention heads" in asked.text

@@ -80,7 +80,7 @@ def plan_command(
         overrides = [*(overrides or []), f"precision.master_weights={str(master_weights).lower()}"]
     with _reading(no_data):  # a configuration's mistakes reported before the heavy imports
         loaded = load_config(config, overrides or [])
-    checked = _preflight(loaded, config, no_data)
+    checked = _preflight(loaded, config, no_data, gpus * nodes)
     # the training records' lengths, as the preflight's data check read them
     lengths = checked.data.stats.records if checked.data is not None else None
     from tuneforge.config.durations import format_duration, parse_duration
@@ -222,14 +222,14 @@ def plan_command(
         )
 
 
-def _preflight(loaded: "RunConfig", config: Path, no_data: bool) -> "Inputs":
+def _preflight(loaded: "RunConfig", config: Path, no_data: bool, world_size: int) -> "Inputs":
     """What `train` would refuse before any weights load, refused here first (this machine's
     packages and GPU aside: a plan is often made elsewhere)."""
     from tuneforge.config.errors import ConfigError
     from tuneforge.train.preflight import Inputs, issues_of
 
     with _reading(no_data):
-        inputs = Inputs(loaded)
+        inputs = Inputs(loaded, world_size=world_size)
         found = issues_of(inputs, not no_data, machine=False)
     if found:
         raise ConfigError(found, str(config))

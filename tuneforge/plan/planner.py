@@ -11,10 +11,11 @@ import numpy as np
 
 from tuneforge.config import RunConfig, load_config
 from tuneforge.config.durations import parse_duration
+from tuneforge.config.errors import ConfigError, ConfigIssue
 from tuneforge.config.objectives.registry import declaration_of
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.hardware.gpus import GIB, link_gbps
-from tuneforge.mesh_rules import MeshSizes, mesh_problems
+from tuneforge.mesh_rules import MESH_FIX, MeshSizes, mesh_problems_by_key
 from tuneforge.models.args import ModelArgs
 from tuneforge.models.cost import (
     activation_bytes_per_token,
@@ -218,6 +219,10 @@ def plan_run(
     epoch = planned_epoch(config, records)
     setup = setup_of(config, args, hardware, mean_document_length(config.data, records))
     capacity = hardware.gpu_memory_gib
+    sizes = MeshSizes(hardware.data_parallel, setup.tensor, setup.expert, setup.replicate)
+    refused = mesh_problems_by_key(sizes, args.split_sizes())
+    if refused:  # no layout to plan, as `train` would start none (a --what-if can ask for one)
+        raise ConfigError([ConfigIssue(key, problem, MESH_FIX) for key, problem in refused])
     replicated = predict_memory(replace(setup, zero_stage=0)).total / GIB
     dims, strategy_reason = resolve_dims(
         config.parallel, hardware.data_parallel, replicated, capacity
@@ -225,8 +230,6 @@ def plan_run(
     if dims.replicated:
         setup = replace(setup, zero_stage=0)
     memory = predict_memory(setup)
-    sizes = MeshSizes(hardware.data_parallel, setup.tensor, setup.expert, setup.replicate)
-    mesh_refusals = mesh_problems(sizes, args.split_sizes())
     stage, stage_advice = zero_stage_advice(args, hardware.data_parallel)
 
     options = memory_options(setup, capacity, replicated)
@@ -276,7 +279,6 @@ def plan_run(
             else train.tokens_per_micro_batch
         ),
     )
-    plan.problems += mesh_refusals
     if records is not None and records.lengths:
         p99 = float(np.percentile(records.lengths, 99))
         plan.suggested_max_seq_len = max(

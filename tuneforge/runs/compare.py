@@ -147,6 +147,11 @@ def read_runs(run_dirs: list[Path], smoothing: float = 0.9) -> list[RunCurves]:
     cross-entropy on the data (none for a run that does not log it)."""
     if not 0 <= smoothing < 1:
         raise TuneforgeError(f"--smoothing must be in [0, 1), not {smoothing}")
+    seen: dict[Path, Path] = {}
+    for run_dir in run_dirs:
+        first = seen.setdefault(run_dir.resolve(), run_dir)
+        if first is not run_dir:  # counted twice, one run would make a spread of its own
+            raise TuneforgeError(f"{run_dir} is given twice (as {first}): name each run once")
     runs = [read_run(run_dir, smoothing) for run_dir in run_dirs]
     if not same_objective(runs):
         for run in runs:

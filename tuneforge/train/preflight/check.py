@@ -24,6 +24,8 @@ class Inputs:
     world: "Dist | None" = None
     """The processes `torchrun` started (`train`); None where no process group is joined
     (`config validate`, `plan`): the world size is then unknown."""
+    world_size: int | None = None
+    """The processes a plan is made for (`--gpus` × `--nodes`) where no process group is joined."""
     data: "TrainingData | None" = None
     """The training data, once a check has read it (`train` goes on with it)."""
     tokenizer_problem: str | None = None

@@ -4,14 +4,17 @@ MLP width, experts) and, where the processes are known, against their number."""
 import os
 
 from tuneforge.config.errors import ConfigIssue
-from tuneforge.mesh_rules import MeshSizes, mesh_problems_by_key
+from tuneforge.mesh_rules import MESH_FIX, MeshSizes, mesh_problems_by_key
 from tuneforge.train.preflight.check import Inputs
 
 
 def world_size_of(inputs: Inputs) -> int | None:
-    """The processes of the run: torchrun's, or `WORLD_SIZE` where it is set; None if unknown."""
+    """The processes of the run: torchrun's, the plan's GPUs, or `WORLD_SIZE` where it is set;
+    None if unknown."""
     if inputs.world is not None:
         return inputs.world.world_size
+    if inputs.world_size is not None:
+        return inputs.world_size
     size = os.environ.get("WORLD_SIZE")
     return int(size) if size and size.isdigit() else None
 
@@ -36,5 +39,5 @@ def mesh_issues(inputs: Inputs) -> list[ConfigIssue]:
     ranks = world if world is not None else tensor * expert * replicate
     sizes = MeshSizes(ranks, tensor, expert, replicate)
     for field, problem in mesh_problems_by_key(sizes, inputs.model_args.split_sizes()):
-        issues.append(ConfigIssue(field, problem, "choose a size the rule names as valid"))
+        issues.append(ConfigIssue(field, problem, MESH_FIX))
     return issues
