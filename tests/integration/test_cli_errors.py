@@ -151,6 +151,13 @@ def test_an_unknown_catalog_shape_is_named_not_a_traceback(command, tmp_path):
     assert not run_dir.exists()
 
 
+def test_a_held_out_file_problem_names_data_eval(tmp_path):
+    empty = tmp_path / "eval.jsonl"
+    empty.write_text("")
+    result = run_cli("config", "validate", "examples/demo.yaml", f"data.eval.0.path={empty}")
+    assert_clean_failure(result, f"data.eval: {empty}: the file is empty")
+
+
 def test_a_zero_slurm_time_limit_is_refused(tmp_path):
     result = run_cli("slurm", "examples/demo.yaml", "--time", "0", f"run.output_dir={tmp_path}/r")
     assert_clean_failure(result, "--time: '0' is no time")

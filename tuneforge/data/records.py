@@ -21,6 +21,9 @@ SUFFIXES = (".jsonl", ".json", ".parquet", ".npy")
 class DataError(TuneforgeError):
     """A data file that cannot be used as it is."""
 
+    field = "data.train"
+    """The configuration field whose data it is (`data.eval` for the held-out files)."""
+
 
 ORIGIN_FIELD = "__origin__"
 """Where a record's kept fields (`Conversation.fields`, for rewards) hold its `file:line`, so that

@@ -13,7 +13,7 @@ from tuneforge.data.dataset import DatasetStats, examples_for, report_left_out
 from tuneforge.data.packing import PackedBatch, PackedLoader
 from tuneforge.data.pairs import pair_examples
 from tuneforge.data.reading import read_source
-from tuneforge.data.records import Conversation
+from tuneforge.data.records import Conversation, DataError
 from tuneforge.data.splits import check_disjoint_files, split_off
 from tuneforge.data.unpaired import unpaired_examples
 
@@ -139,11 +139,15 @@ def load_training_data(
     )
     result = TrainingData(loader, stats)
     if data.eval or held_out:
-        result.eval_conversations = held_out or [
-            c for found in read_sources(data.eval, data.on_bad_record) for c in found
-        ]
-        eval_examples, eval_stats = tokenise(result.eval_conversations)
-        report_left_out(eval_stats, data.max_seq_len)
+        try:
+            result.eval_conversations = held_out or [
+                c for found in read_sources(data.eval, data.on_bad_record) for c in found
+            ]
+            eval_examples, eval_stats = tokenise(result.eval_conversations)
+            report_left_out(eval_stats, data.max_seq_len)
+        except DataError as error:
+            error.field = "data.eval" if data.eval else error.field
+            raise
         result.eval_batches = PackedLoader(
             eval_examples, tokens_per_micro_batch, 0, data.packing, pairs=pairs
         ).fixed_batches()

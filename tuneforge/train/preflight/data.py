@@ -21,5 +21,5 @@ def data_issues(inputs: Inputs) -> list[ConfigIssue]:
         else:
             inputs.data = read_training_data(inputs.config, inputs.tokenizer)
     except TuneforgeError as error:
-        return [ConfigIssue("data.train", str(error))]
+        return [ConfigIssue(getattr(error, "field", "data.train"), str(error))]
     return []
