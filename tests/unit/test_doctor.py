@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tuneforge.config import load_config
 from tuneforge.doctor.log_scan import scan_log
 from tuneforge.doctor.oom import allocator_variable, diagnose
 from tuneforge.models.catalog import catalog_shape
@@ -221,7 +222,7 @@ def test_with_a_config_each_remedy_is_sized_by_the_planner(tmp_path):
         "train: {tokens_per_micro_batch: 16384}",
         "parallel: {strategy: fsdp, zero_stage: 2}",
     )
-    lines = remedies(config, [], gpus=8, capacity_gib=63.98)
+    lines = remedies(load_config(config, []), gpus=8, capacity_gib=63.98)
     assert lines[0].startswith("the planner predicts")
     checkpointing = next(line for line in lines if line.startswith("activation checkpointing"))
     assert checkpointing.endswith(", fits")
@@ -232,7 +233,7 @@ def test_with_a_config_each_remedy_is_sized_by_the_planner(tmp_path):
     before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", split)[0])
     assert after < before  # each GPU keeps half of every layer's activations
     assert not any(line.startswith("expert parallelism") for line in lines)  # a dense model
-    compiled = remedies(config, ["train.compile=true"], gpus=8, capacity_gib=63.98)
+    compiled = remedies(load_config(config, ["train.compile=true"]), gpus=8, capacity_gib=63.98)
     budget = next(line for line in compiled if line.startswith("a memory budget of 0.8"))
     before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", budget)[0])
     assert after < before
@@ -248,7 +249,7 @@ def test_a_full_fine_tune_over_master_weights_is_offered_the_lighter_ways(tmp_pa
         "model: {name: qwen3-8b, dtype: bfloat16}",
         "train: {tokens_per_micro_batch: 8192}",
     )
-    lines = remedies(config, [], gpus=1, capacity_gib=139.8)
+    lines = remedies(load_config(config, []), gpus=1, capacity_gib=139.8)
     saved = {}
     for name in ("compensated", "false"):
         line = next(line for line in lines if f"precision.master_weights: {name}" in line)
@@ -257,7 +258,8 @@ def test_a_full_fine_tune_over_master_weights_is_offered_the_lighter_ways(tmp_pa
     assert saved["compensated"] == pytest.approx(-2 * params / 2**30, abs=0.06)
     assert saved["false"] == pytest.approx(-8 * params / 2**30, abs=0.06)
     assert not any(
-        "master_weights" in line for line in remedies(config, ["lora.enabled=true"], 1, 80.0)
+        "master_weights" in line
+        for line in remedies(load_config(config, ["lora.enabled=true"]), 1, 80.0)
     )
 
 
@@ -311,13 +313,15 @@ def test_remedies_size_memory_from_the_datas_lengths_as_plan_does(tmp_path):
         "train: {tokens_per_micro_batch: 8192}",
     )
     records = RecordLengths([300] * 2000, None)
-    lines = remedies(config, [], gpus=1, capacity_gib=139.0, records=records)
+    lines = remedies(load_config(config, []), gpus=1, capacity_gib=139.0, records=records)
     planned = plan_run(load_config(config, []), Hardware(gpus=1, memory_gib=139.0), records)
     assert (
         lines[0]
         == f"the planner predicts {planned.memory.total / GIB:.1f} GiB per GPU for this configuration"
     )
-    assert lines[0] != remedies(config, [], gpus=1, capacity_gib=139.0)[0]  # documents of 8192
+    assert (
+        lines[0] != remedies(load_config(config, []), gpus=1, capacity_gib=139.0)[0]
+    )  # documents of 8192
     assert any("micro-batch of 4096 tokens and data.max_seq_len 4096" in line for line in lines)
 
 
@@ -375,16 +379,20 @@ def test_a_lora_run_is_offered_its_base_in_fp8_sized_by_the_planner(tmp_path):
         "train: {tokens_per_micro_batch: 8192}",
     )
     config = qwen3_8b_config(tmp_path, model, batch, "lora: {enabled: true}")
-    line = next(line for line in remedies(config, [], 1, 24.0) if "only in FP8" in line)
+    line = next(
+        line for line in remedies(load_config(config, []), 1, 24.0) if "only in FP8" in line
+    )
     before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", line)[0])
 
     weights = frozen_linears(catalog_shape("qwen3-8b"))[0]
     # a byte less per weight, less the cached blocks FP8 products hold
     assert before - after == pytest.approx(weights / 2**30 - FP8_BASE_RESERVE_GIB, abs=0.1)
-    done = remedies(config, ["precision.fp8=e4m3", "precision.fp8_base_weights=true"], 1, 24.0)
+    done = remedies(
+        load_config(config, ["precision.fp8=e4m3", "precision.fp8_base_weights=true"]), 1, 24.0
+    )
     assert not any("only in FP8" in line for line in done)
     full = qwen3_8b_config(tmp_path, model, batch)
-    assert not any("only in FP8" in line for line in remedies(full, [], 1, 24.0))
+    assert not any("only in FP8" in line for line in remedies(load_config(full, []), 1, 24.0))
 
 
 def test_qlora_is_proposed_for_a_lora_run_with_the_memory_it_saves(tmp_path):
@@ -398,13 +406,14 @@ def test_qlora_is_proposed_for_a_lora_run_with_the_memory_it_saves(tmp_path):
         "lora: {enabled: true}",
         "train: {tokens_per_micro_batch: 8192, activation_checkpointing: full}",
     )
-    lines = remedies(config, [], gpus=1, capacity_gib=16.0)
+    lines = remedies(load_config(config, []), gpus=1, capacity_gib=16.0)
     qlora = next(line for line in lines if line.startswith("QLoRA"))
     before, after = (float(x) for x in re.findall(r"([\d.]+) -> ([\d.]+) GiB", qlora)[0])
     assert before > 16.0 and after < 16.0 and qlora.endswith(", fits")
     assert before - after > 0.7 * 7.0  # most of the ~7.6 GiB of frozen linears in bf16
     assert not any(
-        line.startswith("QLoRA") for line in remedies(config, ["lora.enabled=false"], 1, 16.0)
+        line.startswith("QLoRA")
+        for line in remedies(load_config(config, ["lora.enabled=false"]), 1, 16.0)
     )
-    quantised = remedies(config, ["model.quantize=nf4"], gpus=1, capacity_gib=16.0)
+    quantised = remedies(load_config(config, ["model.quantize=nf4"]), gpus=1, capacity_gib=16.0)
     assert not any(line.startswith("QLoRA") for line in quantised)

@@ -46,6 +46,7 @@ ALLOWED = {
     "inference": {"models", "peft", "runs", "data", "config"} | LEAVES,
     "train": TRAINER_IMPORTS,
     "bench": TRAINER_IMPORTS | {"train"},
+    "api": TRAINER_IMPORTS | {"train", "export", "inference", "slurm"},
     "cli": None,  # the command line may call anything
     "__main__": {"cli"},
     "__init__": set(),

@@ -204,7 +204,10 @@ def test_what_if_and_save_steps_against_a_time_limit(tmp_path):
         "checkpoint.save_steps=5000",
     ]
     plan = plan_config(
-        DEMO, overrides, hardware, RecordLengths(heavy_tailed_lengths()), ["data.packing=none"]
+        load_config(DEMO, overrides),
+        hardware,
+        RecordLengths(heavy_tailed_lengths()),
+        ["data.packing=none"],
     )
     assert any("save_steps=5000 exceeds" in problem for problem in plan.problems)
     assert plan.jobs_needed is not None and plan.jobs_needed > 1
@@ -523,7 +526,7 @@ def test_a_step_waits_for_its_slowest_rank_as_the_loader_deals_the_epoch():
 def test_what_ifs_use_the_plans_step_time_model_recomputation_included():
     hardware = Hardware(gpus=1, gpu="H200")
     plan = plan_config(
-        DEMO, LLAMA3_8B_LORA, hardware, None, ["train.activation_checkpointing=full"]
+        load_config(DEMO, LLAMA3_8B_LORA), hardware, None, ["train.activation_checkpointing=full"]
     )
     (item,) = plan.what_if
     changed = plan_run(
@@ -536,13 +539,13 @@ def test_what_ifs_use_the_plans_step_time_model_recomputation_included():
     assert 1.4 < ratio < 1.5
     # a change of the micro-batch is judged per token, not per (longer) step
     (bigger,) = plan_config(
-        DEMO, LLAMA3_8B_LORA, hardware, None, ["train.tokens_per_micro_batch=8192"]
+        load_config(DEMO, LLAMA3_8B_LORA), hardware, None, ["train.tokens_per_micro_batch=8192"]
     ).what_if
     assert bigger["speedup"] == pytest.approx(1.0, abs=0.01)
 
 
 def test_a_plan_for_the_cpu_uses_its_cores_and_host_memory(monkeypatch):
-    from tuneforge.cli.plan import _target
+    from tuneforge.api.planning import target_hardware as _target
     from tuneforge.hardware.cpu import cpu_cores, host_memory_gib
     from tuneforge.plan.prediction import CPU
 
@@ -606,9 +609,9 @@ def test_a_preference_run_adds_the_references_forward_and_its_frozen_copy_or_one
     common += ["eval.num_samples=0"]
 
     def plans(*settings: str):
-        sft = plan_config(DEMO, [*common, *settings], hardware, None, [])
+        sft = plan_config(load_config(DEMO, [*common, *settings]), hardware, None, [])
         dpo = plan_config(
-            DEMO, [*common, *settings, "train.objective=dpo", f"data.train={pairs}"], hardware,
+            load_config(DEMO, [*common, *settings, "train.objective=dpo", f"data.train={pairs}"]), hardware,
             None, [],
         )  # fmt: skip
         return sft, dpo
@@ -639,9 +642,9 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_log
     hardware = Hardware(gpus=1, gpu="H100")
     common = ["model.name=qwen3-1.7b", "model.dtype=bfloat16", "data.max_seq_len=4096"]
     common += ["train.tokens_per_micro_batch=4096", "train.max_steps=10", "lora.enabled=false"]
-    sft = plan_config(DEMO, common, hardware, None, [])
+    sft = plan_config(load_config(DEMO, common), hardware, None, [])
     teacher = ["train.objective=distill", "distill.teacher.name=qwen3-8b"]
-    distill = plan_config(DEMO, [*common, *teacher], hardware, None, [])
+    distill = plan_config(load_config(DEMO, [*common, *teacher]), hardware, None, [])
     teacher_args = section_model_args(load_config(DEMO, teacher).distill.teacher)
     student_args = run_model_args(load_config(DEMO, common))
     assert distill.memory.weights - sft.memory.weights == pytest.approx(
@@ -656,8 +659,8 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_log
     # under FSDP2 on 4 GPUs its blocks are sharded, its embedding, head and norm whole
     four = Hardware(gpus=4, gpu="H100")
     sharded = [*common, "parallel.strategy=fsdp"]
-    sft4 = plan_config(DEMO, sharded, four, None, [])
-    distill4 = plan_config(DEMO, [*sharded, *teacher], four, None, [])
+    sft4 = plan_config(load_config(DEMO, sharded), four, None, [])
+    distill4 = plan_config(load_config(DEMO, [*sharded, *teacher]), four, None, [])
     root = teacher_args.vocab_size * teacher_args.dim * 2 + teacher_args.dim  # untied
     per_gpu = ((teacher_args.num_params() - root) / 4 + root) * 2
     assert distill4.memory.weights - sft4.memory.weights == pytest.approx(per_gpu)
@@ -665,7 +668,7 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_log
     from tuneforge.plan.base_weights import BaseWeights, frozen_linears
 
     four_bit = plan_config(
-        DEMO, [*common, *teacher, "distill.teacher.quantize=nf4"], hardware, None, []
+        load_config(DEMO, [*common, *teacher, "distill.teacher.quantize=nf4"]), hardware, None, []
     )
     linears = frozen_linears(teacher_args)[0]
     held = sum(BaseWeights("bnb-nf4").bytes(teacher_args, 2))
@@ -673,7 +676,7 @@ def test_a_distillation_run_adds_its_teachers_weights_and_forward_unless_its_log
         (teacher_args.num_params() - linears) * 2 + held
     )
     cached = ["distill.teacher_logits=cached", "distill.top_k=64"]
-    distill = plan_config(DEMO, [*common, *teacher, *cached], hardware, None, [])
+    distill = plan_config(load_config(DEMO, [*common, *teacher, *cached]), hardware, None, [])
     assert distill.memory.weights == sft.memory.weights
     assert distill.step_time_s == sft.step_time_s
     assert "teacher (cached)" in distill.objective and "512 bytes per supervised token" in (

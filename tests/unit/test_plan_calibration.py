@@ -120,8 +120,8 @@ def test_plan_calibrate_fits_writes_and_names_the_rates(tmp_path):
 
 def test_the_recipe_search_picks_the_fastest_that_fits_and_its_overrides_load():
     hardware = Hardware(gpu="H200")
-    roomy = search_recipes(Path(DEMO), LLAMA3_8B_LORA, hardware, None, 80.0)
-    tight = search_recipes(Path(DEMO), LLAMA3_8B_LORA, hardware, None, 16.5)
+    roomy = search_recipes(load_config(DEMO, LLAMA3_8B_LORA), hardware, None, 80.0)
+    tight = search_recipes(load_config(DEMO, LLAMA3_8B_LORA), hardware, None, 16.5)
     assert roomy.searched > 100 and roomy.recipes and tight.recipes
     for search, cap in ((roomy, 80.0), (tight, 16.5)):
         speeds = [r.tokens_per_s for r in search.recipes]
@@ -136,7 +136,7 @@ def test_the_recipe_search_picks_the_fastest_that_fits_and_its_overrides_load():
         "offload" in o or "checkpointing" in o or "quantize" in o or "fp8" in o
         for o in tight.recipes[0].overrides
     )
-    none = search_recipes(Path(DEMO), LLAMA3_8B_LORA, hardware, None, 2.0)
+    none = search_recipes(load_config(DEMO, LLAMA3_8B_LORA), hardware, None, 2.0)
     assert none.recipes == [] and none.least_gib > 2.0
     assert none.least_gib <= min(r.reserved_gib for r in tight.recipes)
 

@@ -24,28 +24,18 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Loss curves, held-out loss, speed and memory of runs side by side, against the first."""
-    from tuneforge.runs.compare import (
-        as_dicts,
-        loss_label,
-        plot_comparison,
-        read_runs,
-        same_objective,
-        summarize,
-    )
-    from tuneforge.runs.compare_groups import group_by_precision
-    from tuneforge.runs.plot import image_file
+    from tuneforge.api.comparing import compare as compare_runs
+    from tuneforge.runs.compare import as_dicts, loss_label
 
-    out = image_file(out) if out is not None else None
-    runs = read_runs(run_dirs, smoothing)
-    summaries, groups = summarize(runs), group_by_precision(runs)
-    written = plot_comparison(run_dirs, out, smoothing) if out is not None else None
+    found = compare_runs(run_dirs, smoothing=smoothing, plot=out)
+    summaries, groups, runs, written = found.summaries, found.groups, found.runs, found.plot
     if as_json:
-        document: dict[str, Any] = {"reference": summaries[0].name, "loss": loss_label(runs)}
+        document: dict[str, Any] = {"reference": summaries[0].name, "loss": found.loss}
         document["runs"] = as_dicts(summaries)
         document["groups"] = [asdict(group) for group in groups]
         console.print_json(json.dumps(document | {"plot": str(written) if written else None}))
         return
-    shared = same_objective(runs)
+    shared = found.same_objective
     loss = "loss (last)" if shared else "cross-entropy (last)"
     table = Table("run", "precision", loss, "gap mean/max", "held-out", "best", "tok/s", "GiB")
     matches = any(summary.final_exact_match is not None for summary in summaries)

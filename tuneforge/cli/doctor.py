@@ -44,22 +44,9 @@ def oom(
 ) -> None:
     """Fragmentation, memory pressure, other processes, the runtime's or the host's memory, and
     what to do."""
-    from importlib.metadata import PackageNotFoundError, version
+    from tuneforge.api.doctoring import doctor_oom
 
-    from tuneforge.doctor.oom import diagnose
-
-    if torch_version is None:  # the version only, not torch itself: reading a message is quick
-        try:
-            torch_version = version("torch")
-        except PackageNotFoundError:
-            torch_version = None
-    report = diagnose(_read(source), torch_version)
-    if config is not None and report.kind in ("pressure", "runtime"):
-        from tuneforge.cli.data_lengths import record_lengths
-        from tuneforge.doctor.oom_plan import remedies
-
-        records = record_lengths(config, [])
-        report.actions += remedies(config, [], gpus, report.total_gib, records)
+    report = doctor_oom(_read(source), torch_version=torch_version, config=config, gpus=gpus)
     if as_json:
         _print(report.as_dict())
         return
@@ -108,35 +95,12 @@ def log(
 ) -> None:
     """Allocator warnings, NaNs, restarts from step 0, ETA against the limit, collective errors;
     with --config, the step time against the planner's."""
-    from tuneforge.config.durations import parse_duration
-    from tuneforge.doctor.log_scan import scan_log
-    from tuneforge.runs.files import METRICS_FILE
+    from tuneforge.api.doctoring import doctor_log, scan_lines
 
-    try:
-        limit = parse_duration(time_limit) if time_limit is not None else None
-    except ValueError as error:
-        raise TuneforgeError(f"--time-limit: {error}") from None
     if source == "-":
-        report = scan_log(sys.stdin, limit)
+        report = scan_lines(sys.stdin, time_limit, config, gpus, gpu)
     else:
-        path = Path(source)
-        if path.is_dir() and (path / METRICS_FILE).is_file():
-            path = path / METRICS_FILE
-        if not path.is_file():
-            raise TuneforgeError(f"{path}: no such file")
-        with path.open(encoding="utf-8", errors="replace") as handle:  # streamed, line by line
-            report = scan_log(handle, limit)
-    if config is not None:
-        from tuneforge.cli.data_lengths import record_lengths
-        from tuneforge.config import load_config
-        from tuneforge.doctor.log_expectation import compare_with_plan
-        from tuneforge.plan.planner import plan_run
-        from tuneforge.plan.prediction import Hardware
-
-        plan = plan_run(
-            load_config(config, []), Hardware(gpus=gpus, gpu=gpu), record_lengths(config, [])
-        )
-        compare_with_plan(report, plan)
+        report = doctor_log(source, time_limit=time_limit, config=config, gpus=gpus, gpu=gpu)
     if as_json:
         _print(report.as_dict())
         return

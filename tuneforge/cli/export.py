@@ -30,12 +30,11 @@ def merge(
     overwrite: OverwriteOption = False,
 ) -> None:
     """Fold an adapter into its base: sharded safetensors, config, tokenizer, generation config."""
-    from tuneforge.export.sources import resolve_source
+    from tuneforge.api.exporting import export_merge
 
-    resolved = resolve_source(source, base, adapter)  # before the heavy imports
-    from tuneforge.export.merge import export_merged
-
-    written = export_merged(resolved, out, dtype, overwrite)
+    written = export_merge(
+        source, out, base=base, adapter=adapter, dtype=dtype, overwrite=overwrite
+    )
     console.print(f"merged model written to {written}", markup=False, highlight=False)
 
 
@@ -57,12 +56,12 @@ def gguf(
     overwrite: OverwriteOption = False,
 ) -> None:
     """Write a GGUF file for llama.cpp, tokenizer and chat template included."""
-    from tuneforge.export.sources import ExportError, resolve_source
+    from tuneforge.api.exporting import export_gguf
+    from tuneforge.export.sources import ExportError
 
     if model is not None and source is not None:
         raise ExportError("give SOURCE or --model, not both")
-    resolved = resolve_source(source or model, base, adapter)  # before the heavy imports
-    from tuneforge.export.gguf_file import export_gguf
-
-    written = export_gguf(resolved, out, type, overwrite)
+    written = export_gguf(
+        source or model, out, quant=type, base=base, adapter=adapter, overwrite=overwrite
+    )
     console.print(f"GGUF written to {written}", markup=False, highlight=False)

@@ -1,22 +1,16 @@
 """`tuneforge plan`: memory per GPU, step time, ETA and jobs, and what-if comparisons."""
 
-import contextlib
 import json
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
+from tuneforge.api.planning import record_lengths
 from tuneforge.cli.common import console
-from tuneforge.cli.data_lengths import record_lengths
+from tuneforge.config.errors import ConfigError
 from tuneforge.errors import TuneforgeError
-
-if TYPE_CHECKING:
-    from tuneforge.config import RunConfig
-    from tuneforge.train.preflight import Inputs
 
 
 def plan_command(
@@ -74,63 +68,50 @@ def plan_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Predict per-GPU memory, step time, ETA and jobs needed, before launching."""
+    from tuneforge.api.configuration import reading
+    from tuneforge.api.planning import plan as predict
     from tuneforge.config import load_config
 
     if master_weights is not None:
         overrides = [*(overrides or []), f"precision.master_weights={str(master_weights).lower()}"]
-    with _reading(no_data):  # a configuration's mistakes reported before the heavy imports
-        loaded = load_config(config, overrides or [])
-    checked = _preflight(loaded, config, no_data, gpus * nodes)
-    # the training records' lengths, as the preflight's data check read them
-    lengths = checked.data.stats.records if checked.data is not None else None
-    from tuneforge.config.durations import format_duration, parse_duration
-    from tuneforge.hardware.gpus import GIB, GPU_MEMORY_GIB
-    from tuneforge.plan.planner import plan_config
-    from tuneforge.plan.prediction import CPU, Hardware
-
-    gpu, target = _target(gpu)
-    if gpu not in GPU_MEMORY_GIB and gpu != CPU and gpu_mem is None:
-        raise TuneforgeError(
-            f"--gpu {gpu}: unknown; use one of {', '.join(GPU_MEMORY_GIB)} or CPU, or give "
-            "--gpu-mem"
-        )
-    try:
-        limit = parse_duration(time_limit) if time_limit else None
-    except ValueError as error:
-        raise TuneforgeError(f"--time-limit: {error}") from None
     if save_rates is not None and not calibrate:
         raise TuneforgeError("--save-rates writes what --calibrate fits: give --calibrate too")
     if rates is not None and calibrate:
         raise TuneforgeError("--rates and --calibrate both give the rates: use one")
-    hardware = Hardware(gpus, nodes, gpu, gpu_mem, limit)
-    if rates is not None:
-        hardware = replace(hardware, rates=_load_rates(rates))
+    with reading(not no_data):  # a configuration's mistakes reported before the heavy imports
+        loaded = load_config(config, overrides or [])
+    step_rates = _load_rates(rates) if rates is not None else None
     if calibrate:
-        hardware = replace(hardware, rates=_calibrated(calibrate, hardware))
+        from tuneforge.api.planning import target_hardware
+        from tuneforge.plan.prediction import Hardware
+
+        named, _ = target_hardware(gpu)
+        step_rates = _calibrated(calibrate, Hardware(gpus, nodes, named, gpu_mem))
         if save_rates is not None:
-            hardware.step_rates.save(save_rates)
+            step_rates.save(save_rates)
             console.print(f"rates written to {save_rates}", markup=False, highlight=False)
-    if fit is not None:
-        from tuneforge.plan.recipe_search import search_recipes
-
-        capacity = gpu_mem if gpu_mem is not None else GPU_MEMORY_GIB.get(gpu)
-        if capacity is not None and fit > capacity:
-            raise TuneforgeError(
-                f"--fit {fit:g}: more than the {capacity:g} GiB a {gpu} has; give at most "
-                f"{capacity:g} (or --gpu / --gpu-mem for a larger GPU)"
-            )
-
-        with _reading(no_data):
-            found = search_recipes(config, overrides or [], hardware, lengths, fit)
-        _print_recipes(found, fit, as_json)
+    try:
+        result = predict(
+            loaded, gpu=gpu, gpus=gpus, nodes=nodes, gpu_mem=gpu_mem, time_limit=time_limit,
+            fit_gib=fit, what_if=what_if or [], with_data=not no_data, rates=step_rates,
+        )  # fmt: skip
+    except ConfigError as error:  # named as `train` names it: by the configuration file
+        raise ConfigError(error.issues, error.source or str(config)) from None
+    if result.recipes is not None:
+        assert fit is not None
+        _print_recipes(result.recipes, fit, as_json)
         return
-    with _reading(no_data):  # a hub model's configuration and tokenizer are enough to plan
-        plan = plan_config(config, overrides or [], hardware, lengths, what_if or [])
-        layouts = []
-        if hardware.data_parallel > 1:
-            from tuneforge.plan.layouts import plan_layouts
+    assert result.plan is not None
+    plan, layouts, hardware, target = (
+        result.plan,
+        result.layouts,
+        result.hardware,
+        result.planned_for,
+    )
+    from tuneforge.config.durations import format_duration
+    from tuneforge.hardware.gpus import GIB
 
-            layouts = plan_layouts(load_config(config, overrides or []), hardware, lengths)
+    gpu = hardware.gpu
     if as_json:
         console.print(
             json.dumps(
@@ -222,31 +203,6 @@ def plan_command(
         )
 
 
-def _preflight(loaded: "RunConfig", config: Path, no_data: bool, world_size: int) -> "Inputs":
-    """What `train` would refuse before any weights load, refused here first (this machine's
-    packages and GPU aside: a plan is often made elsewhere)."""
-    from tuneforge.config.errors import ConfigError
-    from tuneforge.train.preflight import Inputs, issues_of
-
-    with _reading(no_data):
-        inputs = Inputs(loaded, world_size=world_size)
-        found = issues_of(inputs, not no_data, machine=False)
-    if found:
-        raise ConfigError(found, str(config))
-    return inputs
-
-
-@contextlib.contextmanager
-def _reading(no_data: bool) -> Iterator[None]:
-    """Configurations read for a plan: a hub model's configuration without its weights, and,
-    with --no-data, without the data files or a tokenizer."""
-    from tuneforge.config.hub import without_weights
-    from tuneforge.config.loading import without_data
-
-    with without_weights(), without_data() if no_data else contextlib.nullcontext():
-        yield
-
-
 def _load_rates(file: Path):
     from tuneforge.hardware.step_rates import load_rates
 
@@ -259,13 +215,14 @@ def _load_rates(file: Path):
 def _calibrated(sources: list[Path], hardware):
     """The rates fitted to the measured steps of bench JSONs and run directories."""
     from tuneforge.bench.measured import measured_sample, read_bench_results
+    from tuneforge.config import load_config
     from tuneforge.plan.calibration import fit_rates
     from tuneforge.plan.measured_runs import run_sample
 
     samples = []
     for source in sources:
         if source.is_dir():
-            run_lengths = record_lengths(source / "config.yaml", [])
+            run_lengths = record_lengths(load_config(source / "config.yaml"))
             samples.append(run_sample(source, hardware, run_lengths))
         elif source.is_file():
             samples += [measured_sample(m, hardware.gpu) for m in read_bench_results(source)]
@@ -329,27 +286,6 @@ def _print_recipes(found, fit_gib: float, as_json: bool) -> None:
             markup=False,
             highlight=False,
         )
-
-
-def _target(gpu: str | None) -> tuple[str, str]:
-    """The hardware to plan for and how it was chosen: as asked, else the GPU here (by its name
-    in the tables), else this machine's CPU."""
-    from tuneforge.hardware.cpu import cpu_cores
-    from tuneforge.hardware.gpus import table_name_of
-    from tuneforge.plan.prediction import CPU
-
-    if gpu is not None:
-        name = CPU if gpu.lower() == "cpu" else gpu
-        return name, (f"this machine's CPU ({cpu_cores()} cores)" if name == CPU else name)
-    import torch
-
-    if torch.cuda.is_available():
-        here = torch.cuda.get_device_name()
-        known = table_name_of(here)
-        if known is not None:
-            return known, f"{known}, the GPU here ({here}); --gpu plans for another"
-        return "H100", f"H100: the GPU here ({here}) is not in the tables; pass --gpu and --gpu-mem"
-    return CPU, f"this machine's CPU ({cpu_cores()} cores, no GPU here); --gpu plans for a GPU"
 
 
 def _layout_rows(layouts) -> list[dict]:

@@ -1,7 +1,7 @@
 """`tuneforge plot`, `tuneforge generate` and `tuneforge chat`: what to do with finished runs."""
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -61,55 +61,34 @@ def generate(
 ) -> None:
     """Answer a prompt, or a whole file of prompts (an SFT dataset of the replies: sequence-level
     distillation), with a trained run (base + adapter, or full weights) or a model directory."""
+    from tuneforge.api.generation import generate as answer
+    from tuneforge.api.generation import generate_dataset
     from tuneforge.errors import TuneforgeError
 
     if not run_dir.is_dir():  # before the heavy imports
         raise TuneforgeError(f"{run_dir}: no such run or model directory")
     if (prompt is None) == (data is None):
         raise TuneforgeError("give --prompt TEXT or --data FILE (with --out FILE)")
-    if prompt is not None and not prompt.strip():
-        raise TuneforgeError("--prompt is empty: give the user message to answer")
-    if data is not None:
-        if out is None:
-            raise TuneforgeError("--data needs --out: the .jsonl to write the replies to")
-        if out.exists() and not overwrite:
-            raise TuneforgeError(f"--out {out} exists: choose another file, or add --overwrite")
-        if not out.parent.is_dir():
-            raise TuneforgeError(f"--out {out}: there is no directory {out.parent}")
-    import torch
-
-    from tuneforge.data.chat import prompt_ids, stop_ids
-    from tuneforge.hardware.gpus import pick_device
-    from tuneforge.inference.replies import read_prompts
-    from tuneforge.inference.trained import load_trained
-    from tuneforge.models.generate import generate as generate_tokens
-
-    conversations = read_prompts(data) if data is not None else []  # before the model loads
-    model, tokenizer = load_trained(run_dir, pick_device())
-    if out is not None and conversations:
-        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
-        _answer_file(model, tokenizer, conversations, out, batch_size, max_new_tokens, sampling)
+    sampling: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+        "top_k": top_k, "seed": seed, "batch_size": batch_size,
+    }  # fmt: skip
+    if prompt is not None:
+        if not prompt.strip():
+            raise TuneforgeError("--prompt is empty: give the user message to answer")
+        (reply,) = answer(run_dir, prompt, **sampling)
+        console.print(reply, markup=False, highlight=False)
         return
-    assert prompt is not None  # one of --prompt and --data, checked above
-    ids = prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
-    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    reply = generate_tokens(
-        model, [ids], max_new_tokens, stop_ids(tokenizer), temperature, generator, top_p, top_k
-    )[0]
-    console.print(tokenizer.decode(reply, skip_special_tokens=True), markup=False, highlight=False)
-
-
-def _answer_file(model, tokenizer, conversations, out, batch_size, max_new_tokens, sampling):
+    if out is None:
+        raise TuneforgeError("--data needs --out: the .jsonl to write the replies to")
     from rich.progress import Progress
 
-    from tuneforge.inference.replies import write_replies
-
+    assert data is not None  # one of --prompt and --data, checked above
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("answering", total=len(conversations))
-        written = write_replies(
-            model, tokenizer, conversations, out, batch_size=batch_size,
-            max_new_tokens=max_new_tokens, advance=lambda n: progress.advance(task, n),
-            **sampling,
+        task = progress.add_task("answering", total=None)
+        written = generate_dataset(
+            run_dir, data, out, overwrite=overwrite,
+            advance=lambda n: progress.advance(task, n), **sampling,
         )  # fmt: skip
     console.print(f"{written} replies written to {out}", markup=False, highlight=False)
 

@@ -2,12 +2,12 @@
 
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from tuneforge.api.run_start import RunStart
 from tuneforge.cli.common import (
     EXIT_NONFINITE,
     ConfigArg,
@@ -16,6 +16,9 @@ from tuneforge.cli.common import (
     setup_logging,
 )
 from tuneforge.config import load_config
+
+if TYPE_CHECKING:
+    from tuneforge.train.loop import TrainSummary
 
 
 def train(
@@ -41,20 +44,26 @@ def train(
     # save) it must not kill the process
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     run_config = load_config(config, overrides or [])  # its mistakes before the heavy imports
-    from tuneforge.runs.files import is_finished
-    from tuneforge.runs.run_dir import check_resume
-    from tuneforge.train.loop import Trainer
+    from tuneforge.api.training import train as run
 
-    check_resume(resume, overwrite)
-    if resume != "never" and is_finished(run_config.run.directory):
-        console.print(f"{run_config.run.directory} already finished: nothing to do")
-        return
-    trainer = Trainer(run_config, overwrite=overwrite, resume=resume, force=force)
-    try:
-        code = _train(trainer, run_config)
-    finally:
-        trainer.close()
-    if trainer.world.world_size > 1:
+    started: list[RunStart] = []
+
+    def on_start(start: RunStart) -> None:
+        started.append(start)
+        if start.is_main:
+            resumed = f"from step {start.resumed_from} " if start.resumed_from else ""
+            console.print(
+                f"run directory: {start.run_dir}  ({start.total_steps} steps {resumed}on "
+                f"{start.processes} x {start.device}, {start.layout})"
+            )
+
+    summary = run(
+        run_config, on_start=on_start, overwrite=overwrite, resume=resume, force=force,
+        progress=console,
+    )  # fmt: skip
+    main = not started or started[0].is_main
+    code = _report(summary, main)
+    if summary.processes > 1:
         from tuneforge.parallel.distributed import exit_rank
 
         exit_rank(code)
@@ -62,116 +71,28 @@ def train(
         raise typer.Exit(code)
 
 
-def _train(trainer, run_config) -> int:
+def _report(summary: "TrainSummary", main: bool) -> int:
+    """What the run did, printed by the main rank; the exit code that says it."""
     from tuneforge.runs.time_budget import EXIT_RESUME
-    from tuneforge.train.objectives.seam import objective_of
 
-    trainer.setup()
-    main = trainer.world.is_main
-    if main:
-        start = f"from step {trainer.resumed_from} " if trainer.resumed_from else ""
-        console.print(
-            f"run directory: {trainer.run_dir}  ({trainer.total_steps} steps {start}on "
-            f"{trainer.world.world_size} x {trainer.device.type}, {trainer.dims.describe()})"
-        )
-    progress = Progress(
-        TextColumn("[bold]train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn(
-            "loss {task.fields[loss]:.4f}  lr {task.fields[lr]:.2e}  {task.fields[tps]:,.0f} tok/s"
-            "{task.fields[headline]}"
-        ),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not (run_config.logging.progress and main and console.is_terminal),
-    )
-    plain_lines = main and run_config.logging.progress and not console.is_terminal
-    log_steps = run_config.logging.log_steps
-    with progress:
-        task = progress.add_task(
-            "train",
-            total=trainer.total_steps,
-            completed=trainer.resumed_from,
-            loss=float("nan"),
-            lr=0.0,
-            tps=0.0,
-            headline="",
-        )
-        headlines = [m for m in objective_of(trainer.objective).metrics if m.headline]
-
-        def on_step(record: dict) -> None:
-            shown = _headline(record, headlines)
-            progress.update(
-                task,
-                advance=1,
-                loss=record["loss"],
-                lr=record["lr"],
-                tps=record["tokens_per_s"],
-                headline=f"  {shown}" if shown else "",
-            )
-            step = record["step"]
-            if plain_lines and (step % log_steps == 0 or step == trainer.total_steps):
-                line = _plain_line(record, trainer.total_steps)
-                console.print(f"{line}  {shown}" if shown else line, markup=False, highlight=False)
-
-        def on_eval(evaluation) -> None:
-            if not main:
-                return
-            parts = [f"step {evaluation.step}"]
-            if evaluation.loss is not None:
-                parts.append(f"held-out loss {evaluation.loss.loss:.4f}")
-                for metric in evaluation.loss.shown:
-                    if metric.headline:
-                        value = evaluation.loss.metrics[metric.name]
-                        parts.append(f"{metric.label} {metric.format(value)}")
-            if evaluation.accuracy is not None:
-                parts.append(f"exact match {evaluation.accuracy.accuracy:.1%}")
-            progress.console.print("eval: " + ", ".join(parts))
-
-        summary = trainer.train(on_step=on_step, on_eval=on_eval)
+    if not main:
+        return EXIT_RESUME if summary.stopped in ("time limit", "signal") else 0
     if summary.stopped in ("time limit", "signal"):
-        if main:
-            console.print(
-                f"stopped at step {summary.steps} ({summary.stopped}) after saving a checkpoint: "
-                "run the same command with --resume auto to continue"
-            )
+        console.print(
+            f"stopped at step {summary.steps} ({summary.stopped}) after saving a checkpoint: "
+            "run the same command with --resume auto to continue"
+        )
         return EXIT_RESUME
     if summary.stopped == "non-finite":
-        if main:
-            console.print(
-                f"[red]stopped at step {summary.steps}: {summary.skipped_steps} step(s) with "
-                "non-finite loss or gradients (train.on_nonfinite, train.max_nonfinite_steps)[/red]"
-            )
+        console.print(
+            f"[red]stopped at step {summary.steps}: {summary.skipped_steps} step(s) with "
+            "non-finite loss or gradients (train.on_nonfinite, train.max_nonfinite_steps)[/red]"
+        )
         return EXIT_NONFINITE
-    saved = trainer.save()
-    if main:
-        _print_summary(summary, saved)
+    if summary.finished_before:  # the library has said so
+        return 0
+    _print_summary(summary, summary.saved)
     return 0
-
-
-def _headline(record: dict, metrics: list) -> str:
-    """The objective's headline metrics of a step (GRPO's reward), as they are shown."""
-    values = [(m, record.get(m.name)) for m in metrics]
-    return "  ".join(f"{m.label} {m.format(v)}" for m, v in values if v is not None)
-
-
-def _plain_line(record: dict, total_steps: int) -> str:
-    """One step's numbers for logs that are not a terminal."""
-    parts = [
-        f"step {record['step']}/{total_steps}",
-        f"loss {record['loss']:.4f}",
-        f"lr {record['lr']:.2e}",
-        f"grad_norm {record['grad_norm']:.3f}",
-        f"{record['tokens_per_s']:,.0f} tok/s",
-    ]
-    if record.get("mfu") is not None:
-        parts.append(f"MFU {record['mfu']:.1%}")
-    if record.get("mem_reserved_gib") is not None:
-        parts.append(f"{record['mem_reserved_gib']:.1f} GiB reserved")
-    if record.get("eta_s") is not None:
-        parts.append(f"ETA {record['eta_s']:.0f} s")
-    return "  ".join(parts)
 
 
 def _print_summary(summary, saved: Path | None) -> None:

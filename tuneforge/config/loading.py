@@ -6,9 +6,10 @@ collected and raised together as one `ConfigError`.
 
 import contextlib
 import contextvars
+import copy
 import glob
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from tuneforge.config.yaml_source import (
 EXTENDS_KEY = "extends"
 DATA_FIELDS = ("data.train.", "data.eval.", "tokenizer.path")
 """What a plan without data (`plan --no-data`) neither reads nor needs."""
+MAPPING_SOURCE = "the configuration mapping"
 needs_data: contextvars.ContextVar[bool] = contextvars.ContextVar("needs_data", default=True)
 
 
@@ -63,14 +65,40 @@ def load_config(file: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
                 ConfigIssue("", "the top level must be a mapping of sections", location=str(file))
             )
         raise ConfigError(issues, str(file))
+    return _validated(raw, source_map, overrides, issues, str(file))
+
+
+def load_config_mapping(
+    sections: Mapping[str, Any], overrides: list[str] | tuple[str, ...] = ()
+) -> RunConfig:
+    """A configuration given as a mapping of sections (as the YAML would read), validated as a
+    file is; its relative paths are read against the working directory."""
+    if not isinstance(sections, Mapping):
+        issue = ConfigIssue("", "the configuration must be a mapping of sections")
+        raise ConfigError([issue], MAPPING_SOURCE)
+    return _validated(copy.deepcopy(dict(sections)), {}, overrides, [], MAPPING_SOURCE)
+
+
+def _validated(
+    raw: dict,
+    source_map: SourceMap,
+    overrides: Iterable[str],
+    issues: list[ConfigIssue],
+    source: str,
+) -> RunConfig:
     for override in overrides:
         apply_override(raw, source_map, override, issues)
     raw = expand_references(raw, (), issues)  # after the overrides: what they replace is gone
     resolve_input_paths(raw, source_map, RunConfig, (), issues)
     config = validate(raw, source_map, issues)
     if issues or config is None:
-        raise ConfigError(issues, str(file))
+        raise ConfigError(issues, source)
     return config
+
+
+def reload_config(config: RunConfig, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """`config` as it is now (its paths resolved), with more `overrides`: a what-if, a recipe."""
+    return load_config_mapping(config.model_dump(mode="json", exclude_unset=True), overrides)
 
 
 def load_merged_yaml(

@@ -5,10 +5,10 @@ in FP8 or in 4 bits, lighter master weights, a halved micro-batch), given the GP
 documents `tuneforge plan` gives it (the data's lengths), so the two agree."""
 
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuneforge.config import load_config
+from tuneforge.config import RunConfig
+from tuneforge.config.loading import reload_config
 from tuneforge.hardware.gpus import GIB
 from tuneforge.mesh_rules import MeshSizes, mesh_problems
 from tuneforge.plan.memory_options import COMPILE_BUDGET
@@ -21,14 +21,12 @@ if TYPE_CHECKING:
 
 
 def remedies(
-    config_file: Path,
-    overrides: list[str],
+    config: RunConfig,
     gpus: int,
     capacity_gib: float | None,
     records: "RecordLengths | None" = None,
 ) -> list[str]:
     """One line per remedy: predicted GiB per GPU before and after, and whether it then fits."""
-    config = load_config(config_file, overrides)
     hardware = Hardware(gpus=gpus, memory_gib=capacity_gib)
     current = plan_run(config, hardware, records).memory.total / GIB
     train = config.train
@@ -72,7 +70,7 @@ def remedies(
     options["half"] = _halved_micro_batch(config.train.tokens_per_micro_batch, config.data)
     lines = [f"the planner predicts {current:.1f} GiB per GPU for this configuration"]
     for changes, label in options.values():
-        changed = load_config(config_file, [*overrides, *changes])
+        changed = reload_config(config, changes)
         after = plan_run(changed, hardware, records).memory.total / GIB
         fits = capacity_gib is None or after <= capacity_gib
         lines.append(

@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,11 +83,10 @@ def batches(items: list, size: int) -> Iterator[list]:
         yield items[start : start + size]
 
 
-def write_replies(
+def replies(
     model: Decoder,
     tokenizer,
     conversations: list[list[dict[str, str]]],
-    out: Path,
     *,
     batch_size: int,
     max_new_tokens: int,
@@ -95,34 +95,44 @@ def write_replies(
     top_p: float = 1.0,
     top_k: int = 0,
     advance: Callable[[int], None] = lambda _: None,
-) -> int:
-    """Each conversation with the model's reply appended, one JSON line each, in order; returns
-    the number written. Written to a temporary file that replaces `out` only when complete."""
+) -> Iterator[str]:
+    """The model's reply to each conversation, in order, `batch_size` conversations at once."""
     stop = stop_ids(tokenizer)
     device = model.lm_head.weight.device
+    for start, batch in enumerate(batches(conversations, batch_size)):
+        first = start * batch_size
+        # one generator per prompt: its reply does not depend on the batch size
+        generators = [prompt_generator(seed, first + row, device) for row in range(len(batch))]
+        prompts = [prompt_ids(tokenizer, messages) for messages in batch]
+        answers = generate(
+            model, prompts, max_new_tokens, stop, temperature, generators, top_p, top_k
+        )
+        yield from (tokenizer.decode(reply, skip_special_tokens=True) for reply in answers)
+        advance(len(batch))
+
+
+def write_replies(
+    model: Decoder,
+    tokenizer,
+    conversations: list[list[dict[str, str]]],
+    out: Path,
+    **sampling: Any,
+) -> int:
+    """Each conversation with the model's reply appended, one JSON line each, in order; returns
+    the number written (`sampling`: as `replies` takes it). Written to a temporary file that
+    replaces `out` only when complete."""
     partial = out.with_name(out.name + ".partial")
     written = empty = 0
     try:
         with partial.open("w") as handle:
-            for start, batch in enumerate(batches(conversations, batch_size)):
-                first = start * batch_size
-                # one generator per prompt: its reply does not depend on the batch size
-                generators = [
-                    prompt_generator(seed, first + row, device) for row in range(len(batch))
-                ]
-                prompts = [prompt_ids(tokenizer, messages) for messages in batch]
-                replies = generate(
-                    model, prompts, max_new_tokens, stop, temperature, generators, top_p, top_k
-                )
-                for messages, reply in zip(batch, replies, strict=True):
-                    text = tokenizer.decode(reply, skip_special_tokens=True)
-                    if not text.strip():  # training refuses an empty turn
-                        empty += 1
-                        continue
-                    answered = [*messages, {"role": "assistant", "content": text}]
-                    handle.write(json.dumps({"messages": answered}, ensure_ascii=False) + "\n")
-                    written += 1
-                advance(len(batch))
+            answered = replies(model, tokenizer, conversations, **sampling)
+            for messages, text in zip(conversations, answered, strict=True):
+                if not text.strip():  # training refuses an empty turn
+                    empty += 1
+                    continue
+                turns = [*messages, {"role": "assistant", "content": text}]
+                handle.write(json.dumps({"messages": turns}, ensure_ascii=False) + "\n")
+                written += 1
     except BaseException:
         partial.unlink(missing_ok=True)
         raise

@@ -5,13 +5,13 @@ real lengths, before any GPU is used."""
 import logging
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-from tuneforge.config import RunConfig, load_config
+from tuneforge.config import RunConfig
 from tuneforge.config.durations import parse_duration
 from tuneforge.config.errors import ConfigError, ConfigIssue
+from tuneforge.config.loading import reload_config
 from tuneforge.config.objectives.registry import declaration_of
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.hardware.gpus import GIB, link_gbps
@@ -333,16 +333,15 @@ def _seconds_per_token(plan: Plan) -> float:
 
 
 def plan_config(
-    config_file: Path,
-    overrides: list[str],
+    config: RunConfig,
     hardware: Hardware,
     records: RecordLengths | None,
     what_if: list[str],
 ) -> Plan:
-    """The plan of a configuration, and of each `what_if` change relative to it."""
-    base = plan_run(load_config(config_file, overrides), hardware, records)
+    """The plan of a configuration, and of each `what_if` change (an override) relative to it."""
+    base = plan_run(config, hardware, records)
     for change in what_if:
-        changed = plan_run(load_config(config_file, [*overrides, change]), hardware, records)
+        changed = plan_run(reload_config(config, [change]), hardware, records)
         old, new = _seconds_per_token(base), _seconds_per_token(changed)
         base.what_if.append(
             {

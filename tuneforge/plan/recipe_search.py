@@ -8,10 +8,10 @@ base, and the micro-batch's tokens (the step's tokens kept by more accumulation)
 import itertools
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from tuneforge.config import RunConfig, load_config
+from tuneforge.config import RunConfig
 from tuneforge.config.errors import ConfigError
+from tuneforge.config.loading import reload_config
 from tuneforge.data.length_policy import RecordLengths
 from tuneforge.hardware.gpus import GIB
 from tuneforge.plan.memory import predict_memory
@@ -167,13 +167,8 @@ def _overrides(config: RunConfig, choice: dict) -> list[str]:
 
 
 def search_recipes(
-    config_file: Path,
-    overrides: list[str],
-    hardware: Hardware,
-    records: RecordLengths | None,
-    fit_gib: float,
+    config: RunConfig, hardware: Hardware, records: RecordLengths | None, fit_gib: float
 ) -> Search:
-    config = load_config(config_file, overrides)
     args = run_model_args(config)
     mean_doc = mean_document_length(config.data, records)
     rates = hardware.step_rates
@@ -207,7 +202,7 @@ def search_recipes(
             continue  # another choice that changes the configuration the same way
         seen.add(tuple(sorted(pasted)))
         try:
-            changed = load_config(config_file, [*overrides, *pasted])
+            changed = reload_config(config, pasted)
         except ConfigError:
             continue  # a combination the configuration's rules refuse
         plan = plan_run(changed, replace(hardware, memory_gib=fit_gib), records)

@@ -80,6 +80,11 @@ class TrainSummary:
     stopped: str | None = None
     """Why the run stopped before its last step: `time limit`, `signal` or `non-finite`."""
     resumed_from: int = 0
+    losses: list[float] = field(default_factory=list)
+    """Each step's training loss, this job's steps (a resumed run's from where it resumed)."""
+    processes: int = 1
+    finished_before: bool = False
+    """Nothing was run: the run had finished before (`resume`)."""
 
 
 class Trainer:
