@@ -25,7 +25,10 @@ def doctor_oom(
     (default: this one's)."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from tuneforge.api.configuration import config as load
     from tuneforge.doctor.oom import diagnose
+
+    loaded = load(config) if config is not None else None  # its mistakes, whatever the error
 
     if torch_version is None:  # the version only, not torch itself: reading a message is quick
         try:
@@ -33,11 +36,9 @@ def doctor_oom(
         except PackageNotFoundError:
             torch_version = None
     report = diagnose(text, torch_version)
-    if config is not None and report.kind in ("pressure", "runtime"):
-        from tuneforge.api.configuration import config as load
+    if loaded is not None and report.kind in ("pressure", "runtime"):
         from tuneforge.doctor.oom_plan import remedies
 
-        loaded = load(config)
         report.actions += remedies(loaded, gpus, report.total_gib, _lengths(loaded))
     return report
 

@@ -49,7 +49,7 @@ def generate_dataset(
     top_k: int = 0,
     seed: int = 0,
     batch_size: int = 32,
-    advance: Callable[[int], None] = lambda _: None,
+    advance: Callable[[int], None] | None = None,
 ) -> int:
     """Answer every prompt of `data` (.jsonl of `{prompt}` or `{messages}`) and write the
     conversations to `out` as an SFT dataset (openai messages): sequence-level distillation.
@@ -66,7 +66,7 @@ def generate_dataset(
     return write_replies(
         model, tokenizer, conversations, out, batch_size=batch_size,
         max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p,
-        top_k=top_k, advance=advance,
+        top_k=top_k, advance=advance or (lambda _: None),
     )  # fmt: skip
 
 
