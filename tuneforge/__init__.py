@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 _FUNCTIONS = {
     "config": "tuneforge.api.configuration",
+    "validate": "tuneforge.api.configuration",
     "train": "tuneforge.api.training",
     "plan": "tuneforge.api.planning",
     "evaluate": "tuneforge.api.evaluation",
@@ -46,6 +47,7 @@ _TYPES = {
     "ExportError": "tuneforge.export.sources",
     "AdapterError": "tuneforge.peft.adapter_io",
     "HubError": "tuneforge.config.hub",
+    "Validation": "tuneforge.api.configuration",
     "RunStart": "tuneforge.api.run_start",
     "TrainSummary": "tuneforge.train.loop",
     "PlanResult": "tuneforge.api.planning",

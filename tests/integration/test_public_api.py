@@ -13,6 +13,7 @@ import tuneforge
 
 SIGNATURES = {
     "config": "(source, *overrides, **settings)",
+    "validate": "(source, *, with_data=True)",
     "train": "(source, on_step=None, on_eval=None, *, on_start=None, overwrite=False, "
     "resume='never', force=False, progress=False)",
     "plan": "(source, *, gpu=None, gpus=1, nodes=1, gpu_mem=None, time_limit=None, "
@@ -37,7 +38,7 @@ SIGNATURES = {
 }
 TYPES = [
     "RunConfig", "ConfigIssue", "TuneforgeError", "ConfigError", "DataError", "RecordError",
-    "ExportError", "AdapterError", "HubError", "RunStart", "TrainSummary", "PlanResult",
+    "ExportError", "AdapterError", "HubError", "Validation", "RunStart", "TrainSummary", "PlanResult",
     "RunEvaluation", "Comparison",
 ]  # fmt: skip
 DEMO = "examples/demo.yaml"
@@ -130,6 +131,14 @@ def test_evaluate_generate_merge_compare_and_the_doctor_on_that_run(campaign, tm
     assert tuneforge.doctor_oom(OOM).kind != "unknown"
 
 
+def test_validate_runs_the_preflight_and_returns_this_machines_issues():
+    checked = tuneforge.validate(DEMO)
+    assert isinstance(checked, tuneforge.Validation) and checked.config.model.name == "demo-tiny"
+    fp8 = tuneforge.config(DEMO, "precision.fp8=e4m3", "model.dtype=bfloat16", "lora.enabled=true")
+    (issue,) = tuneforge.validate(fp8, with_data=False).machine_issues
+    assert issue.path == "precision.fp8" and "FP8 tensor cores" in issue.message
+
+
 def test_plan_predicts_and_searches_recipes():
     config = tuneforge.config(
         DEMO, "model.name=llama-3-8b", "model.dtype=bfloat16", "lora.enabled=true"
@@ -145,6 +154,10 @@ def test_plan_predicts_and_searches_recipes():
 ERRORS = {
     # function: (call, the words of its error)
     "config": (lambda tmp: tuneforge.config(DEMO, train__lrr=1e-3), "did you mean 'lr'"),
+    "validate": (
+        lambda tmp: tuneforge.validate(tuneforge.config(DEMO, parallel__tensor_parallel=4)),
+        "parallel.tensor_parallel: 4 must divide the 6 attention heads",
+    ),
     "train": (
         lambda tmp: tuneforge.train(
             tuneforge.config(DEMO, run__output_dir=str(tmp / "refused"), parallel__strategy="fsdp")

@@ -3,10 +3,11 @@ checked by the same rules and with the same messages as `tuneforge config valida
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuneforge.config import RunConfig, load_config
+from tuneforge.config import ConfigIssue, RunConfig, load_config
 from tuneforge.config.loading import load_config_mapping, reload_config, without_data
 
 ConfigLike = RunConfig | str | Path | Mapping[str, Any]
@@ -24,6 +25,37 @@ def config(source: ConfigLike, *overrides: str, **settings: Any) -> RunConfig:
     if isinstance(source, Mapping):
         return load_config_mapping(source, changes)
     return load_config(Path(source), changes)
+
+
+@dataclass
+class Validation:
+    """A configuration `train` would start: what this machine lacks to run it, and advice."""
+
+    config: RunConfig
+    machine_issues: list[ConfigIssue]
+    """What this machine cannot do as configured (a package, a tracker, FP8 cores): the
+    configuration is valid, run it elsewhere or change it."""
+    advisories: list[str]
+
+
+def validate(source: ConfigLike, *, with_data: bool = True) -> Validation:
+    """Check a configuration as `train` checks it before any weights load: its rules, then the
+    preflight (mesh sizes against the model's config.json, the tokenizer, the data, reward
+    functions; `with_data=False` skips those that read the tokenizer and the data). Raises
+    `ConfigError` listing every problem; this machine's are returned instead."""
+    from tuneforge.config import advisories
+    from tuneforge.config.errors import ConfigError
+    from tuneforge.config.hub import without_weights
+
+    with without_weights():
+        loaded = config(source)
+    from tuneforge.train.preflight import Inputs, issues_of
+
+    inputs = Inputs(loaded)
+    found = issues_of(inputs, with_data, machine=False)
+    if found:
+        raise ConfigError(found, str(source) if isinstance(source, str | Path) else "")
+    return Validation(loaded, issues_of(inputs, machine=True), advisories(loaded))
 
 
 def _override(key: str, value: Any) -> str:

@@ -7,7 +7,7 @@ from rich import box
 from rich.table import Table
 
 from tuneforge.cli.common import ConfigArg, OverridesArg, console
-from tuneforge.config import advisories, dump_config, load_config
+from tuneforge.config import ConfigError, dump_config, load_config
 
 config_app = typer.Typer(help="Inspect and check configurations.", no_args_is_help=True)
 
@@ -33,25 +33,22 @@ def config_validate(
     """Check a configuration as `train` checks it before any weights load: its rules, then the
     preflight's checks (mesh sizes against the model's config.json, the tokenizer, the data,
     reward functions, this machine). Every problem is listed at once (exit code 2 if any)."""
-    from tuneforge.config.errors import ConfigError
+    from tuneforge.api.configuration import validate
     from tuneforge.config.hub import without_weights
 
-    with without_weights():
+    with without_weights():  # its mistakes before the heavy imports
         loaded = load_config(config, overrides or [])
-    from tuneforge.train.preflight import Inputs, issues_of
-
-    inputs = Inputs(loaded)
-    found = issues_of(inputs, not no_data, machine=False)
-    if found:
-        raise ConfigError(found, str(config))
-    machine = issues_of(inputs, machine=True)
-    if machine:
-        for issue in machine:
+    try:
+        checked = validate(loaded, with_data=not no_data)
+    except ConfigError as error:  # named by the configuration file, as `train` names it
+        raise ConfigError(error.issues, str(config)) from None
+    if checked.machine_issues:
+        for issue in checked.machine_issues:
             console.print(f"this machine: {issue}", style="red", markup=False)
         console.print(f"{config} is valid, but this machine cannot run it as it is")
         raise typer.Exit(2)
     console.print(f"[green]ok[/green]: {config} is valid")
-    for advisory in advisories(loaded):
+    for advisory in checked.advisories:
         console.print(f"[yellow]note[/yellow]: {advisory}", highlight=False)
 
 
