@@ -28,6 +28,12 @@ SIGNATURES = {
     "compare": "(runs, *, smoothing=0.9, plot=None)",
     "doctor_oom": "(text, *, torch_version=None, config=None, gpus=1)",
     "doctor_log": "(run, *, time_limit=None, config=None, gpus=1, gpu='H100')",
+    "doctor_env": "()",
+    "plot": "(runs, out)",
+    "inspect_data": "(source)",
+    "catalog": "()",
+    "slurm_chain": "(config_file, *overrides, jobs=1, time, nodes=1, gpus_per_node=0, "
+    "procs_per_node=None, partition=None, account=None, env=None, out=None)",
     "load_model": "(path_or_shape, *, num_layers=None, dtype=None, device=None, "
     "attention='auto', seed=0, init_std=0.02, draw_on=None)",
     "save_model": "(model, out_dir, dtype=None)",
@@ -65,8 +71,15 @@ def test_the_public_names_and_signatures_are_the_recorded_ones():
 
 
 def test_the_subpackages_named_like_functions_stay_modules():
+    import importlib
+    import pkgutil
+
     import tuneforge.config.loading
     import tuneforge.train.loop
+
+    for package in pkgutil.iter_modules(tuneforge.__path__):  # each sets `tuneforge.<name>`
+        importlib.import_module(f"tuneforge.{package.name}")
+    assert all(callable(getattr(tuneforge, name)) for name in SIGNATURES)
 
     assert callable(tuneforge.config) and callable(tuneforge.train) and callable(tuneforge.plan)
     assert tuneforge.config.loading.load_config and tuneforge.train.loop.Trainer
@@ -129,6 +142,18 @@ def test_evaluate_generate_merge_compare_and_the_doctor_on_that_run(campaign, tm
     assert comparison.summaries[0].steps == 12
     assert tuneforge.doctor_log(summary.run_dir).step_time_s > 0
     assert tuneforge.doctor_oom(OOM).kind != "unknown"
+    assert tuneforge.plot([summary.run_dir], tmp_path / "curves.png").is_file()
+
+
+def test_the_smaller_commands_data_models_environment_and_slurm(tmp_path):
+    report = tuneforge.inspect_data(DEMO)
+    assert report.records == 20000 and 0 < report.packing_efficiency <= 1
+    assert tuneforge.catalog()["llama-3-8b"].num_layers == 32
+    assert tuneforge.doctor_env().platform == "cpu"
+    script, submit = tuneforge.slurm_chain(
+        DEMO, f"run.output_dir={tmp_path / 'run'}", jobs=3, time="2h", out=tmp_path / "slurm"
+    )
+    assert "#SBATCH --time=02:00:00" in script.read_text() and submit.is_file()
 
 
 def test_validate_runs_the_preflight_and_returns_this_machines_issues():
@@ -179,6 +204,12 @@ ERRORS = {
         "config file not found",
     ),
     "doctor_log": (lambda tmp: tuneforge.doctor_log(tmp / "absent.log"), "no such file"),
+    "plot": (lambda tmp: tuneforge.plot([tmp], tmp / "c.png"), "metrics.jsonl"),
+    "inspect_data": (
+        lambda tmp: tuneforge.inspect_data(tuneforge.config(DEMO, data__max_seq_len=4)),
+        "data.max_seq_len",
+    ),
+    "slurm_chain": (lambda tmp: tuneforge.slurm_chain(DEMO, time="0"), "is no time"),
 }
 
 
@@ -198,6 +229,8 @@ def test_a_configuration_error_names_the_field_and_the_fix():
 
 
 def test_every_function_of_the_api_has_an_error_case():
+    # the model functions have tests of their own; the catalog and this machine's report take
+    # nothing a caller could give wrong
     commands = set(SIGNATURES) - {"load_model", "save_model", "apply_lora", "merge_lora",
-                                  "save_adapter", "load_adapter"}  # fmt: skip
+                                  "save_adapter", "load_adapter", "catalog", "doctor_env"}  # fmt: skip
     assert sorted(ERRORS) == sorted(commands)

@@ -72,7 +72,9 @@ def config_fields(
 
 def models() -> None:
     """List the catalog shapes (usable as model.name, e.g. for random-init proxies)."""
-    from tuneforge.models.catalog import CATALOG
+    from tuneforge.api.runs_and_data import catalog
+
+    shapes = catalog()
 
     table = Table(
         "name",
@@ -87,10 +89,10 @@ def models() -> None:
         pad_edge=False,
         padding=(0, 1, 0, 0),  # with the box's divider: two spaces between columns
     )
-    table.columns[0].min_width = max(map(len, CATALOG))  # a name is what one copies
+    table.columns[0].min_width = max(map(len, shapes))  # a name is what one copies
     for column in table.columns:  # fits 80 columns whole, never clipped
         column.no_wrap = True
-    for name, args in CATALOG.items():
+    for name, args in shapes.items():
         experts = f"{args.moe.top_k}/{args.moe.num_experts}" if args.moe else "-"
         table.add_row(
             name,

@@ -44,16 +44,10 @@ def inspect(
 ) -> None:
     """Records, lengths, supervision, packing efficiency and advice for a dataset."""
     if config is not None:
-        load_config(config, overrides or [])  # its mistakes before the heavy imports
-        from tuneforge.config.objectives.registry import declaration_of
-        from tuneforge.data.report import inspect_data
+        loaded = load_config(config, overrides or [])  # its mistakes before the heavy imports
+        from tuneforge.api.runs_and_data import inspect_data as report_of
 
-        run_config, tok = _from_config(config, overrides or [])
-        train = run_config.train
-        sampling = declaration_of(run_config).keeps_record_fields
-        report = inspect_data(
-            run_config.data, tok, train.tokens_per_micro_batch, train.seed, sampling
-        )
+        report = report_of(loaded)
     elif data is not None:
         if not data.exists():
             raise TuneforgeError(f"--data {data}: no such file or directory")

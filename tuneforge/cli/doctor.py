@@ -126,10 +126,10 @@ def log(
 @doctor_app.command("env")
 def env(as_json: JsonOption = False) -> None:
     """GPUs, versions, allocator setting in effect, attention kernels, NCCL/RCCL, HF cache."""
-    from tuneforge.doctor.env import inspect_environment
+    from tuneforge.api.runs_and_data import doctor_env
     from tuneforge.doctor.extras import describe_extras
 
-    report = inspect_environment()
+    report = doctor_env()
     if as_json:
         _print(report.as_dict())
         return

@@ -13,9 +13,9 @@ def plot(
     out: Annotated[Path, typer.Option(help="Image file to write (.png, .svg, .pdf).")],
 ) -> None:
     """Loss, throughput and memory curves of runs side by side."""
-    from tuneforge.runs.plot import plot_runs
+    from tuneforge.api.runs_and_data import plot as draw
 
-    console.print(f"written {plot_runs(run_dirs, out)}", markup=False, highlight=False)
+    console.print(f"written {draw(run_dirs, out)}", markup=False, highlight=False)
 
 
 RunDirArgument = Annotated[

@@ -75,38 +75,20 @@ def _write(
     out,
     procs_per_node=None,
 ) -> None:
-    from tuneforge.config import load_config
-    from tuneforge.config.durations import parse_duration
-    from tuneforge.slurm.chain import ChainSpec, write_chain
+    from tuneforge.api.runs_and_data import slurm_chain
 
     if time is None:
         raise TuneforgeError("--time is required: the time limit of each job (e.g. 38:00:00)")
-    try:
-        parse_duration(time)
-    except ValueError as error:
-        raise TuneforgeError(f"--time: {error}") from None
-    if jobs < 1:
-        raise TuneforgeError("--jobs must be at least 1")
     pairs = {}
     for item in env:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise TuneforgeError(f"--env {item!r}: use KEY=VALUE")
         pairs[key] = value
-    config = load_config(config_file, overrides)
-    spec = ChainSpec(
-        config_file,
-        overrides,
-        jobs,
-        time,
-        nodes,
-        gpus_per_node,
-        partition,
-        account,
-        pairs,
-        procs_per_node=procs_per_node,
-    )
-    script, submit = write_chain(spec, config, out or Path(config.run.directory) / "slurm")
+    script, submit = slurm_chain(
+        config_file, *overrides, jobs=jobs, time=time, nodes=nodes, gpus_per_node=gpus_per_node,
+        procs_per_node=procs_per_node, partition=partition, account=account, env=pairs, out=out,
+    )  # fmt: skip
     console.print(
         f"wrote {script} and {submit}; queue the chain with: tuneforge slurm submit {submit.parent}",
         markup=False,
