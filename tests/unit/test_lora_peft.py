@@ -146,7 +146,10 @@ def test_the_public_functions_take_paths_as_text(tmp_path):
     tuneforge.load_adapter(again, str(tmp_path / "adapter"))
     torch.testing.assert_close(our_logits(again), our_logits(model))
     assert tuneforge.save_model(tuneforge.merge_lora(again), str(tmp_path / "merged")).is_dir()
-    for name in tuneforge.__all__:  # a path parameter is annotated to take text
+    functions = [
+        name for name in tuneforge.__all__ if not isinstance(getattr(tuneforge, name), type)
+    ]
+    for name in functions:  # a path parameter is annotated to take text
         for parameter in inspect.signature(getattr(tuneforge, name)).parameters.values():
             annotation = str(parameter.annotation)
             if "Path" in annotation:
