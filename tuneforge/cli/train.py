@@ -72,26 +72,25 @@ def train(
 
 
 def _report(summary: "TrainSummary", main: bool) -> int:
-    """What the run did, printed by the main rank; the exit code that says it."""
+    """The exit code that says what the run did; the main rank prints it."""
     from tuneforge.runs.time_budget import EXIT_RESUME
 
-    if not main:
-        return EXIT_RESUME if summary.stopped in ("time limit", "signal") else 0
     if summary.stopped in ("time limit", "signal"):
-        console.print(
-            f"stopped at step {summary.steps} ({summary.stopped}) after saving a checkpoint: "
-            "run the same command with --resume auto to continue"
-        )
+        if main:
+            console.print(
+                f"stopped at step {summary.steps} ({summary.stopped}) after saving a checkpoint: "
+                "run the same command with --resume auto to continue"
+            )
         return EXIT_RESUME
     if summary.stopped == "non-finite":
-        console.print(
-            f"[red]stopped at step {summary.steps}: {summary.skipped_steps} step(s) with "
-            "non-finite loss or gradients (train.on_nonfinite, train.max_nonfinite_steps)[/red]"
-        )
+        if main:
+            console.print(
+                f"[red]stopped at step {summary.steps}: {summary.skipped_steps} step(s) with "
+                "non-finite loss or gradients (train.on_nonfinite, train.max_nonfinite_steps)[/red]"
+            )
         return EXIT_NONFINITE
-    if summary.finished_before:  # the library has said so
-        return 0
-    _print_summary(summary, summary.saved)
+    if main and not summary.finished_before:  # a finished run: the library has said so
+        _print_summary(summary, summary.saved)
     return 0
 
 
