@@ -35,6 +35,8 @@ _FUNCTIONS = {
     "inspect_data": "tuneforge.api.runs_and_data",
     "catalog": "tuneforge.api.runs_and_data",
     "slurm_chain": "tuneforge.api.runs_and_data",
+    "slurm_submit": "tuneforge.api.runs_and_data",
+    "slurm_status": "tuneforge.api.runs_and_data",
     "load_model": "tuneforge.models.api",
     "save_model": "tuneforge.models.api",
     "apply_lora": "tuneforge.peft.apply",

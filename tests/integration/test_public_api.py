@@ -34,6 +34,8 @@ SIGNATURES = {
     "catalog": "()",
     "slurm_chain": "(config_file, *overrides, jobs=1, time, nodes=1, gpus_per_node=0, "
     "procs_per_node=None, partition=None, account=None, env=None, out=None)",
+    "slurm_submit": "(directory)",
+    "slurm_status": "(run_dir)",
     "load_model": "(path_or_shape, *, num_layers=None, dtype=None, device=None, "
     "attention='auto', seed=0, init_std=0.02, draw_on=None)",
     "save_model": "(model, out_dir, dtype=None)",
@@ -154,6 +156,7 @@ def test_the_smaller_commands_data_models_environment_and_slurm(tmp_path):
         DEMO, f"run.output_dir={tmp_path / 'run'}", jobs=3, time="2h", out=tmp_path / "slurm"
     )
     assert "#SBATCH --time=02:00:00" in script.read_text() and submit.is_file()
+    assert tuneforge.slurm_status(tmp_path / "run").state == "not started"
 
 
 def test_validate_runs_the_preflight_and_returns_this_machines_issues():
@@ -210,6 +213,8 @@ ERRORS = {
         "data.max_seq_len",
     ),
     "slurm_chain": (lambda tmp: tuneforge.slurm_chain(DEMO, time="0"), "is no time"),
+    "slurm_submit": (lambda tmp: tuneforge.slurm_submit(tmp), "write the chain first"),
+    "slurm_status": (lambda tmp: tuneforge.slurm_status(tmp / "none"), "no such run directory"),
 }
 
 

@@ -1,6 +1,6 @@
 """The smaller commands as functions: `plot` (curves of runs), `inspect_data` (a dataset's
 report), `catalog` (the model shapes), `doctor_env` (this machine), `slurm_chain` (a chain of
-SLURM jobs that resume one run)."""
+SLURM jobs that resume one run, queued and followed)."""
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from tuneforge.data.report import DataReport
     from tuneforge.doctor.env import EnvReport
     from tuneforge.models.args import ModelArgs
+    from tuneforge.slurm.status import ChainStatus
 
 
 def plot(runs: Sequence[str | Path], out: str | Path) -> Path:
@@ -86,3 +87,30 @@ def slurm_chain(
     )  # fmt: skip
     directory = Path(out) if out is not None else Path(loaded.run.directory) / "slurm"
     return write_chain(spec, loaded, directory)
+
+
+def slurm_submit(directory: str | Path) -> list[str]:
+    """Queue the chain written in `directory` (sbatch, each job after the one before); returns
+    the job ids."""
+    import subprocess
+
+    from tuneforge.slurm.chain import SUBMIT
+
+    script = Path(directory) / SUBMIT
+    if not script.is_file():
+        raise TuneforgeError(
+            f"{directory} has no {SUBMIT}: write the chain first (tuneforge slurm CONFIG ...)"
+        )
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise TuneforgeError(f"sbatch failed: {result.stderr.strip()}")
+    return result.stdout.split()
+
+
+def slurm_status(run_dir: str | Path) -> "ChainStatus":
+    """Where a chain's run is: steps done, its state, the jobs it used, tokens/s and ETA."""
+    from tuneforge.slurm.status import chain_status
+
+    if not Path(run_dir).is_dir():  # writing the chain makes it: a name mistyped
+        raise TuneforgeError(f"{run_dir}: no such run directory")
+    return chain_status(Path(run_dir))

@@ -1,7 +1,6 @@
 """`tuneforge slurm CONFIG ...` writes a job chain; `slurm submit DIR` queues it; `slurm status
 RUN_DIR` reports on it."""
 
-import subprocess
 from pathlib import Path
 from typing import Annotated
 
@@ -96,23 +95,16 @@ def _write(
 
 
 def _submit(directory: Path) -> None:
-    from tuneforge.slurm.chain import SUBMIT
+    from tuneforge.api.runs_and_data import slurm_submit
 
-    if not (directory / SUBMIT).is_file():
-        raise TuneforgeError(
-            f"{directory} has no {SUBMIT}: write the chain first (tuneforge slurm CONFIG ...)"
-        )
-    result = subprocess.run(["bash", str(directory / SUBMIT)], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise TuneforgeError(f"sbatch failed: {result.stderr.strip()}")
-    ids = result.stdout.split()
+    ids = slurm_submit(directory)
     console.print(f"queued {len(ids)} job(s): {' '.join(ids)}", markup=False)
 
 
 def _status(run_dir: Path) -> None:
-    from tuneforge.slurm.status import chain_status
+    from tuneforge.api.runs_and_data import slurm_status
 
-    status = chain_status(run_dir)
+    status = slurm_status(run_dir)
     total = f"/{status.total_steps}" if status.total_steps else ""
     progress = f"step {status.steps_done}{total}, " if status.state != "not started" else ""
     if status.state == "no step logged yet":
