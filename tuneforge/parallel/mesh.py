@@ -36,7 +36,8 @@ def build_meshes(dims: ParallelDims, device: torch.device) -> Meshes:
         mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
     )
     dense = root["dp_replicate", "dp_shard"]
-    world = root._unflatten("dp_shard", (dims.expert_shards, dims.expert), ("efsdp", "ep"))
+    # by index: torch 2.11 refuses a dimension's name here (its check is inverted)
+    world = root._unflatten(1, (dims.expert_shards, dims.expert), ("efsdp", "ep"))
     data = world["dp_replicate", "efsdp", "ep"]._flatten("dp")  # kept: slicing it would warn
     # one all-reduce, not one per dimension, for a norm or sum over every sharded dimension
     world["efsdp", "ep", "tp"]._flatten("dp_shard_tp")
