@@ -2,6 +2,7 @@
 sub-meshes each technique works on, as torchtitan names them. The tensor dimension is
 innermost, so a node's GPUs hold one layer between them."""
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -28,19 +29,18 @@ class Meshes:
 
 
 def build_meshes(dims: ParallelDims, device: torch.device) -> Meshes:
-    # dense sharding and expert sharding split the same ranks differently: the root mesh has
-    # dp_shard whole (FSDP2's mesh is a plain slice), the world mesh unflattens it into efsdp × ep
-    root = init_device_mesh(
-        device.type,
-        (dims.replicate, dims.expert_shards * dims.expert, dims.tensor),
-        mesh_dim_names=("dp_replicate", "dp_shard", "tp"),
-    )
-    dense = root["dp_replicate", "dp_shard"]
-    # by index: torch 2.11 refuses a dimension's name here (its check is inverted)
-    world = root._unflatten(1, (dims.expert_shards, dims.expert), ("efsdp", "ep"))
+    shape = (dims.replicate, dims.expert_shards, dims.expert, dims.tensor)
+    names = ("dp_replicate", "efsdp", "ep", "tp")
+    world = init_device_mesh(device.type, shape, mesh_dim_names=names)
+    world["efsdp", "ep"]._flatten("dp_shard")
     data = world["dp_replicate", "efsdp", "ep"]._flatten("dp")  # kept: slicing it would warn
     # one all-reduce, not one per dimension, for a norm or sum over every sharded dimension
     world["efsdp", "ep", "tp"]._flatten("dp_shard_tp")
+    with warnings.catch_warnings():
+        # torch warns that slicing a flattened dim will go; its successor, `_unflatten`, fails
+        # on torch 2.11 (it refuses a dimension's name, and slicing what it returns)
+        warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+        dense = world["dp_replicate", "dp_shard"]
     return Meshes(
         world=world,
         dense=dense,
