@@ -39,7 +39,10 @@ class RMSNormFunction(torch.autograd.Function):
         grad_weight = None
         if ctx.needs_input_grad[1]:
             product = grad.float() * normed if ctx.offset else grad * normed.to(x.dtype)
-            grad_weight = product.reshape(-1, product.shape[-1]).sum(0).to(weight.dtype)
+            # summed over every leading dimension, not reshaped to rows: a DTensor sharded on
+            # its sequence (a per-head norm under tensor parallelism) cannot be on torch 2.11
+            leading = tuple(range(product.ndim - 1))
+            grad_weight = product.sum(leading).to(weight.dtype)
         if ctx.offset:
             grad_normed = grad.float() * (1.0 + weight.float())
         else:
