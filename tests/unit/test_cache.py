@@ -2,6 +2,7 @@
 
 import datetime
 import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -9,6 +10,7 @@ from transformers import AutoTokenizer
 
 from tuneforge.assets import DEMO_TOKENIZER_DIR
 from tuneforge.config.sections.data import DataSource
+from tuneforge.data import cache as cache_module
 from tuneforge.data.cache import cached_examples
 from tuneforge.data.chat import Rendering
 from tuneforge.data.dataset import build_examples
@@ -106,9 +108,12 @@ def test_token_store_round_trips_examples(setup):
     assert [store[i] for i in range(len(store))] == examples
 
 
-@pytest.mark.parametrize("change", ["contents", "template", "options", "field_map"])
-def test_any_change_is_a_miss(setup, change):
+@pytest.mark.parametrize("change", ["contents", "template", "options", "field_map", "code"])
+def test_any_change_is_a_miss(setup, change, monkeypatch, tmp_path):
     data, tokenizer, cache = setup
+    code = tmp_path / "code"  # a copy of the document-building modules, edited below
+    shutil.copytree(cache_module.DOCUMENT_CODE, code, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache_module, "DOCUMENT_CODE", code)
     calls: list[int] = []
     load(data, tokenizer, cache, calls=calls)
     options = OPTIONS
@@ -118,6 +123,9 @@ def test_any_change_is_a_miss(setup, change):
         tokenizer.chat_template = tokenizer.chat_template.replace("\\n", "\\n ")
     elif change == "options":
         options = OPTIONS | {"max_seq_len": 32}
+    elif change == "code":  # an upgrade that changes how a conversation is rendered
+        chat = code / "chat.py"
+        chat.write_text(chat.read_text() + "\n# rendered otherwise\n")
     field_map = {"messages": "messages"} if change == "field_map" else None
     load(data, tokenizer, cache, options, calls=calls, field_map=field_map)
     assert calls == [1, 1]

@@ -1,7 +1,9 @@
 """Tokenised datasets cached on disk as memory-mapped arrays, keyed by everything they depend on.
 
 The key hashes the contents of every source file (not only its name), the format options, the
-tokenizer's files and chat template, the length policy and `CACHE_VERSION`. An entry is a
+tokenizer's files and chat template, the length policy, `CACHE_VERSION`, the source of the
+modules that turn records into tokens and the tokenizer libraries' versions (an upgrade that
+changes how documents are built never reads an entry the old code wrote). An entry is a
 directory of `input_ids.npy`, `loss_mask.npy`, `offsets.npy` and `meta.json`, written to a
 temporary directory and renamed into place when complete; a failed build writes nothing.
 Where the documents keep their records' other fields, `fields.jsonl` holds them, a line each.
@@ -9,6 +11,7 @@ Where the documents keep their records' other fields, `fields.jsonl` holds them,
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -29,6 +32,10 @@ from tuneforge.file_modes import follow_umask
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 4  # 4: a preference pair carries its margin
+DOCUMENT_CODE = Path(__file__).parent
+"""The modules that read records and build their token documents (this package), hashed into
+the key: bumping `CACHE_VERSION` by hand is no longer the only guard against stale entries."""
+TOKENIZER_LIBRARIES = ("tokenizers", "transformers")
 FIELDS_FILE = "fields.jsonl"
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -61,7 +68,18 @@ def cache_key(sources: list[DataSource], tokenizer, options: dict) -> str:
     digest.update(str(tokenizer.chat_template).encode())
     digest.update(f"{len(tokenizer)}:{tokenizer.eos_token_id}".encode())
     digest.update(json.dumps(options, sort_keys=True).encode())
+    digest.update(code_digest().encode())
     return digest.hexdigest()[:32]
+
+
+def code_digest() -> str:
+    """Hash of the document-building modules' source and of the tokenizer libraries' versions."""
+    digest = hashlib.sha256()
+    for file in sorted(DOCUMENT_CODE.glob("*.py")):
+        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    for library in TOKENIZER_LIBRARIES:
+        digest.update(f"{library}={importlib.metadata.version(library)}".encode())
+    return digest.hexdigest()
 
 
 def load_cached(directory: Path) -> tuple[TokenStore, DatasetStats] | None:

@@ -75,7 +75,8 @@ class DataSection(Section):
     cache_dir: Path | None = None
     """Where tokenised data is cached (default ~/.cache/tuneforge/tokenized); see data.cache."""
     cache: bool = True
-    """Cache tokenised data, keyed by the contents of sources, tokenizer, template and options."""
+    """Cache tokenised data, keyed by the contents of sources, tokenizer, template, options and
+    the code that builds the documents."""
     packing: Literal["ffd", "bfd", "none"] = "ffd"
     """How documents fill micro-batches: packed first-fit or best-fit decreasing, or `none` (padded
     to the longest, for comparison)."""
