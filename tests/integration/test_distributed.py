@@ -227,3 +227,25 @@ def test_frozen_models_beside_the_trained_one_are_sharded_and_train_as_on_one_ra
         assert losses(tmp_path / f"{name}-two") == pytest.approx(one_rank, rel=1e-5, abs=1e-6)
         if name == "distill":
             assert "teacher: its blocks sharded across the 2 ranks" in " ".join((out + err).split())
+
+
+def test_a_lora_reward_model_saved_by_two_fsdp_ranks_equals_one_process(tmp_path):
+    """A reward model's adapters are folded in one weight at a time, each gathered from the
+    shards of both ranks: the saved classifier equals the one process's."""
+    pairs = REPO / "tuneforge" / "assets" / "demo_data" / "pairs_train.jsonl"
+    settings = ["train.objective=reward", f"data.train=[{{path: {pairs}, format: preference}}]",
+                "lora.enabled=true", "lora.rank=4", "train.lr=1.0e-3"]  # fmt: skip
+    finish(launch(tmp_path / "one", 1, *settings))
+    two = launch(tmp_path / "two", 2, *settings, "train.grad_accum_steps=1",
+                 "parallel.strategy=fsdp")  # fmt: skip
+    out, err = two.communicate(timeout=600)
+    assert two.returncode == 0, out + err
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-5, abs=1e-6)
+    saved = {}
+    for name in ("one", "two"):
+        with safe_open(tmp_path / name / "final" / "model.safetensors", "pt") as weights:
+            saved[name] = {key: weights.get_tensor(key) for key in weights.keys()}  # noqa: SIM118
+    assert saved["one"].keys() == saved["two"].keys()
+    assert "score.weight" in saved["one"] and not any("lora" in key for key in saved["one"])
+    for key, tensor in saved["one"].items():
+        assert saved["two"][key].float().allclose(tensor.float(), rtol=1e-4, atol=1e-6), key

@@ -31,7 +31,7 @@ from tuneforge.models.score_head import (
     sequence_scores,
 )
 from tuneforge.packed import PackedSequences
-from tuneforge.peft.apply import apply_lora, merged_state
+from tuneforge.peft.apply import apply_lora, merged_weights
 from tuneforge.train.objectives.reward import RewardModelObjective
 
 with warnings.catch_warnings():
@@ -158,7 +158,7 @@ def test_a_saved_reward_model_scores_as_transformers_reads_it(tmp_path):
         assert head is not None
         hidden = model.hidden_states(batch.tokens, batch.packed)
         ours = sequence_scores(head, hidden, batch.tokens, batch.packed.cu_seqlens)
-    save_hf_model(model, tmp_path / "rm", state=merged_state(model))
+    save_hf_model(model, tmp_path / "rm", state=merged_weights(model))
 
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")
     assert hf.config.num_labels == 1 and hf.config.pad_token_id == PAD

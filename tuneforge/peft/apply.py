@@ -235,19 +235,27 @@ SCORER_MERGE = (
 )
 
 
-def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
+def merged_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The model's weights by their plain names, every adapter folded in (in fp32, then cast to
-    its base's dtype), each gathered whole where sharded: every rank calls it under FSDP2."""
-    state = dict(model.state_dict())
-    for name, module in lora_modules(model).items():
+    its base's dtype), each gathered whole where sharded, one at a time: a rank holds one
+    merged weight, not the whole model. Every rank iterates it under FSDP2, in the same order."""
+    adapters = lora_modules(model)
+    for module in adapters.values():
         dense = isinstance(module, LoRALinear) and isinstance(module.base, nn.Linear)
         if not dense or cast(LoRALinear, module).lora_magnitude is not None:
             raise TypeError(SCORER_MERGE)
-        base = gathered(state.pop(f"{name}.base.weight").detach())
-        down = gathered(state.pop(f"{name}.lora_A").detach()).float()
-        up = gathered(state.pop(f"{name}.lora_B").detach()).float()
-        merged = base.float() + (up @ down) * cast(LoRALinear, module).scaling
-        state[f"{name}.weight"] = merged.to(base.dtype)
-        if f"{name}.base.bias" in state:
-            state[f"{name}.bias"] = state.pop(f"{name}.base.bias")
-    return state
+    state = model.state_dict()
+    bases = {f"{name}.base.weight": (name, cast(LoRALinear, m)) for name, m in adapters.items()}
+    factors = {f"{name}.{part}" for name in adapters for part in ("lora_A", "lora_B")}
+    biases = {f"{name}.base.bias": f"{name}.bias" for name in adapters}
+    for key, tensor in state.items():
+        if key in factors:
+            continue
+        if key not in bases:
+            yield biases.get(key, key), tensor
+            continue
+        name, module = bases[key]
+        base = gathered(tensor.detach())
+        down = gathered(state[f"{name}.lora_A"].detach()).float()
+        up = gathered(state[f"{name}.lora_B"].detach()).float()
+        yield f"{name}.weight", (base.float() + (up @ down) * module.scaling).to(base.dtype)

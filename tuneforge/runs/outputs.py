@@ -15,7 +15,7 @@ from tuneforge.models.decoder import Decoder
 from tuneforge.models.hf.checkpoint import save_hf_model
 from tuneforge.models.score_head import score_head_of
 from tuneforge.peft.adapter_io import save_adapter
-from tuneforge.peft.apply import lora_modules, merged_state
+from tuneforge.peft.apply import lora_modules, merged_weights
 from tuneforge.runs.files import ADAPTER_DIR, BASE_DIR, FINAL_DIR
 
 
@@ -38,7 +38,7 @@ def save_final(
         if out.name == ADAPTER_DIR:
             save_adapter(model, out, base_model, write=write)
         elif scorer:
-            save_hf_model(model, out, dtype, write=write, state=merged_state(model))
+            save_hf_model(model, out, dtype, write=write, state=merged_weights(model))
         else:
             save_hf_model(model, out, dtype, write=write)
         if write:

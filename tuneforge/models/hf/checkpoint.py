@@ -3,6 +3,7 @@
 import json
 import logging
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -177,18 +178,18 @@ def save_hf_model(
     dtype: str | None = None,
     max_shard_bytes: int = 5 * 2**30,
     write: bool = True,
-    state: dict[str, torch.Tensor] | None = None,
+    state: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> None:
     """Write config.json and safetensors shards (with an index when there is more than one).
     Under FSDP every rank calls it (to gather the shards) and one writes (`write`). `state`:
-    the weights to write by our names (default: the model's state dict). A model with a score
+    the weights to write by our names, in pairs (default: the model's state dict). A model with a score
     head is written as a one-label sequence classifier (a reward model), without its output
     layer."""
     args = model.args
     adapter = adapter_for(args.family)
     head = score_head_of(model)
     tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in (model.state_dict() if state is None else state).items():
+    for name, tensor in model.state_dict().items() if state is None else state:
         if name == "lm_head.weight" and (args.tie_embeddings or head is not None):
             continue
         tensor = gathered(tensor.detach())
