@@ -116,6 +116,11 @@ def test_plan_calibrate_fits_writes_and_names_the_rates(tmp_path):
     refused = CliRunner().invoke(app, [*args, "--save-rates", str(rates)])
     assert isinstance(refused.exception, TuneforgeError)
     assert "give --calibrate too" in str(refused.exception)
+    unknown = tmp_path / "h7.json"  # an unknown GPU is refused before any rates are written
+    calibrate = ["--calibrate", str(tmp_path / "bench.json"), "--save-rates", str(unknown)]
+    refused = CliRunner().invoke(app, [*[a if a != "H200" else "H7" for a in args], *calibrate])
+    assert isinstance(refused.exception, TuneforgeError)
+    assert "--gpu H7: unknown" in str(refused.exception) and not unknown.exists()
 
 
 def test_the_recipe_search_picks_the_fastest_that_fits_and_its_overrides_load():

@@ -55,19 +55,14 @@ def plan(
     fastest recipes that fit in that many GiB instead. Without the data (`with_data=False`) the
     steps of an epoch are unknown. Raises `ConfigError` for what `train` would refuse."""
     from tuneforge.config.durations import parse_duration
-    from tuneforge.hardware.gpus import GPU_MEMORY_GIB
-    from tuneforge.plan.prediction import CPU, Hardware
+    from tuneforge.plan.prediction import Hardware
 
     with reading(with_data):  # a configuration's mistakes reported before the heavy imports
         loaded = config(source)
     checked = preflight_for_plan(loaded, with_data, gpus * nodes)
     lengths = checked.data.stats.records if checked.data is not None else None
     gpu, target = target_hardware(gpu)
-    if gpu not in GPU_MEMORY_GIB and gpu != CPU and gpu_mem is None:
-        raise TuneforgeError(
-            f"--gpu {gpu}: unknown; use one of {', '.join(GPU_MEMORY_GIB)} or CPU, or give "
-            "the GPU's memory (--gpu-mem; gpu_mem= from Python)"
-        )
+    refuse_unknown_gpu(gpu, gpu_mem)
     try:
         limit = parse_duration(time_limit) if time_limit else None
     except ValueError as error:
@@ -126,6 +121,18 @@ def preflight_for_plan(loaded: RunConfig, with_data: bool, world_size: int) -> "
     if found:
         raise ConfigError(found)
     return inputs
+
+
+def refuse_unknown_gpu(gpu: str, gpu_mem: float | None) -> None:
+    """A GPU the tables do not know is planned for only with its memory given."""
+    from tuneforge.hardware.gpus import GPU_MEMORY_GIB
+    from tuneforge.plan.prediction import CPU
+
+    if gpu not in GPU_MEMORY_GIB and gpu != CPU and gpu_mem is None:
+        raise TuneforgeError(
+            f"--gpu {gpu}: unknown; use one of {', '.join(GPU_MEMORY_GIB)} or CPU, or give "
+            "the GPU's memory (--gpu-mem; gpu_mem= from Python)"
+        )
 
 
 def target_hardware(gpu: str | None) -> tuple[str, str]:

@@ -82,10 +82,11 @@ def plan_command(
         loaded = load_config(config, overrides or [])
     step_rates = _load_rates(rates) if rates is not None else None
     if calibrate:
-        from tuneforge.api.planning import target_hardware
+        from tuneforge.api.planning import refuse_unknown_gpu, target_hardware
         from tuneforge.plan.prediction import Hardware
 
         named, _ = target_hardware(gpu)
+        refuse_unknown_gpu(named, gpu_mem)  # before fitting, and before --save-rates writes
         step_rates = _calibrated(calibrate, Hardware(gpus, nodes, named, gpu_mem))
         if save_rates is not None:
             step_rates.save(save_rates)
