@@ -182,9 +182,9 @@ def save_hf_model(
 ) -> None:
     """Write config.json and safetensors shards (with an index when there is more than one).
     Under FSDP every rank calls it (to gather the shards) and one writes (`write`). `state`:
-    the weights to write by our names, in pairs (default: the model's state dict). A model with a score
-    head is written as a one-label sequence classifier (a reward model), without its output
-    layer."""
+    the weights to write by our names, as (name, tensor) pairs (default: the model's state
+    dict). A model with a score head is written as a one-label sequence classifier (a reward
+    model), without its output layer."""
     args = model.args
     adapter = adapter_for(args.family)
     head = score_head_of(model)
